@@ -1,0 +1,141 @@
+//! The kernel/userspace contract of hostprof.
+//!
+//! Everything both sides must agree on lives here and only here: the record the
+//! eBPF sampler writes into the ring buffer ([`Sample`]), the names of maps,
+//! programs and globals, the indices of the loss counters ([`Counter`]) and the
+//! size limits. The eBPF binary (`src/main.rs`) and the agent both depend on
+//! this file, so a change to the layout is one edit, seen by both compilers.
+//!
+//! With the `user` feature the types implement `aya::Pod`, so the agent can read
+//! them from maps.
+#![no_std]
+
+/// Frames kept per stack; the kernel's `bpf_get_stack` limit for the default
+/// `kernel.perf_event_max_stack` (127).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Length of `task_struct::comm`.
+pub const COMM_LEN: usize = 16;
+
+/// The perf_event program attached to every online CPU.
+pub const PROGRAM_SAMPLE: &str = "sample_cpu";
+/// Ring buffer carrying [`Sample`] records to userspace.
+pub const MAP_SAMPLES: &str = "SAMPLES";
+/// Per-CPU `u64` counters indexed by [`Counter`].
+pub const MAP_COUNTERS: &str = "COUNTERS";
+/// tgid -> 1 for the processes to profile when [`GLOBAL_FILTER_BY_TGID`] is set.
+pub const MAP_FILTER_TGIDS: &str = "FILTER_TGIDS";
+/// Global `u8`: when non-zero only tgids present in [`MAP_FILTER_TGIDS`] are sampled.
+pub const GLOBAL_FILTER_BY_TGID: &str = "FILTER_BY_TGID";
+
+/// Capacity of [`MAP_FILTER_TGIDS`].
+pub const MAX_FILTER_TGIDS: u32 = 4096;
+/// Default size of the [`MAP_SAMPLES`] ring buffer (a power of two pages).
+pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
+/// The sampler wakes the reader only once this much data waits in the ring;
+/// the reader also drains it every [`RING_DRAIN_INTERVAL_MS`]. One wakeup per
+/// ~128 samples instead of one per sample keeps the agent's CPU low.
+pub const RING_WAKEUP_BYTES: u64 = 256 << 10;
+/// How often the reader drains the ring without being woken.
+pub const RING_DRAIN_INTERVAL_MS: u64 = 100;
+
+/// One CPU sample, written by the kernel straight into the ring buffer.
+///
+/// Stacks are arrays of instruction pointers, leaf first; only the first
+/// `*_stack_len` entries are valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Process id (`task->tgid`).
+    pub tgid: u32,
+    /// Thread id (`task->pid`).
+    pub tid: u32,
+    /// Logical CPU the sample was taken on.
+    pub cpu: u32,
+    /// Bit set of `SAMPLE_FLAG_*`.
+    pub flags: u32,
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ktime_ns: u64,
+    /// Thread name, NUL padded.
+    pub comm: [u8; COMM_LEN],
+    /// Valid entries of `kernel_stack`.
+    pub kernel_stack_len: u32,
+    /// Valid entries of `user_stack`.
+    pub user_stack_len: u32,
+    pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// The kernel stack filled every slot: frames beyond it were cut.
+pub const SAMPLE_FLAG_KERNEL_TRUNCATED: u32 = 1 << 0;
+/// The user stack filled every slot: frames beyond it were cut.
+pub const SAMPLE_FLAG_USER_TRUNCATED: u32 = 1 << 1;
+/// `bpf_get_stack` failed for the kernel stack.
+pub const SAMPLE_FLAG_KERNEL_ERROR: u32 = 1 << 2;
+/// `bpf_get_stack` failed for the user stack.
+pub const SAMPLE_FLAG_USER_ERROR: u32 = 1 << 3;
+
+/// Indices into the per-CPU [`MAP_COUNTERS`] array: every way a sample can be
+/// taken, skipped, lost or damaged.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// The program ran (one perf event fired).
+    Fired = 0,
+    /// Skipped: the CPU was idle (tgid 0).
+    Idle = 1,
+    /// Skipped: the process is not among the selected tgids.
+    Filtered = 2,
+    /// Written to the ring buffer.
+    Submitted = 3,
+    /// Lost: the ring buffer had no room.
+    RingFull = 4,
+    /// Damaged: the kernel stack could not be read.
+    KernelStackError = 5,
+    /// Damaged: the user stack could not be read.
+    UserStackError = 6,
+    /// Damaged: a stack was longer than [`MAX_STACK_DEPTH`] and was cut.
+    Truncated = 7,
+}
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; 8] = [
+        Counter::Fired,
+        Counter::Idle,
+        Counter::Filtered,
+        Counter::Submitted,
+        Counter::RingFull,
+        Counter::KernelStackError,
+        Counter::UserStackError,
+        Counter::Truncated,
+    ];
+    /// Size of the [`MAP_COUNTERS`] array.
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// A short snake_case name, for reports and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::Fired => "fired",
+            Counter::Idle => "idle",
+            Counter::Filtered => "filtered",
+            Counter::Submitted => "submitted",
+            Counter::RingFull => "lost_ring_full",
+            Counter::KernelStackError => "kernel_stack_error",
+            Counter::UserStackError => "user_stack_error",
+            Counter::Truncated => "stack_truncated",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: `Sample` is `repr(C)`, `Copy`, made only of integers and arrays of
+    // integers, with no padding (checked by the size assertion below).
+    unsafe impl aya::Pod for super::Sample {}
+
+    const _: () = assert!(
+        core::mem::size_of::<super::Sample>()
+            == 4 * 4 + 8 + super::COMM_LEN + 4 * 2 + 8 * 2 * super::MAX_STACK_DEPTH
+    );
+}

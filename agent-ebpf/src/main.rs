@@ -1,0 +1,157 @@
+//! hostprof's eBPF side: a perf_event program that samples every CPU.
+//!
+//! Per sample it records who ran (tgid, tid, comm), where (cpu), when (ktime),
+//! and both stacks, straight into a ring-buffer reservation: no stack-id hash
+//! map, so nothing is lost to hash collisions and each sample keeps its own
+//! timestamp. Every way a sample can be skipped, lost or damaged bumps a
+//! per-CPU counter (see `agent_ebpf::Counter`).
+//!
+//! This binary only exists for the BPF target; on the host the crate is just
+//! its library (the shared contract), so the host build has nothing to do here.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod sampler {
+    use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
+
+    use agent_ebpf::{
+        COMM_LEN, Counter, DEFAULT_RING_BYTES, MAX_FILTER_TGIDS, MAX_STACK_DEPTH,
+        RING_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
+        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TRUNCATED, Sample,
+    };
+    use aya_ebpf::{
+        EbpfContext,
+        bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+        helpers::{
+            bpf_get_current_comm, bpf_get_current_pid_tgid,
+            generated::{bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns},
+        },
+        macros::{map, perf_event},
+        maps::{HashMap, PerCpuArray, RingBuf},
+        programs::PerfEventContext,
+    };
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_FILTER_BY_TGID`).
+    #[unsafe(no_mangle)]
+    static FILTER_BY_TGID: u8 = 0;
+
+    #[map(name = "SAMPLES")]
+    static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+    #[map(name = "COUNTERS")]
+    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+    #[map(name = "FILTER_TGIDS")]
+    static FILTER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
+
+    const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+
+    #[perf_event]
+    pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
+        try_sample_cpu(&ctx);
+        0
+    }
+
+    #[inline(always)]
+    fn bump(counter: Counter) {
+        if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+            // Per-CPU slot and perf_event programs do not nest on one CPU: a
+            // plain increment is race-free.
+            unsafe { *slot += 1 };
+        }
+    }
+
+    /// Reads one stack into `dst`; returns (frames, flags to set).
+    #[inline(always)]
+    fn read_stack(ctx: &PerfEventContext, dst: *mut u64, user: bool) -> (u32, u32) {
+        let flags = if user { BPF_F_USER_STACK as u64 } else { 0 };
+        let written =
+            unsafe { bpf_get_stack(ctx.as_ptr(), dst as *mut c_void, STACK_BYTES, flags) };
+        let (error_flag, truncated_flag, error_counter) = if user {
+            (
+                SAMPLE_FLAG_USER_ERROR,
+                SAMPLE_FLAG_USER_TRUNCATED,
+                Counter::UserStackError,
+            )
+        } else {
+            (
+                SAMPLE_FLAG_KERNEL_ERROR,
+                SAMPLE_FLAG_KERNEL_TRUNCATED,
+                Counter::KernelStackError,
+            )
+        };
+        if written < 0 {
+            bump(error_counter);
+            return (0, error_flag);
+        }
+        let frames = (written as u32) / size_of::<u64>() as u32;
+        if frames as usize >= MAX_STACK_DEPTH {
+            bump(Counter::Truncated);
+            return (frames, truncated_flag);
+        }
+        (frames, 0)
+    }
+
+    fn try_sample_cpu(ctx: &PerfEventContext) {
+        bump(Counter::Fired);
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let tgid = (pid_tgid >> 32) as u32;
+        let tid = pid_tgid as u32;
+        // The per-CPU idle task (swapper) is the only task with pid 0.
+        if tid == 0 {
+            bump(Counter::Idle);
+            return;
+        }
+        // Volatile: the loader rewrites this constant, the compiler must not fold it.
+        if unsafe { read_volatile(&FILTER_BY_TGID) } != 0
+            && unsafe { FILTER_TGIDS.get(&tgid) }.is_none()
+        {
+            bump(Counter::Filtered);
+            return;
+        }
+        let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
+            bump(Counter::RingFull);
+            return;
+        };
+        let sample = entry.as_mut_ptr();
+        unsafe {
+            (*sample).tgid = tgid;
+            (*sample).tid = tid;
+            (*sample).cpu = bpf_get_smp_processor_id();
+            (*sample).ktime_ns = bpf_ktime_get_ns();
+            (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+            let (kernel_len, kernel_flags) =
+                read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
+            let (user_len, user_flags) = read_stack(ctx, (*sample).user_stack.as_mut_ptr(), true);
+            (*sample).kernel_stack_len = kernel_len;
+            (*sample).user_stack_len = user_len;
+            (*sample).flags = kernel_flags | user_flags;
+        }
+        // Batch wakeups: the reader also drains on a timer, so a quiet ring
+        // never strands samples.
+        let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+        entry.submit(wakeup as u64);
+        bump(Counter::Submitted);
+    }
+
+    #[cfg(not(test))]
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 4] = *b"GPL\0";
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    // Built for the host only by `cargo clippy --workspace`; the real binary is
+    // the bpfel-unknown-none object embedded in the agent.
+}

@@ -1,0 +1,95 @@
+//! Command-line interface: clap arguments and the commands they run.
+mod record;
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+/// eBPF host-level sampling profiler.
+#[derive(Debug, Parser)]
+#[command(name = "hostprof", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Profile the host, some processes, or a command, and write a profile.
+    Record(RecordArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// Profile only this process and all its threads (repeatable).
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pids: Vec<u32>,
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 99,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+    /// Stop after this many seconds (fractions allowed); default: until Ctrl-C
+    /// or until the profiled processes exit.
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// Write the profile here; `-` for stdout. The extension picks the format
+    /// (`.folded`).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// How many functions the summary lists.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Command to start and profile (with its threads) until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(format!(
+            "`{text}`: the duration must be more than 0 seconds"
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Record(args) => record::run(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_record_flags_and_command() {
+        let cli = Cli::try_parse_from([
+            "hostprof", "record", "-F", "999", "-d", "2.5", "-o", "x.folded", "--", "sleep", "1",
+        ])
+        .unwrap();
+        let Command::Record(args) = cli.command;
+        assert_eq!(args.frequency, 999);
+        assert_eq!(args.duration, Some(Duration::from_millis(2500)));
+        assert_eq!(args.command, ["sleep", "1"]);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(Cli::try_parse_from(["hostprof", "record", "-F", "0"]).is_err());
+        assert!(Cli::try_parse_from(["hostprof", "record", "-d", "-1"]).is_err());
+        assert!(Cli::try_parse_from(["hostprof", "record", "-p", "abc"]).is_err());
+        assert!(Cli::try_parse_from(["hostprof", "record", "-p", "1", "--", "true"]).is_err());
+    }
+}

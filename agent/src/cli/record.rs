@@ -1,0 +1,290 @@
+//! `hostprof record`: sample for a while, then write a profile and a summary.
+use std::{
+    fs::File,
+    io::{self, BufWriter, Write},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use tokio::sync::watch;
+
+use super::RecordArgs;
+use crate::{
+    output::{FoldedStacks, Summary},
+    pipeline::{Resolver, SampleSink},
+    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
+    symbolize::Symbolizer,
+};
+
+/// Batches of samples waiting for the resolver; beyond this the reader drops
+/// (and counts) rather than letting memory grow.
+const BACKLOG_BATCHES: usize = 256;
+
+enum OutputFormat {
+    Folded,
+}
+
+impl OutputFormat {
+    fn for_path(path: &Path) -> anyhow::Result<Self> {
+        let name = path.to_string_lossy();
+        if name == "-" || name.ends_with(".folded") {
+            return Ok(OutputFormat::Folded);
+        }
+        bail!(
+            "cannot tell the output format of `{name}`: use a name ending in .folded, or - for stdout"
+        )
+    }
+}
+
+pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
+    let format = args
+        .output
+        .as_deref()
+        .map(OutputFormat::for_path)
+        .transpose()?;
+    for pid in &args.pids {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("no process with pid {pid}: check it with `ps -p {pid}`");
+        }
+    }
+    let pids = (!args.pids.is_empty() || !args.command.is_empty()).then(|| args.pids.clone());
+    let options = SamplerOptions {
+        frequency_hz: args.frequency,
+        pids,
+        ..Default::default()
+    };
+    let mut sampler = Sampler::start(&options)?;
+    let ring = sampler.take_ring()?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
+    let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
+    let symbolizer = Arc::new(Symbolizer::new());
+    let worker = std::thread::Builder::new()
+        .name("hostprof-resolve".into())
+        .spawn(move || {
+            let mut resolver = Resolver::new(symbolizer);
+            let mut folded = FoldedStacks::new();
+            let mut summary = Summary::new();
+            for batch in batch_rx {
+                for sample in &batch {
+                    let resolved = resolver.resolve(sample);
+                    folded.push(&resolved);
+                    summary.push(&resolved);
+                }
+            }
+            (folded, summary)
+        })
+        .context("cannot start the resolver thread")?;
+
+    let started = Instant::now();
+    let mut child = match args.command.as_slice() {
+        [] => None,
+        command => Some(spawn_profiled(command, &mut sampler)?),
+    };
+    let why = wait_for_end(&args, child.as_mut()).await;
+    let elapsed = started.elapsed();
+
+    sampler.stop();
+    let _ = stop_tx.send(true);
+    let reader_stats = reader.await.context("the ring reader panicked")??;
+    let (folded, summary) = worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
+    let counters = sampler.counters()?;
+
+    if let (Some(path), Some(OutputFormat::Folded)) = (&args.output, format) {
+        write_output(path, |out| folded.write(out))?;
+    }
+    eprint!(
+        "{}",
+        report(&args, elapsed, why, &counters, &reader_stats, &summary)
+    );
+    if let Some(mut child) = child
+        && let Ok(Some(status)) = child.try_wait()
+        && !status.success()
+    {
+        eprintln!("hostprof: the profiled command exited with {status}");
+    }
+    Ok(())
+}
+
+/// Why the recording ended.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Duration,
+    Interrupted,
+    CommandExited,
+    ProcessesExited,
+}
+
+async fn wait_for_end(args: &RecordArgs, child: Option<&mut tokio::process::Child>) -> End {
+    let duration = async {
+        match args.duration {
+            Some(duration) => tokio::time::sleep(duration).await,
+            None => std::future::pending().await,
+        }
+    };
+    let command = async {
+        match child {
+            Some(child) => {
+                let _ = child.wait().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let targets = async {
+        if args.pids.is_empty() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if !args
+                .pids
+                .iter()
+                .any(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = duration => End::Duration,
+        _ = tokio::signal::ctrl_c() => End::Interrupted,
+        _ = command => End::CommandExited,
+        _ = targets => End::ProcessesExited,
+    }
+}
+
+/// Starts `command` held at a gate until its pid is in the sampler's filter,
+/// so its very first instructions are profiled.
+///
+/// `spawn` returns only once the child has exec'd, so the gate cannot sit
+/// between fork and exec; a shell waits on it instead and then `exec`s the
+/// command, which keeps the pid we put in the filter.
+fn spawn_profiled(
+    command: &[String],
+    sampler: &mut Sampler,
+) -> anyhow::Result<tokio::process::Child> {
+    if !is_runnable(&command[0]) {
+        bail!(
+            "cannot start `{}`: no such command (check the name or PATH)",
+            command[0]
+        );
+    }
+    let (gate_read, gate_write) = pipe().context("cannot create a pipe")?;
+    let read_fd = gate_read.as_raw_fd();
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(r#"read -r _ <&3; exec 3<&-; exec "$0" "$@""#)
+        .args(command);
+    // SAFETY: dup2 is async-signal-safe; it runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(read_fd, GATE_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .context("cannot start /bin/sh to run the command")?;
+    drop(gate_read);
+    if let Some(pid) = child.id() {
+        sampler.add_pid(pid)?;
+    }
+    let mut gate = File::from(gate_write);
+    gate.write_all(b"go\n")
+        .context("cannot release the profiled command")?;
+    Ok(child)
+}
+
+/// The descriptor the gate shell reads.
+const GATE_FD: i32 = 3;
+
+/// A path, or a name found in PATH, naming an executable file.
+fn is_runnable(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if name.contains('/') {
+        return executable(Path::new(name));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| executable(&dir.join(name))))
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn write_output(
+    path: &PathBuf,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> anyhow::Result<()> {
+    let result = if path.as_os_str() == "-" {
+        write(&mut io::stdout().lock())
+    } else {
+        let file =
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        write(&mut BufWriter::new(file))
+    };
+    match result {
+        // `hostprof record -o - | head` is fine.
+        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
+fn report(
+    args: &RecordArgs,
+    elapsed: Duration,
+    why: End,
+    counters: &Counters,
+    reader: &ReaderStats,
+    summary: &Summary,
+) -> String {
+    use agent_ebpf::Counter;
+    let why = match why {
+        End::Duration => "duration reached",
+        End::Interrupted => "interrupted",
+        End::CommandExited => "command exited",
+        End::ProcessesExited => "profiled processes exited",
+    };
+    let mut text = format!(
+        "hostprof: {} samples from {} processes in {:.2} s at {} Hz ({why})\n\
+         hostprof: lost {} samples (ring buffer full {}, pipeline backlog {}); \
+         stack errors: kernel {}, user {}; truncated stacks {}\n",
+        summary.samples(),
+        summary.processes(),
+        elapsed.as_secs_f64(),
+        args.frequency,
+        counters.lost() + reader.dropped_backlog,
+        counters.get(Counter::RingFull),
+        reader.dropped_backlog,
+        counters.get(Counter::KernelStackError),
+        counters.get(Counter::UserStackError),
+        counters.get(Counter::Truncated),
+    );
+    if let Some(path) = &args.output
+        && path.as_os_str() != "-"
+    {
+        text.push_str(&format!("hostprof: wrote {}\n", path.display()));
+    }
+    if summary.samples() > 0 {
+        text.push_str(&summary.top(args.top));
+    }
+    text
+}

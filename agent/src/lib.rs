@@ -1,0 +1,13 @@
+//! hostprof: an eBPF host-level sampling profiler.
+//!
+//! Data flows one way, one module per stage:
+//! [`sampler`] (kernel samples) → [`procs`] (who and what is mapped) →
+//! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files).
+//! [`model`] is the vocabulary they share; [`cli`] wires them for the user.
+pub mod cli;
+pub mod model;
+pub mod output;
+pub mod pipeline;
+pub mod procs;
+pub mod sampler;
+pub mod symbolize;

@@ -1,0 +1,168 @@
+//! The pipeline's shared vocabulary: what a sample looks like once it has been
+//! attributed to a process, unwound and symbolized.
+//!
+//! Every stage after the sampler speaks these types, so outputs (folded, OTLP,
+//! pprof, …) never need to know where a frame came from.
+use std::sync::Arc;
+
+/// Identity of an executable or library file: what a backend needs to find the
+/// same build again. Each id is lowercase hex.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BuildIds {
+    /// `.note.gnu.build-id`.
+    pub gnu: Option<Arc<str>>,
+    /// `.note.go.buildid`.
+    pub go: Option<Arc<str>>,
+    /// OpenTelemetry's file hash (`process.executable.build_id.htlhash`).
+    pub htlhash: Option<Arc<str>>,
+}
+
+/// One executable mapping of a process (a line of `/proc/PID/maps`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of the byte mapped at `start`.
+    pub file_offset: u64,
+    /// The path as the process sees it (`/usr/lib/libc.so.6`, `[vdso]`, or empty
+    /// for anonymous memory).
+    pub path: Arc<str>,
+    /// Device and inode of the mapped file (0 for anonymous memory): which
+    /// file it is, even after the process is gone or the path was replaced.
+    pub dev: u64,
+    pub inode: u64,
+    pub build_ids: BuildIds,
+}
+
+impl Mapping {
+    /// The file name, for display (`libc.so.6`); `[anon]` for anonymous memory.
+    pub fn file_name(&self) -> &str {
+        if self.path.is_empty() {
+            return "[anon]";
+        }
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// What kind of code a frame ran (OTLP `profile.frame.type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    Kernel,
+    Native,
+    Go,
+}
+
+impl FrameKind {
+    /// The OpenTelemetry `profile.frame.type` value.
+    pub const fn otel_name(self) -> &'static str {
+        match self {
+            FrameKind::Kernel => "kernel",
+            FrameKind::Native => "native",
+            FrameKind::Go => "go",
+        }
+    }
+}
+
+/// One source-level function at a frame: a frame with inlined calls has several,
+/// innermost first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Line {
+    /// Demangled name (`std::io::stdio::_print`).
+    pub function: Arc<str>,
+    /// Name as stored in the binary (`_ZN3std2io5stdio6_print17h…E`).
+    pub system_name: Arc<str>,
+    pub file: Option<Arc<str>>,
+    /// 0 when unknown.
+    pub line: u32,
+    /// 0 when unknown.
+    pub column: u32,
+    /// First line of the function, 0 when unknown.
+    pub start_line: u32,
+}
+
+impl Line {
+    /// A line known only by its symbol name.
+    pub fn named(function: Arc<str>, system_name: Arc<str>) -> Self {
+        Line {
+            function,
+            system_name,
+            file: None,
+            line: 0,
+            column: 0,
+            start_line: 0,
+        }
+    }
+}
+
+/// One frame of a stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub kind: FrameKind,
+    /// The instruction address as the process (or kernel) saw it.
+    pub address: u64,
+    /// The mapping holding `address`; `None` for kernel frames and unmapped addresses.
+    pub mapping: Option<Arc<Mapping>>,
+    /// `address` translated into the mapped file (for kernel frames: into its
+    /// module, or the kernel image); meaningful when `mapping` is set.
+    pub file_offset: u64,
+    /// Source functions at this address, innermost first; empty when the frame
+    /// could not be symbolized.
+    pub lines: Vec<Line>,
+}
+
+impl Frame {
+    /// `[module+0xOFFSET]`: how a frame without a name is shown.
+    pub fn unsymbolized_label(&self) -> String {
+        match (&self.mapping, self.kind) {
+            (Some(mapping), _) => {
+                // "[vdso]" reads better as "[vdso+0x10]" than "[[vdso]+0x10]".
+                let name = mapping
+                    .file_name()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                format!("[{name}+{:#x}]", self.file_offset)
+            }
+            (None, FrameKind::Kernel) => format!("[kernel+{:#x}]", self.address),
+            (None, _) => format!("[unknown+{:#x}]", self.address),
+        }
+    }
+}
+
+/// A process, as far as the profile cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// `/proc/PID/comm` of the main thread.
+    pub comm: Arc<str>,
+    /// Target of `/proc/PID/exe`, as the process sees it; empty for kernel threads.
+    pub exe_path: Arc<str>,
+    /// Container the process runs in, from `/proc/PID/cgroup`.
+    pub container_id: Option<Arc<str>>,
+    /// Kubernetes pod uid, from `/proc/PID/cgroup`.
+    pub pod_uid: Option<Arc<str>>,
+}
+
+impl ProcessInfo {
+    /// The executable's file name (`process.executable.name`), or comm when the
+    /// process has no executable (kernel threads).
+    pub fn exe_name(&self) -> &str {
+        match self.exe_path.rsplit('/').next() {
+            Some(name) if !name.is_empty() => name,
+            _ => &self.comm,
+        }
+    }
+}
+
+/// A CPU sample after attribution, unwinding and symbolization.
+#[derive(Clone, Debug)]
+pub struct ResolvedSample {
+    pub process: Arc<ProcessInfo>,
+    pub tid: u32,
+    /// The thread's comm at sampling time.
+    pub thread_name: Arc<str>,
+    pub cpu: u32,
+    /// Wall-clock time of the sample.
+    pub time_unix_nano: u64,
+    /// Leaf first: kernel frames (if the CPU was in the kernel), then user frames.
+    pub frames: Vec<Frame>,
+}

@@ -1,0 +1,27 @@
+//! Local outputs of `hostprof record`: folded stacks and the end-of-run summary.
+//!
+//! Every output is a [`SampleSink`](crate::pipeline::SampleSink); they share the
+//! frame naming below so a function reads the same everywhere.
+mod folded;
+mod summary;
+
+pub use folded::FoldedStacks;
+pub use summary::Summary;
+
+use crate::model::{Frame, FrameKind, ResolvedSample};
+
+/// Names for one frame, outermost inlined function first: `name` for user code,
+/// `name_[k]` for kernel code, `[module+0xOFFSET]` when unsymbolized.
+pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
+    let unsymbolized = frame.lines.is_empty().then(|| frame.unsymbolized_label());
+    let named = frame.lines.iter().rev().map(move |line| match frame.kind {
+        FrameKind::Kernel => format!("{}_[k]", line.function),
+        _ => line.function.to_string(),
+    });
+    unsymbolized.into_iter().chain(named)
+}
+
+/// Every frame label of a sample, root first.
+pub fn stack_labels(sample: &ResolvedSample) -> Vec<String> {
+    sample.frames.iter().rev().flat_map(frame_labels).collect()
+}

@@ -1,0 +1,81 @@
+//! The end-of-run summary: how many samples, how many lost, and where the
+//! time went (top functions by self and total share).
+use std::{collections::HashMap, fmt::Write as _};
+
+use crate::{model::ResolvedSample, pipeline::SampleSink};
+
+/// Per-function sample counts.
+#[derive(Debug, Default)]
+pub struct Summary {
+    samples: u64,
+    /// Samples whose leaf is the function.
+    self_counts: HashMap<String, u64>,
+    /// Samples with the function anywhere on the stack (counted once each).
+    total_counts: HashMap<String, u64>,
+    processes: HashMap<u32, ()>,
+}
+
+impl Summary {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Samples seen.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Share (0..=1) of samples whose leaf is `function`.
+    pub fn self_share(&self, function: &str) -> f64 {
+        self.share(self.self_counts.get(function))
+    }
+
+    /// Share (0..=1) of samples with `function` anywhere on the stack.
+    pub fn total_share(&self, function: &str) -> f64 {
+        self.share(self.total_counts.get(function))
+    }
+
+    fn share(&self, count: Option<&u64>) -> f64 {
+        if self.samples == 0 {
+            return 0.0;
+        }
+        *count.unwrap_or(&0) as f64 / self.samples as f64
+    }
+
+    /// The `limit` functions with the most self and total samples, as text.
+    pub fn top(&self, limit: usize) -> String {
+        let mut text = String::new();
+        for (title, counts) in [("self", &self.self_counts), ("total", &self.total_counts)] {
+            let mut ranked: Vec<_> = counts.iter().collect();
+            ranked.sort_unstable_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let _ = writeln!(text, "top functions by {title} share:");
+            for (function, count) in ranked.into_iter().take(limit) {
+                let percent = 100.0 * *count as f64 / self.samples.max(1) as f64;
+                let _ = writeln!(text, "  {percent:6.2}%  {count:>8}  {function}");
+            }
+        }
+        text
+    }
+
+    /// Distinct processes seen.
+    pub fn processes(&self) -> usize {
+        self.processes.len()
+    }
+}
+
+impl SampleSink for Summary {
+    fn push(&mut self, sample: &ResolvedSample) {
+        self.samples += 1;
+        self.processes.insert(sample.process.pid, ());
+        let mut labels = super::stack_labels(sample);
+        if let Some(leaf) = labels.last() {
+            *self.self_counts.entry(leaf.clone()).or_default() += 1;
+        }
+        // Recursion must not count a function twice in one sample.
+        labels.sort_unstable();
+        labels.dedup();
+        for label in labels {
+            *self.total_counts.entry(label).or_default() += 1;
+        }
+    }
+}

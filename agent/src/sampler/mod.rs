@@ -1,0 +1,198 @@
+//! The kernel side, seen from userspace: loads the eBPF sampler, attaches it to
+//! every online CPU, and hands out its ring buffer and counters.
+//!
+//! [`Sampler`] is the only owner of the `aya::Ebpf` handle. Dropping it detaches
+//! every perf event and unloads the program.
+mod error;
+mod reader;
+
+use std::{os::fd::OwnedFd, time::Duration};
+
+use agent_ebpf::{Counter, Sample};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
+    },
+    util::online_cpus,
+};
+pub use error::SamplerError;
+pub use reader::{ReaderStats, read_ring};
+
+/// The eBPF object built by `build.rs` from the agent-ebpf crate.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));
+
+/// What to sample and how often.
+#[derive(Clone, Debug)]
+pub struct SamplerOptions {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Only these processes (tgids) when set; the whole host otherwise.
+    pub pids: Option<Vec<u32>>,
+    /// Ring buffer size in bytes (a power of two multiple of the page size).
+    pub ring_bytes: u32,
+    /// Turn on the kernel's BPF run-time statistics (for overhead reports).
+    pub bpf_stats: bool,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        SamplerOptions {
+            frequency_hz: 99,
+            pids: None,
+            ring_bytes: agent_ebpf::DEFAULT_RING_BYTES,
+            bpf_stats: false,
+        }
+    }
+}
+
+/// Totals of the per-CPU counters, indexed like [`Counter::ALL`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters(pub [u64; Counter::ALL.len()]);
+
+impl Counters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+
+    /// Samples that fired for a wanted process but never reached userspace.
+    pub fn lost(&self) -> u64 {
+        self.get(Counter::RingFull)
+    }
+}
+
+/// The loaded and attached eBPF sampler.
+pub struct Sampler {
+    ebpf: Ebpf,
+    links: Vec<PerfEventLinkId>,
+    /// Keeps BPF run-time stats on while it lives.
+    _stats: Option<OwnedFd>,
+}
+
+impl Sampler {
+    /// Loads the program and attaches it to every online CPU.
+    pub fn start(options: &SamplerOptions) -> Result<Self, SamplerError> {
+        let stats = if options.bpf_stats {
+            Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(SamplerError::stats)?)
+        } else {
+            None
+        };
+        let filter_by_tgid = u8::from(options.pids.is_some());
+        let ebpf = EbpfLoader::new()
+            .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
+            .map_max_entries(agent_ebpf::MAP_SAMPLES, options.ring_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(SamplerError::load)?;
+        let mut sampler = Sampler {
+            ebpf,
+            links: Vec::new(),
+            _stats: stats,
+        };
+        for pid in options.pids.iter().flatten() {
+            sampler.add_pid(*pid)?;
+        }
+        sampler.attach(options.frequency_hz)?;
+        Ok(sampler)
+    }
+
+    fn program(&mut self) -> Result<&mut PerfEvent, SamplerError> {
+        self.ebpf
+            .program_mut(agent_ebpf::PROGRAM_SAMPLE)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_SAMPLE))?
+            .try_into()
+            .map_err(SamplerError::load_program)
+    }
+
+    fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+        let program = self.program()?;
+        program.load().map_err(SamplerError::load_program)?;
+        let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
+        let mut links = Vec::with_capacity(cpus.len());
+        for cpu in cpus {
+            let link = program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(SamplerError::attach)?;
+            links.push(link);
+        }
+        self.links = links;
+        Ok(())
+    }
+
+    /// Stops sampling on every CPU; what is already in the ring buffer stays
+    /// readable.
+    pub fn stop(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        if let Ok(program) = self.program() {
+            for link in links {
+                // A link that fails to detach is closed when the program drops.
+                let _ = program.detach(link);
+            }
+        }
+    }
+
+    /// Adds a process to the in-kernel filter (only meaningful with `pids`).
+    pub fn add_pid(&mut self, pid: u32) -> Result<(), SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut(agent_ebpf::MAP_FILTER_TGIDS)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_FILTER_TGIDS))?;
+        let mut filter: HashMap<_, u32, u8> = HashMap::try_from(map).map_err(SamplerError::map)?;
+        filter.insert(pid, 1, 0).map_err(SamplerError::map)
+    }
+
+    /// Takes the ring buffer of [`Sample`]s; call once.
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(agent_ebpf::MAP_SAMPLES)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_SAMPLES))?;
+        RingBuf::try_from(map).map_err(SamplerError::map)
+    }
+
+    /// Sums the per-CPU counters.
+    pub fn counters(&self) -> Result<Counters, SamplerError> {
+        let map = self
+            .ebpf
+            .map(agent_ebpf::MAP_COUNTERS)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_COUNTERS))?;
+        let array: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(SamplerError::map)?;
+        let mut totals = Counters::default();
+        for counter in Counter::ALL {
+            let per_cpu = array.get(&(counter as u32), 0).map_err(SamplerError::map)?;
+            totals.0[counter as usize] = per_cpu.iter().sum();
+        }
+        Ok(totals)
+    }
+
+    /// The program's total run time and run count since it was loaded; zero
+    /// unless started with `bpf_stats`.
+    pub fn program_stats(&self) -> Result<(Duration, u64), SamplerError> {
+        let program: &PerfEvent = self
+            .ebpf
+            .program(agent_ebpf::PROGRAM_SAMPLE)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_SAMPLE))?
+            .try_into()
+            .map_err(SamplerError::load_program)?;
+        let info = program.info().map_err(SamplerError::load_program)?;
+        Ok((info.run_time(), info.run_count()))
+    }
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode_sample(record: &[u8]) -> Option<Sample> {
+    if record.len() < std::mem::size_of::<Sample>() {
+        return None;
+    }
+    // SAFETY: `Sample` is plain old data (see agent_ebpf) and the record holds
+    // at least that many bytes; the ring buffer only guarantees 8-byte alignment.
+    Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<Sample>()) })
+}
