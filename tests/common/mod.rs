@@ -1,0 +1,98 @@
+//! Shared helpers for hostprof's integration tests.
+//!
+//! Tests that load the real eBPF program call [`require_ebpf`] first: without
+//! root they are skipped with a message locally, and fail under `CI=true`,
+//! where a skipped eBPF test would hide a broken product.
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::OnceLock,
+};
+
+/// The hostprof binary cargo built for this test run.
+pub fn hostprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hostprof"))
+}
+
+/// Returns false (after saying why) when eBPF tests cannot run here; panics
+/// instead under `CI=true`.
+pub fn require_ebpf() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        return true;
+    }
+    let why = "eBPF tests need root (or CAP_BPF + CAP_PERFMON)";
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{why}, and CI=true forbids skipping them");
+    }
+    eprintln!("skipping: {why}");
+    false
+}
+
+/// Directory for this test run's build products.
+pub fn work_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hostprof-tests");
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        dir
+    })
+}
+
+/// Source file of a test program in `tests/programs/`.
+pub fn program_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/programs").join(name)
+}
+
+/// Compiles `tests/programs/<source>` with `cc` and `flags` into `output`
+/// (in the work dir) and returns its path.
+pub fn build_c(source: &str, output: &str, flags: &[&str]) -> PathBuf {
+    let out = work_dir().join(output);
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(program_source(source))
+        .status()
+        .expect("run cc (install gcc)");
+    assert!(status.success(), "cc failed for {source}");
+    out
+}
+
+/// Runs a command, panicking with its stderr when it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let output = cmd.output().expect("start command");
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed with {}:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Parses folded stacks into (frames root first, count).
+pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
+    text.lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            Some((stack.split(';').map(str::to_string).collect(), count.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Share (0..=1) of samples whose leaf frame is `function`, among stacks whose
+/// first element (comm) is `comm`.
+pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> f64 {
+    let of_comm: Vec<_> = stacks.iter().filter(|(frames, _)| frames[0] == comm).collect();
+    let total: u64 = of_comm.iter().map(|(_, count)| count).sum();
+    let hits: u64 = of_comm
+        .iter()
+        .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == function))
+        .map(|(_, count)| count)
+        .sum();
+    if total == 0 { 0.0 } else { hits as f64 / total as f64 }
+}
