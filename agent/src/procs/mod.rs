@@ -26,7 +26,7 @@ struct Process {
     start_time: u64,
     maps: ExecutableMaps,
     refreshed_at: Instant,
-    /// False when /proc had nothing (the process had already exited).
+    /// False when /proc had nothing (exited, or caught mid-fork).
     readable: bool,
 }
 
@@ -69,12 +69,13 @@ impl ProcessTable {
             return Some(hit);
         }
         // A miss on a live process means its maps changed (exec, dlopen, JIT).
-        if !process.readable || process.refreshed_at.elapsed() < MIN_REFRESH_INTERVAL {
+        if process.refreshed_at.elapsed() < MIN_REFRESH_INTERVAL {
             return None;
         }
         let fresh = read_process(pid, comm);
-        let process = self.processes.entry(pid).or_insert(fresh);
-        process.maps.find(address)
+        let hit = fresh.maps.find(address);
+        self.processes.insert(pid, fresh);
+        hit
     }
 
     /// Drops processes that have exited. Call periodically.
@@ -86,6 +87,11 @@ impl ProcessTable {
     fn entry(&mut self, pid: u32, comm: &str) -> &mut Process {
         let stale = match self.processes.get(&pid) {
             None => true,
+            // A first look can miss a process caught mid-fork or mid-exec:
+            // look again, rate-limited, while samples of it keep coming.
+            Some(cached) if !cached.readable => {
+                cached.refreshed_at.elapsed() >= MIN_REFRESH_INTERVAL
+            }
             // Pid reuse: same number, another process. Only worth checking when
             // the cached entry is old enough to have been reused.
             Some(cached) => {
@@ -111,11 +117,13 @@ fn start_time(pid: u32) -> Option<u64> {
 
 fn read_process(pid: u32, comm: &str) -> Process {
     let now = Instant::now();
-    let Ok(proc) = procfs::process::Process::new(pid as i32) else {
-        return unreadable(pid, comm, now);
-    };
-    let Ok(stat) = proc.stat() else {
-        return unreadable(pid, comm, now);
+    let stat = procfs::process::Process::new(pid as i32).and_then(|proc| Ok((proc.stat()?, proc)));
+    let (stat, proc) = match stat {
+        Ok(found) => found,
+        Err(err) => {
+            tracing::debug!("pid {pid}: not readable in /proc: {err}");
+            return unreadable(pid, comm, now);
+        }
     };
     let exe_path = proc
         .exe()
