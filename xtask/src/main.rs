@@ -1,1 +1,139 @@
-fn main() {}
+//! hostprof's chores, so a newcomer needs two commands:
+//! `cargo xtask run -- record -d 10 -o profile.folded` and `cargo xtask test`.
+mod bench;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "hostprof's chores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent): nightly rust-src,
+    /// bpf-linker, and the Debian tools the tests and benchmarks use.
+    Setup,
+    /// Build hostprof (release), eBPF object included.
+    Build {
+        /// Build for another target, e.g. aarch64-unknown-linux-gnu.
+        #[arg(long)]
+        target: Option<String>,
+    },
+    /// Set up, build, and run hostprof (as root) with the given arguments.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, check formatting and lints, run unit and real-eBPF integration tests.
+    Test,
+    /// Measure hostprof next to its peers (perf, ...) and print the figures.
+    Bench {
+        /// Seconds each profiling run lasts.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup::run(),
+        Task::Build { target } => build(target.as_deref()).map(drop),
+        Task::Run { args } => {
+            setup::run()?;
+            let binary = build(None)?;
+            run_as_root(&binary, &args)
+        }
+        Task::Test => test(),
+        Task::Bench { seconds } => {
+            setup::run()?;
+            bench::run(seconds)
+        }
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// `cargo` with the workspace as working directory.
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Runs a command; fails naming it when it fails.
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn build(target: Option<&str>) -> Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "-p", "hostprof"]);
+    let mut binary = root().join("target");
+    if let Some(target) = target {
+        cmd.args(["--target", target]);
+        binary.push(target);
+    }
+    run_cmd(&mut cmd)?;
+    Ok(binary.join("release/hostprof"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.starts_with(b"0\n"))
+}
+
+fn run_as_root(binary: &Path, args: &[String]) -> Result<()> {
+    let mut cmd = if is_root() {
+        Command::new(binary)
+    } else {
+        eprintln!("xtask: hostprof needs root for eBPF; using sudo");
+        let mut sudo = Command::new("sudo");
+        sudo.arg(binary);
+        sudo
+    };
+    run_cmd(cmd.args(args))
+}
+
+fn test() -> Result<()> {
+    setup::run()?;
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    run_cmd(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") && !is_root() {
+        bail!("CI=true: the real eBPF tests must run, and they need root");
+    }
+    // One test binary at a time keeps the 2-CPU machines' timing sane for
+    // the share assertions; tests inside a binary still run in parallel.
+    run_cmd(cargo().args(["test", "--workspace", "--no-fail-fast"]))
+}

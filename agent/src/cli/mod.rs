@@ -41,6 +41,10 @@ pub struct RecordArgs {
     /// (`.folded`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Report the eBPF program's own run time per sample (turns on the
+    /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
+    #[arg(long, hide = true)]
+    pub bpf_stats: bool,
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,

@@ -54,6 +54,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     let options = SamplerOptions {
         frequency_hz: args.frequency,
         pids,
+        bpf_stats: args.bpf_stats,
         ..Default::default()
     };
     let mut sampler = Sampler::start(&options)?;
@@ -95,6 +96,11 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
     let counters = sampler.counters()?;
+    let bpf_stats = if args.bpf_stats {
+        Some(sampler.program_stats()?)
+    } else {
+        None
+    };
 
     if let (Some(path), Some(OutputFormat::Folded)) = (&args.output, format) {
         write_output(path, |out| folded.write(out))?;
@@ -103,6 +109,12 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         "{}",
         report(&args, elapsed, why, &counters, &reader_stats, &summary)
     );
+    if let Some((run_time, runs)) = bpf_stats {
+        eprintln!(
+            "hostprof: eBPF program ran {runs} times, {:.0} ns per run",
+            run_time.as_nanos() as f64 / runs.max(1) as f64
+        );
+    }
     if let Some(mut child) = child
         && let Ok(Some(status)) = child.try_wait()
         && !status.success()

@@ -1,0 +1,210 @@
+//! `cargo xtask bench`: hostprof's overhead next to perf's, measured in the
+//! same run on the same workload. Figures, not assertions: timing belongs here,
+//! never in tests.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{build, root, run_cmd};
+
+/// CPU time and peak memory of a finished child.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    cpu: Duration,
+    max_rss_kib: u64,
+}
+
+impl Usage {
+    fn plus(self, other: Usage) -> Usage {
+        Usage {
+            cpu: self.cpu + other.cpu,
+            max_rss_kib: self.max_rss_kib.max(other.max_rss_kib),
+        }
+    }
+}
+
+/// Waits for `child` and returns its resource usage (wait4).
+fn wait_usage(child: Child) -> Result<Usage> {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: all-zero is a valid rusage; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our unwaited child; pointers are valid for the call.
+    if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
+        bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        bail!("benchmarked command failed (status {status})");
+    }
+    let time = |tv: libc::timeval| Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
+    Ok(Usage {
+        cpu: time(usage.ru_utime) + time(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+    })
+}
+
+struct Row {
+    name: &'static str,
+    samples: u64,
+    usage: Usage,
+    kernel_ns_per_sample: Option<f64>,
+}
+
+pub fn run(seconds: u64) -> Result<()> {
+    let hostprof = build(None)?;
+    let dir = root().join("target/bench");
+    fs::create_dir_all(&dir)?;
+    let workload = compile_workload(&dir)?;
+    println!(
+        "workload: 2 x cpu_split (CPU-bound, frame pointers); {seconds} s host-wide at 999 Hz\n"
+    );
+
+    let mut rows = Vec::new();
+    rows.push(with_workload(&workload, seconds, || {
+        bench_hostprof(&hostprof, &dir, seconds)
+    })?);
+    rows.push(with_workload(&workload, seconds, || {
+        bench_perf(&dir, seconds)
+    })?);
+
+    println!(
+        "{:<28} {:>9} {:>8} {:>16} {:>13} {:>16}",
+        "profiler", "samples", "CPU s", "CPU s/1k samples", "peak RSS MiB", "kernel ns/sample"
+    );
+    for row in rows {
+        let per_1k = row.usage.cpu.as_secs_f64() * 1000.0 / row.samples.max(1) as f64;
+        let kernel = row
+            .kernel_ns_per_sample
+            .map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
+        println!(
+            "{:<28} {:>9} {:>8.3} {:>16.4} {:>13.1} {:>16}",
+            row.name,
+            row.samples,
+            row.usage.cpu.as_secs_f64(),
+            per_1k,
+            row.usage.max_rss_kib as f64 / 1024.0,
+            kernel
+        );
+    }
+    println!(
+        "\nkernel ns/sample: the eBPF program's run_time_ns / run_cnt (BPF stats); perf has no equivalent figure."
+    );
+    Ok(())
+}
+
+fn compile_workload(dir: &Path) -> Result<PathBuf> {
+    let out = dir.join("cpu_split");
+    run_cmd(
+        Command::new("cc")
+            .args(["-O0", "-fno-omit-frame-pointer", "-g", "-o"])
+            .arg(&out)
+            .arg(root().join("tests/programs/cpu_split.c")),
+    )?;
+    Ok(out)
+}
+
+/// Runs `measure` while two copies of the workload keep both CPUs busy.
+fn with_workload(
+    workload: &Path,
+    seconds: u64,
+    measure: impl FnOnce() -> Result<Row>,
+) -> Result<Row> {
+    let busy: Vec<Child> = (0..2)
+        .map(|_| {
+            Command::new(workload)
+                .arg((seconds + 3).to_string())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()
+        .context("cannot start the workload")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let row = measure();
+    for mut child in busy {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    row
+}
+
+fn bench_hostprof(hostprof: &Path, dir: &Path, seconds: u64) -> Result<Row> {
+    let mut child = Command::new(hostprof)
+        .args([
+            "record",
+            "-F",
+            "999",
+            "-d",
+            &seconds.to_string(),
+            "--bpf-stats",
+            "-o",
+        ])
+        .arg(dir.join("hostprof.folded"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start hostprof")?;
+    let mut stderr_pipe = child.stderr.take().context("no stderr")?;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
+        text
+    });
+    let usage = wait_usage(child)?;
+    let text = reader.join().unwrap_or_default();
+    let samples =
+        number_before(&text, " samples from").context("hostprof printed no sample count")?;
+    let kernel = number_before(&text, " ns per run").map(|ns| ns as f64);
+    Ok(Row {
+        name: "hostprof record",
+        samples,
+        usage,
+        kernel_ns_per_sample: kernel,
+    })
+}
+
+fn bench_perf(dir: &Path, seconds: u64) -> Result<Row> {
+    let data = dir.join("perf.data");
+    let record = Command::new("perf")
+        .args(["record", "-F", "999", "-g", "-a", "-q", "-o"])
+        .arg(&data)
+        .args(["--", "sleep", &seconds.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start perf (install linux-perf)")?;
+    let recording = wait_usage(record)?;
+    let script_out = fs::File::create(dir.join("perf.script"))?;
+    let script = Command::new("perf")
+        .arg("script")
+        .arg("-i")
+        .arg(&data)
+        .stdout(script_out)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let scripting = wait_usage(script)?;
+    let text = fs::read_to_string(dir.join("perf.script"))?;
+    // Each sample starts with an unindented header line.
+    let samples = text
+        .lines()
+        .filter(|line| !line.is_empty() && !line.starts_with(['\t', ' ']))
+        .count() as u64;
+    Ok(Row {
+        name: "perf record -g -a + script",
+        samples,
+        usage: recording.plus(scripting),
+        kernel_ns_per_sample: None,
+    })
+}
+
+/// The integer right before `marker` in `text` (`"1234 samples from"`).
+fn number_before(text: &str, marker: &str) -> Option<u64> {
+    let end = text.find(marker)?;
+    let digits: String = text[..end]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.chars().rev().collect::<String>().parse().ok()
+}

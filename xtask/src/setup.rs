@@ -1,0 +1,102 @@
+//! `cargo xtask setup`: install the toolchain parts and tools, idempotently.
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::run_cmd;
+
+const BPF_LINKER_VERSION: &str = "0.10.0";
+
+/// Debian packages and the command each provides (checked before installing).
+const DEBIAN_TOOLS: &[(&str, &str)] = &[
+    ("gcc", "cc"),
+    ("linux-perf", "perf"),
+    ("util-linux", "setpriv"),
+    ("llvm", "llvm-symbolizer"),
+    ("binutils", "addr2line"),
+    ("golang-go", "go"),
+];
+
+pub fn run() -> Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_tools()
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|out| out.status.success())
+}
+
+fn output(cmd: &mut Command) -> String {
+    cmd.output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn nightly_rust_src() -> Result<()> {
+    if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        run_cmd(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]));
+    if !installed.lines().any(|line| line.starts_with("rust-src")) {
+        run_cmd(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+fn bpf_linker() -> Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version"));
+    if version.contains(BPF_LINKER_VERSION) {
+        return Ok(());
+    }
+    run_cmd(Command::new("cargo").args([
+        "+stable",
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+    ]))
+}
+
+fn debian_tools() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_TOOLS
+        .iter()
+        .filter(|(_, command)| {
+            !succeeds(Command::new("sh").args(["-c", &format!("command -v {command}")]))
+        })
+        .map(|(package, _)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !crate::is_root() {
+        bail!(
+            "missing tools; install them with: sudo apt-get install -y {}",
+            missing.join(" ")
+        );
+    }
+    run_cmd(Command::new("apt-get").arg("update").arg("-q"))?;
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
