@@ -256,3 +256,42 @@ fn version_is_printed() {
         format!("hostprof {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[test]
+fn command_profile_follows_children_and_grandchildren() {
+    if !require_ebpf() {
+        return;
+    }
+    let program = build_c(
+        "forking.c",
+        "forking",
+        &["-O0", "-fno-omit-frame-pointer", "-g"],
+    );
+    let output = run_ok(hostprof().args([
+        "record",
+        "-F",
+        "499",
+        "-o",
+        "-",
+        "--",
+        program.to_str().unwrap(),
+        "1.5",
+    ]));
+    let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
+    let in_children: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == "child_work"))
+        .map(|(_, count)| count)
+        .sum();
+    // Three workers share two CPUs for 1.5 s: ~1500 samples at 499 Hz if all
+    // are followed, at most ~750 if only one child were.
+    assert!(
+        in_children >= 900,
+        "only {in_children} samples in child_work"
+    );
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    assert!(
+        in_children as f64 >= 0.9 * total as f64,
+        "{in_children} of {total} samples in the children"
+    );
+}

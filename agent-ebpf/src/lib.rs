@@ -19,6 +19,9 @@ pub const COMM_LEN: usize = 16;
 
 /// The perf_event program attached to every online CPU.
 pub const PROGRAM_SAMPLE: &str = "sample_cpu";
+/// Raw tracepoint on `sched_process_fork`: adds children of filtered processes
+/// to the filter, so `hostprof record -- COMMAND` follows the whole tree.
+pub const PROGRAM_FOLLOW_FORK: &str = "follow_fork";
 /// Ring buffer carrying [`Sample`] records to userspace.
 pub const MAP_SAMPLES: &str = "SAMPLES";
 /// Per-CPU `u64` counters indexed by [`Counter`].
@@ -27,6 +30,10 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_FILTER_TGIDS: &str = "FILTER_TGIDS";
 /// Global `u8`: when non-zero only tgids present in [`MAP_FILTER_TGIDS`] are sampled.
 pub const GLOBAL_FILTER_BY_TGID: &str = "FILTER_BY_TGID";
+
+/// Global `u32`: byte offset of `tgid` in the running kernel's `task_struct`
+/// (from its BTF); [`PROGRAM_FOLLOW_FORK`] reads the child's tgid with it.
+pub const GLOBAL_TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
 
 /// Capacity of [`MAP_FILTER_TGIDS`].
 pub const MAX_FILTER_TGIDS: u32 = 4096;
@@ -96,11 +103,13 @@ pub enum Counter {
     UserStackError = 6,
     /// Damaged: a stack was longer than [`MAX_STACK_DEPTH`] and was cut.
     Truncated = 7,
+    /// A child of a profiled process could not be added to the full filter map.
+    FilterFull = 8,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 8] = [
+    pub const ALL: [Counter; 9] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -109,6 +118,7 @@ impl Counter {
         Counter::KernelStackError,
         Counter::UserStackError,
         Counter::Truncated,
+        Counter::FilterFull,
     ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -124,6 +134,7 @@ impl Counter {
             Counter::KernelStackError => "kernel_stack_error",
             Counter::UserStackError => "user_stack_error",
             Counter::Truncated => "stack_truncated",
+            Counter::FilterFull => "filter_full",
         }
     }
 }

@@ -24,17 +24,21 @@ mod sampler {
         EbpfContext,
         bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
-            bpf_get_current_comm, bpf_get_current_pid_tgid,
+            bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
             generated::{bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns},
         },
-        macros::{map, perf_event},
+        macros::{map, perf_event, raw_tracepoint},
         maps::{HashMap, PerCpuArray, RingBuf},
-        programs::PerfEventContext,
+        programs::{PerfEventContext, RawTracePointContext},
     };
 
     /// Set by the agent at load time (`agent_ebpf::GLOBAL_FILTER_BY_TGID`).
     #[unsafe(no_mangle)]
     static FILTER_BY_TGID: u8 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_TGID_OFFSET`).
+    #[unsafe(no_mangle)]
+    static TASK_TGID_OFFSET: u32 = 0;
 
     #[map(name = "SAMPLES")]
     static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
@@ -137,6 +141,31 @@ mod sampler {
         };
         entry.submit(wakeup as u64);
         bump(Counter::Submitted);
+    }
+
+    /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`
+    /// runs in the parent before the child first runs: a child of a profiled
+    /// process is in the filter before its first sample.
+    #[raw_tracepoint(tracepoint = "sched_process_fork")]
+    pub fn follow_fork(ctx: RawTracePointContext) -> i32 {
+        let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if unsafe { FILTER_TGIDS.get(&parent_tgid) }.is_none() {
+            return 0;
+        }
+        let offset = unsafe { read_volatile(&TASK_TGID_OFFSET) } as usize;
+        if offset == 0 {
+            return 0;
+        }
+        let child: *const u8 = ctx.arg(1);
+        let Ok(child_tgid) = (unsafe { bpf_probe_read_kernel(child.add(offset).cast::<u32>()) })
+        else {
+            return 0;
+        };
+        // A new thread shares its parent's tgid: nothing to add.
+        if child_tgid != parent_tgid && FILTER_TGIDS.insert(&child_tgid, &1, 0).is_err() {
+            bump(Counter::FilterFull);
+        }
+        0
     }
 
     #[cfg(not(test))]

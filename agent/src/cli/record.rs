@@ -55,6 +55,8 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         frequency_hz: args.frequency,
         pids,
         bpf_stats: args.bpf_stats,
+        // A command's children are part of it (as with perf); -p means just those.
+        follow_children: !args.command.is_empty(),
         ..Default::default()
     };
     let mut sampler = Sampler::start(&options)?;
@@ -86,7 +88,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         [] => None,
         command => Some(spawn_profiled(command, &mut sampler)?),
     };
-    let why = wait_for_end(&args, child.as_mut()).await;
+    let why = wait_for_end(&args, child.as_mut(), &mut sampler).await;
     let elapsed = started.elapsed();
 
     sampler.stop();
@@ -133,7 +135,13 @@ enum End {
     ProcessesExited,
 }
 
-async fn wait_for_end(args: &RecordArgs, child: Option<&mut tokio::process::Child>) -> End {
+async fn wait_for_end(
+    args: &RecordArgs,
+    child: Option<&mut tokio::process::Child>,
+    sampler: &mut Sampler,
+) -> End {
+    // A followed command tree adds pids to the filter; drop the exited ones.
+    let following = child.is_some();
     let duration = async {
         match args.duration {
             Some(duration) => tokio::time::sleep(duration).await,
@@ -163,8 +171,20 @@ async fn wait_for_end(args: &RecordArgs, child: Option<&mut tokio::process::Chil
             }
         }
     };
+    let sweep = async {
+        if !following {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Err(err) = sampler.forget_exited_pids() {
+                tracing::warn!("cannot prune the process filter: {err}");
+            }
+        }
+    };
     tokio::select! {
         _ = duration => End::Duration,
+        _ = sweep => End::Duration,
         _ = tokio::signal::ctrl_c() => End::Interrupted,
         _ = command => End::CommandExited,
         _ = targets => End::ProcessesExited,

@@ -26,6 +26,10 @@ pub enum SamplerError {
     },
     #[error("the embedded eBPF object has no {0}: the build is broken, rebuild hostprof")]
     MissingObject(&'static str),
+    #[error(
+        "the kernel's BTF does not describe {0}: this kernel is not supported for following child processes"
+    )]
+    MissingKernelType(&'static str),
     #[error("cannot list online CPUs: {0}")]
     OnlineCpus(#[source] io::Error),
 }

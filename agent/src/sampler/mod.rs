@@ -3,6 +3,7 @@
 //!
 //! [`Sampler`] is the only owner of the `aya::Ebpf` handle. Dropping it detaches
 //! every perf event and unloads the program.
+mod btf;
 mod error;
 mod reader;
 
@@ -13,7 +14,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent,
+        PerfEvent, RawTracePoint,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
@@ -37,6 +38,8 @@ pub struct SamplerOptions {
     pub ring_bytes: u32,
     /// Turn on the kernel's BPF run-time statistics (for overhead reports).
     pub bpf_stats: bool,
+    /// With `pids`: also profile processes they fork from now on.
+    pub follow_children: bool,
 }
 
 impl Default for SamplerOptions {
@@ -46,6 +49,7 @@ impl Default for SamplerOptions {
             pids: None,
             ring_bytes: agent_ebpf::DEFAULT_RING_BYTES,
             bpf_stats: false,
+            follow_children: false,
         }
     }
 }
@@ -82,8 +86,11 @@ impl Sampler {
             None
         };
         let filter_by_tgid = u8::from(options.pids.is_some());
+        let follow = options.follow_children && options.pids.is_some();
+        let tgid_offset = if follow { task_tgid_offset()? } else { 0 };
         let ebpf = EbpfLoader::new()
             .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
+            .override_global(agent_ebpf::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
             .map_max_entries(agent_ebpf::MAP_SAMPLES, options.ring_bytes)
             .load(EBPF_OBJECT)
             .map_err(SamplerError::load)?;
@@ -95,8 +102,45 @@ impl Sampler {
         for pid in options.pids.iter().flatten() {
             sampler.add_pid(*pid)?;
         }
+        if follow {
+            sampler.follow_forks()?;
+        }
         sampler.attach(options.frequency_hz)?;
         Ok(sampler)
+    }
+
+    fn follow_forks(&mut self) -> Result<(), SamplerError> {
+        let program: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(agent_ebpf::PROGRAM_FOLLOW_FORK)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_FOLLOW_FORK))?
+            .try_into()
+            .map_err(SamplerError::load_program)?;
+        program.load().map_err(SamplerError::load_program)?;
+        program
+            .attach("sched_process_fork")
+            .map_err(SamplerError::attach)?;
+        Ok(())
+    }
+
+    /// Removes exited processes from the in-kernel filter, so following a
+    /// long-running tree of short-lived children never fills it.
+    pub fn forget_exited_pids(&mut self) -> Result<(), SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut(agent_ebpf::MAP_FILTER_TGIDS)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_FILTER_TGIDS))?;
+        let mut filter: HashMap<_, u32, u8> = HashMap::try_from(map).map_err(SamplerError::map)?;
+        let gone: Vec<u32> = filter
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        for pid in gone {
+            // Already removed by a concurrent sweep is fine.
+            let _ = filter.remove(&pid);
+        }
+        Ok(())
     }
 
     fn program(&mut self) -> Result<&mut PerfEvent, SamplerError> {
@@ -185,6 +229,17 @@ impl Sampler {
         let info = program.info().map_err(SamplerError::load_program)?;
         Ok((info.run_time(), info.run_count()))
     }
+}
+
+/// `task_struct.tgid`'s offset in the running kernel.
+fn task_tgid_offset() -> Result<u32, SamplerError> {
+    let btf =
+        std::fs::read("/sys/kernel/btf/vmlinux").map_err(|err| SamplerError::Unsupported {
+            what: "BTF (/sys/kernel/btf/vmlinux), needed to follow child processes",
+            source: Box::new(err),
+        })?;
+    btf::member_offset(&btf, "task_struct", "tgid")
+        .ok_or(SamplerError::MissingKernelType("task_struct.tgid"))
 }
 
 /// Decodes one ring-buffer record.

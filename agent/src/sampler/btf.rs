@@ -1,0 +1,107 @@
+//! Just enough of a BTF reader to find a struct member's byte offset in the
+//! running kernel (`/sys/kernel/btf/vmlinux`).
+//!
+//! aya (0.14) does no CO-RE relocation for Rust eBPF programs, so the few
+//! kernel struct fields the eBPF side reads get their offsets from here, passed
+//! in as load-time globals. Layout: include/uapi/linux/btf.h.
+
+/// Byte offset of `member` in `struct name`, if the BTF describes it.
+pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
+    let header = Header::parse(btf)?;
+    let types = btf.get(header.types.clone())?;
+    let strings = btf.get(header.strings.clone())?;
+    let string_at = |offset: u32| -> Option<&[u8]> {
+        let rest = strings.get(offset as usize..)?;
+        Some(&rest[..rest.iter().position(|&b| b == 0)?])
+    };
+    let mut at = 0usize;
+    while at + 12 <= types.len() {
+        let name_off = u32_at(types, at)?;
+        let info = u32_at(types, at + 4)?;
+        let vlen = (info & 0xffff) as usize;
+        let kind = (info >> 24) & 0x1f;
+        let kind_flag = info >> 31 == 1;
+        let body = at + 12;
+        if kind == KIND_STRUCT && vlen > 0 && string_at(name_off)? == name.as_bytes() {
+            for index in 0..vlen {
+                let entry = body + index * 12;
+                if string_at(u32_at(types, entry)?)? == member.as_bytes() {
+                    let raw = u32_at(types, entry + 8)?;
+                    let bits = if kind_flag { raw & 0x00ff_ffff } else { raw };
+                    return (bits % 8 == 0).then_some(bits / 8);
+                }
+            }
+        }
+        at = body + trailing_bytes(kind, vlen)?;
+    }
+    None
+}
+
+const KIND_STRUCT: u32 = 4;
+
+struct Header {
+    types: std::ops::Range<usize>,
+    strings: std::ops::Range<usize>,
+}
+
+impl Header {
+    fn parse(btf: &[u8]) -> Option<Header> {
+        // Magic 0xeB9F, little-endian on the machines we run on.
+        if btf.get(0..2)? != [0x9f, 0xeb] {
+            return None;
+        }
+        let header_len = u32_at(btf, 4)? as usize;
+        let range = |off: usize, len: usize| header_len + off..header_len + off + len;
+        Some(Header {
+            types: range(u32_at(btf, 8)? as usize, u32_at(btf, 12)? as usize),
+            strings: range(u32_at(btf, 16)? as usize, u32_at(btf, 20)? as usize),
+        })
+    }
+}
+
+/// Bytes that follow the 12-byte common header of a type of `kind`.
+fn trailing_bytes(kind: u32, vlen: usize) -> Option<usize> {
+    Some(match kind {
+        // int, var, decl_tag: one u32.
+        1 | 14 | 17 => 4,
+        // ptr, fwd, typedef, volatile, const, restrict, func, float, type_tag.
+        2 | 7 | 8 | 9 | 10 | 11 | 12 | 16 | 18 => 0,
+        // array: elem type, index type, count.
+        3 => 12,
+        // struct, union, datasec, enum64: three u32 per entry.
+        4 | 5 | 15 | 19 => 12 * vlen,
+        // enum, func_proto: two u32 per entry.
+        6 | 13 => 8 * vlen,
+        _ => return None,
+    })
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_task_struct_pid_and_tgid_in_the_running_kernel() {
+        let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("skipping: this kernel has no BTF");
+            return;
+        };
+        let pid = member_offset(&btf, "task_struct", "pid").expect("task_struct.pid");
+        let tgid = member_offset(&btf, "task_struct", "tgid").expect("task_struct.tgid");
+        // Declared next to each other (`pid_t pid; pid_t tgid;`) in every kernel.
+        assert_eq!(tgid, pid + 4);
+        assert!(member_offset(&btf, "task_struct", "no_such_member").is_none());
+        assert!(member_offset(&btf, "no_such_struct", "pid").is_none());
+    }
+
+    #[test]
+    fn rejects_what_is_not_btf() {
+        assert!(member_offset(b"", "task_struct", "tgid").is_none());
+        assert!(member_offset(&[0x9f, 0xeb, 1, 0, 0xff, 0xff, 0xff, 0xff], "a", "b").is_none());
+        assert!(member_offset(&[0u8; 64], "task_struct", "tgid").is_none());
+    }
+}
