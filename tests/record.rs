@@ -295,3 +295,30 @@ fn command_profile_follows_children_and_grandchildren() {
         "{in_children} of {total} samples in the children"
     );
 }
+
+#[test]
+fn ctrl_c_ends_the_recording_and_writes_the_profile() {
+    if !require_ebpf() {
+        return;
+    }
+    let program = renamed(&cpu_split(), "split_sigint");
+    let mut busy = Command::new(&program).arg("5").spawn().unwrap();
+    let out = work_dir().join("sigint.folded");
+    let _ = std::fs::remove_file(&out);
+    let recorder = hostprof()
+        .args(["record", "-F", "499", "-o"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let output = recorder.wait_with_output().unwrap();
+    let _ = (busy.kill(), busy.wait());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("(interrupted)"), "{stderr}");
+    let stacks = parse_folded(&std::fs::read_to_string(&out).expect("profile written"));
+    assert!(samples_of(&stacks, "split_sigint") >= 100);
+}
