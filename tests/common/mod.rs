@@ -32,6 +32,22 @@ pub fn require_ebpf() -> bool {
     false
 }
 
+/// Returns false (after saying why) when `command` is not installed; panics
+/// instead under `CI=true`, where `cargo xtask setup` must have installed it.
+pub fn require_tool(command: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {command}")])
+        .output();
+    if found.is_ok_and(|out| out.status.success()) {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{command} is missing, and CI=true forbids skipping: run `cargo xtask setup`");
+    }
+    eprintln!("skipping: {command} is not installed (cargo xtask setup installs it)");
+    false
+}
+
 /// Directory for this test run's build products.
 pub fn work_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

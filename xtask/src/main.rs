@@ -1,6 +1,7 @@
 //! hostprof's chores, so a newcomer needs two commands:
 //! `cargo xtask run -- record -d 10 -o profile.folded` and `cargo xtask test`.
 mod bench;
+mod package;
 mod setup;
 
 use std::{
@@ -22,7 +23,11 @@ struct Cli {
 enum Task {
     /// Install what building and testing need (idempotent): nightly rust-src,
     /// bpf-linker, and the Debian tools the tests and benchmarks use.
-    Setup,
+    Setup {
+        /// Only what building needs (for container builds), no test tools.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Build hostprof (release), eBPF object included.
     Build {
         /// Build for another target, e.g. aarch64-unknown-linux-gnu.
@@ -36,6 +41,13 @@ enum Task {
     },
     /// Set up, check formatting and lints, run unit and real-eBPF integration tests.
     Test,
+    /// Build a release tarball (binary, systemd unit, examples, README) in
+    /// target/package/.
+    Package {
+        /// Package for another target, e.g. aarch64-unknown-linux-gnu.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
         /// Seconds each profiling run lasts.
@@ -46,16 +58,17 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Task::Setup => setup::run(),
+        Task::Setup { build_only } => setup::run(build_only),
         Task::Build { target } => build(target.as_deref()).map(drop),
         Task::Run { args } => {
-            setup::run()?;
+            setup::run(false)?;
             let binary = build(None)?;
             run_as_root(&binary, &args)
         }
         Task::Test => test(),
+        Task::Package { target } => package::run(target.as_deref()),
         Task::Bench { seconds } => {
-            setup::run()?;
+            setup::run(false)?;
             bench::run(seconds)
         }
     }
@@ -119,8 +132,11 @@ fn run_as_root(binary: &Path, args: &[String]) -> Result<()> {
     run_cmd(cmd.args(args))
 }
 
+/// The cross target whose build the test suite runs under qemu.
+const CROSS_TARGET: &str = "aarch64-unknown-linux-gnu";
+
 fn test() -> Result<()> {
-    setup::run()?;
+    setup::run(false)?;
     run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
     run_cmd(cargo().args([
         "clippy",
@@ -135,5 +151,11 @@ fn test() -> Result<()> {
     }
     // One test binary at a time keeps the 2-CPU machines' timing sane for
     // the share assertions; tests inside a binary still run in parallel.
-    run_cmd(cargo().args(["test", "--workspace", "--no-fail-fast"]))
+    // The aarch64 build is tested under qemu by tests/packaging.rs.
+    let cross = build(Some(CROSS_TARGET))?;
+    run_cmd(
+        cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .env("HOSTPROF_AARCH64_BIN", cross),
+    )
 }

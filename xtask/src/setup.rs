@@ -8,19 +8,55 @@ use crate::run_cmd;
 const BPF_LINKER_VERSION: &str = "0.10.0";
 
 /// Debian packages and the command each provides (checked before installing).
-const DEBIAN_TOOLS: &[(&str, &str)] = &[
-    ("gcc", "cc"),
+const DEBIAN_BUILD_TOOLS: &[(&str, &str)] = &[("gcc", "cc")];
+
+/// Tools the tests and benchmarks use, beyond building.
+const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("linux-perf", "perf"),
     ("util-linux", "setpriv"),
     ("llvm", "llvm-symbolizer"),
     ("binutils", "addr2line"),
     ("golang-go", "go"),
+    ("systemd", "systemd-analyze"),
+    ("python3-pip", "pip3"),
+    ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
+    ("qemu-user-static", "qemu-aarch64-static"),
 ];
 
-pub fn run() -> Result<()> {
+/// Python tools from PyPI and the command each provides.
+const PYPI_TEST_TOOLS: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
+
+pub fn run(build_only: bool) -> Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
-    debian_tools()
+    debian_tools(DEBIAN_BUILD_TOOLS)?;
+    if build_only {
+        return Ok(());
+    }
+    debian_tools(DEBIAN_TEST_TOOLS)?;
+    pypi_tools()?;
+    cross_target()
+}
+
+fn has_command(command: &str) -> bool {
+    succeeds(Command::new("sh").args(["-c", &format!("command -v {command}")]))
+}
+
+fn pypi_tools() -> Result<()> {
+    for (package, command) in PYPI_TEST_TOOLS {
+        if !has_command(command) {
+            run_cmd(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
+        }
+    }
+    Ok(())
+}
+
+fn cross_target() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]));
+    if !installed.lines().any(|line| line == crate::CROSS_TARGET) {
+        run_cmd(Command::new("rustup").args(["target", "add", crate::CROSS_TARGET]))?;
+    }
+    Ok(())
 }
 
 fn succeeds(cmd: &mut Command) -> bool {
@@ -75,12 +111,10 @@ fn bpf_linker() -> Result<()> {
     ]))
 }
 
-fn debian_tools() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_TOOLS
+fn debian_tools(tools: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = tools
         .iter()
-        .filter(|(_, command)| {
-            !succeeds(Command::new("sh").args(["-c", &format!("command -v {command}")]))
-        })
+        .filter(|(_, command)| !has_command(command))
         .map(|(package, _)| *package)
         .collect();
     if missing.is_empty() {
