@@ -94,7 +94,9 @@ pub fn notes(data: &[u8]) -> impl Iterator<Item = Note<'_>> {
         let name = rest.get(12..name_end)?;
         let desc = rest.get(desc_start..desc_end)?;
         rest = rest.get(align4(desc_end)?.min(rest.len())..)?;
-        let name = name.strip_suffix(b"\0").unwrap_or(name);
+        // Names are NUL-terminated, and Go pads its "Go" with a second NUL.
+        let name_len = name.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
+        let name = &name[..name_len];
         Some(Note { name, kind, desc })
     })
 }
