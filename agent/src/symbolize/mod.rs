@@ -399,8 +399,17 @@ impl Symbolizer {
             );
             return Ok(loaded);
         }
+        let started = Instant::now();
         let module = match Module::load(&file, stamp.size, path, root, &self.debug_dirs) {
-            Ok(module) => Arc::new(module),
+            Ok(module) => {
+                tracing::debug!(
+                    "loaded {path} ({} bytes, dwarf: {}) in {:?}",
+                    stamp.size,
+                    module.has_dwarf(),
+                    started.elapsed()
+                );
+                Arc::new(module)
+            }
             Err(err) => {
                 let mut state = self.lock();
                 if state.failed.len() >= MAX_INDEXED_FILES {
