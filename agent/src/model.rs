@@ -6,12 +6,13 @@
 use std::sync::Arc;
 
 /// Identity of an executable or library file: what a backend needs to find the
-/// same build again. Each id is lowercase hex.
+/// same build again. The GNU build-id and htlhash are lowercase hex.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BuildIds {
     /// `.note.gnu.build-id`.
     pub gnu: Option<Arc<str>>,
-    /// `.note.go.buildid`.
+    /// `.note.go.buildid`, in Go's own text form (`actionID/contentID`, as
+    /// `go tool buildid` prints it; not hex).
     pub go: Option<Arc<str>>,
     /// OpenTelemetry's file hash (`process.executable.build_id.htlhash`).
     pub htlhash: Option<Arc<str>>,

@@ -1,13 +1,20 @@
-//! Function names from an ELF file's `.symtab` and `.dynsym`.
+//! Function names from an ELF file's symbol tables: `.symtab`, `.dynsym`,
+//! MiniDebugInfo (`.gnu_debugdata`, an xz-compressed ELF holding the local
+//! function symbols that `strip` removed, as Fedora ships) and, for Go
+//! binaries without symbols, `.gopclntab`.
 use std::sync::Arc;
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::SymbolizeError;
+use super::{SymbolizeError, demangle::demangle, gopclntab};
 use crate::model::Line;
 
+/// Limit on MiniDebugInfo's decompressed size: it is a symbol table, so
+/// anything bigger is corrupt or hostile.
+const MAX_MINIDEBUGINFO: usize = 256 << 20;
+
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ElfSymbols {
     /// (start, size, raw name), sorted by start.
     symbols: Vec<(u64, u64, Arc<str>)>,
@@ -19,6 +26,11 @@ impl ElfSymbols {
     /// Parses `data` (the whole file).
     pub fn parse(data: &[u8]) -> Result<Self, SymbolizeError> {
         let file = object::File::parse(data).map_err(SymbolizeError::Parse)?;
+        Ok(Self::from_object(&file))
+    }
+
+    /// Reads the symbols of a parsed file, from every source it has.
+    pub fn from_object(file: &object::File) -> Self {
         let segments = file
             .segments()
             .map(|segment| {
@@ -26,19 +38,29 @@ impl ElfSymbols {
                 (offset, size, segment.address())
             })
             .collect();
-        let mut symbols: Vec<(u64, u64, Arc<str>)> = file
-            .symbols()
-            .chain(file.dynamic_symbols())
-            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.address() != 0)
-            .filter_map(|symbol| {
-                let name = symbol.name().ok().filter(|name| !name.is_empty())?;
-                Some((symbol.address(), symbol.size(), Arc::from(name)))
-            })
-            .collect();
-        // Prefer the sized entry when .symtab and .dynsym both name an address.
+        let mut symbols = code_symbols(file);
+        if let Some(mini) = minidebuginfo(file)
+            && let Ok(mini) = object::File::parse(&*mini)
+        {
+            symbols.extend(code_symbols(&mini));
+        }
+        if file.section_by_name(".symtab").is_none()
+            && let Some(functions) = gopclntab::functions(file)
+        {
+            symbols.extend(functions);
+        }
+        // Prefer the sized entry when several tables name an address.
         symbols.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         symbols.dedup_by_key(|(start, _, _)| *start);
-        Ok(ElfSymbols { symbols, segments })
+        ElfSymbols { symbols, segments }
+    }
+
+    /// Adds symbols from another file of the same build (a debug file).
+    pub fn merge(&mut self, other: ElfSymbols) {
+        self.symbols.extend(other.symbols);
+        self.symbols
+            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        self.symbols.dedup_by_key(|(start, _, _)| *start);
     }
 
     /// Translates a file offset to the address the ELF's symbols use.
@@ -50,8 +72,8 @@ impl ElfSymbols {
         })
     }
 
-    /// The function at ELF address `address`.
-    pub fn lookup(&self, address: u64) -> Option<Line> {
+    /// The raw name of the function at ELF address `address`.
+    pub fn lookup_name(&self, address: u64) -> Option<&Arc<str>> {
         let index = self
             .symbols
             .partition_point(|(start, _, _)| *start <= address);
@@ -61,7 +83,13 @@ impl ElfSymbols {
         if *size != 0 && address >= start + size {
             return None;
         }
-        Some(Line::named(super::demangle(name), name.clone()))
+        Some(name)
+    }
+
+    /// The function at ELF address `address`.
+    pub fn lookup(&self, address: u64) -> Option<Line> {
+        let name = self.lookup_name(address)?;
+        Some(Line::named(demangle(name), name.clone()))
     }
 
     /// Number of code symbols (0 for a fully stripped file).
@@ -72,5 +100,56 @@ impl ElfSymbols {
     /// True for a file without code symbols (fully stripped).
     pub fn is_empty(&self) -> bool {
         self.symbols.is_empty()
+    }
+
+    /// Rough heap size, for the cache's memory budget.
+    pub fn estimated_size(&self) -> usize {
+        self.symbols
+            .iter()
+            .map(|(_, _, name)| 40 + name.len())
+            .sum::<usize>()
+            + self.segments.len() * 24
+    }
+}
+
+fn code_symbols(file: &object::File) -> Vec<(u64, u64, Arc<str>)> {
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.address() != 0)
+        .filter_map(|symbol| {
+            let name = symbol.name().ok().filter(|name| !name.is_empty())?;
+            Some((symbol.address(), symbol.size(), Arc::from(name)))
+        })
+        .collect()
+}
+
+/// The decompressed MiniDebugInfo ELF, if the file has one.
+fn minidebuginfo(file: &object::File) -> Option<Vec<u8>> {
+    let data = file.section_by_name(".gnu_debugdata")?.data().ok()?;
+    let mut out = Limited(Vec::new());
+    let mut input = std::io::BufReader::new(data);
+    match lzma_rs::xz_decompress(&mut input, &mut out) {
+        Ok(()) => Some(out.0),
+        Err(err) => {
+            tracing::debug!("ignoring unreadable .gnu_debugdata: {err}");
+            None
+        }
+    }
+}
+
+/// A buffer that refuses to grow past [`MAX_MINIDEBUGINFO`].
+struct Limited(Vec<u8>);
+
+impl std::io::Write for Limited {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_MINIDEBUGINFO {
+            return Err(std::io::Error::other("minidebuginfo too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

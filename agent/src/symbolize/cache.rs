@@ -1,0 +1,117 @@
+//! A least-recently-used map bounded by the estimated size of its values.
+use std::{
+    collections::{BTreeMap, HashMap},
+    hash::Hash,
+};
+
+/// LRU map whose entries each weigh some bytes; inserting past the budget
+/// evicts the least recently used entries.
+pub struct SizedLru<K, V> {
+    entries: HashMap<K, Entry<V>>,
+    /// Use tick → key, oldest first.
+    order: BTreeMap<u64, K>,
+    tick: u64,
+    used: usize,
+    budget: usize,
+}
+
+struct Entry<V> {
+    value: V,
+    weight: usize,
+    tick: u64,
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
+    pub fn new(budget: usize) -> Self {
+        SizedLru {
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            tick: 0,
+            used: 0,
+            budget,
+        }
+    }
+
+    /// The value for `key`, marking it as recently used.
+    pub fn get(&mut self, key: &K) -> Option<V> {
+        let entry = self.entries.get_mut(key)?;
+        self.tick += 1;
+        if let Some(key) = self.order.remove(&entry.tick) {
+            self.order.insert(self.tick, key);
+        }
+        entry.tick = self.tick;
+        Some(entry.value.clone())
+    }
+
+    /// Inserts or replaces `key`, then evicts old entries until the budget
+    /// holds. An entry heavier than the whole budget is not kept.
+    pub fn insert(&mut self, key: K, value: V, weight: usize) {
+        self.remove(&key);
+        if weight > self.budget {
+            return;
+        }
+        self.tick += 1;
+        self.order.insert(self.tick, key.clone());
+        self.entries.insert(
+            key,
+            Entry {
+                value,
+                weight,
+                tick: self.tick,
+            },
+        );
+        self.used += weight;
+        while self.used > self.budget {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.entries.remove(&oldest) {
+                self.used -= entry.weight;
+            }
+        }
+    }
+
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let entry = self.entries.remove(key)?;
+        self.order.remove(&entry.tick);
+        self.used -= entry.weight;
+        Some(entry.value)
+    }
+
+    /// Estimated bytes held.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used_by_weight() {
+        let mut lru = SizedLru::new(100);
+        lru.insert("a", 1, 40);
+        lru.insert("b", 2, 40);
+        assert_eq!(lru.get(&"a"), Some(1));
+        // c needs 40: b is the least recently used, so b goes.
+        lru.insert("c", 3, 40);
+        assert_eq!(lru.get(&"b"), None);
+        assert_eq!(lru.get(&"a"), Some(1));
+        assert_eq!(lru.get(&"c"), Some(3));
+        assert_eq!(lru.used(), 80);
+        // Too heavy to ever fit: refused, nothing else evicted.
+        lru.insert("huge", 4, 1000);
+        assert_eq!(lru.len(), 2);
+        // Replacing re-weighs.
+        lru.insert("a", 5, 10);
+        assert_eq!(lru.used(), 50);
+        assert_eq!(lru.remove(&"c"), Some(3));
+        assert_eq!(lru.used(), 10);
+    }
+}

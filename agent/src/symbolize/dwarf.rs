@@ -1,0 +1,109 @@
+//! Source lines and inlined functions from DWARF, through `addr2line`.
+//!
+//! Sections are copied (and decompressed: zlib or zstd, `SHF_COMPRESSED` or
+//! `.zdebug_*`) into shared buffers so the context owns its data and can be
+//! cached independently of the file it came from.
+use std::{borrow::Cow, sync::Arc};
+
+use gimli::{EndianArcSlice, RunTimeEndian};
+use object::{Object, ObjectSection};
+
+use super::{SymbolizeError, demangle::demangle};
+use crate::model::Line;
+
+type Reader = EndianArcSlice<RunTimeEndian>;
+
+/// DWARF of one file, ready for lookups.
+pub struct Dwarf {
+    /// addr2line parses units lazily through `OnceCell`s, so the context is
+    /// not `Sync`; lookups of one file take turns.
+    context: std::sync::Mutex<addr2line::Context<Reader>>,
+    /// Bytes of the sections held, for the cache's memory budget.
+    section_bytes: usize,
+}
+
+impl Dwarf {
+    /// Loads the DWARF of `file`; `None` when it has no `.debug_info`.
+    pub fn load(file: &object::File) -> Result<Option<Self>, SymbolizeError> {
+        if file.section_by_name(".debug_info").is_none() {
+            return Ok(None);
+        }
+        let endian = if file.is_little_endian() {
+            RunTimeEndian::Little
+        } else {
+            RunTimeEndian::Big
+        };
+        let mut section_bytes = 0;
+        let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, SymbolizeError> {
+            let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+                Some(section) => match section.uncompressed_data() {
+                    Ok(Cow::Borrowed(data)) => Arc::from(data),
+                    Ok(Cow::Owned(data)) => Arc::from(data),
+                    Err(source) => {
+                        return Err(SymbolizeError::Section {
+                            name: id.name(),
+                            source,
+                        });
+                    }
+                },
+                None => Arc::from(&[][..]),
+            };
+            section_bytes += data.len();
+            Ok(EndianArcSlice::new(data, endian))
+        })?;
+        let context = addr2line::Context::from_dwarf(dwarf).map_err(SymbolizeError::Dwarf)?;
+        Ok(Some(Dwarf {
+            context: std::sync::Mutex::new(context),
+            section_bytes,
+        }))
+    }
+
+    /// Functions at ELF address `address`, innermost inlined call first. Each
+    /// line is where execution was inside that function. Empty when DWARF
+    /// does not cover the address.
+    pub fn lookup(&self, address: u64) -> Vec<Line> {
+        let Ok(context) = self.context.lock() else {
+            return Vec::new();
+        };
+        let mut lines = Vec::new();
+        let Ok(mut frames) = context.find_frames(address).skip_all_loads() else {
+            return lines;
+        };
+        while let Ok(Some(frame)) = frames.next() {
+            let system_name: Option<Arc<str>> = frame
+                .function
+                .as_ref()
+                .and_then(|function| function.raw_name().ok())
+                .map(|name| Arc::from(&*name));
+            let (file, line, column) = match &frame.location {
+                Some(location) => (
+                    location.file.map(Arc::from),
+                    location.line.unwrap_or(0),
+                    location.column.unwrap_or(0),
+                ),
+                None => (None, 0, 0),
+            };
+            // A location without a function (assembly, or units without
+            // subprogram DIEs): the caller names it from the symbol table.
+            let system_name = system_name.unwrap_or_else(|| Arc::from(""));
+            lines.push(Line {
+                function: if system_name.is_empty() {
+                    system_name.clone()
+                } else {
+                    demangle(&system_name)
+                },
+                system_name,
+                file,
+                line,
+                column,
+                start_line: 0,
+            });
+        }
+        lines
+    }
+
+    /// Rough memory held: the sections plus what addr2line builds from them.
+    pub fn estimated_size(&self) -> usize {
+        self.section_bytes.saturating_mul(2)
+    }
+}

@@ -1,0 +1,103 @@
+//! JIT symbols from perf map files (`/tmp/perf-PID.map`): one `START SIZE
+//! name` line (hex) per function, written by runtimes such as the JVM
+//! (with an agent), V8 (`--perf-basic-prof`) or .NET.
+//!
+//! The file is read through `/proc/PID/root`, so a containerized JIT's map
+//! is found in its own `/tmp`, under its own (namespaced) pid.
+use std::{sync::Arc, time::SystemTime};
+
+/// A parsed perf map.
+#[derive(Debug, Default)]
+pub struct PerfMap {
+    /// (start, size, name), sorted by start.
+    symbols: Vec<(u64, u64, Arc<str>)>,
+    /// Modification time and length of the file it was read from: a JIT
+    /// appends as it compiles, so a changed file is read again.
+    pub(crate) stamp: Option<(SystemTime, u64)>,
+}
+
+impl PerfMap {
+    /// Parses perf map text; malformed lines are skipped.
+    pub fn parse(text: &str) -> Self {
+        let mut symbols: Vec<(u64, u64, Arc<str>)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.trim_start().splitn(3, ' ');
+                let start = parse_hex(fields.next()?)?;
+                let size = parse_hex(fields.next()?)?;
+                let name = fields.next()?.trim_end();
+                (!name.is_empty()).then(|| (start, size, Arc::from(name)))
+            })
+            .collect();
+        // Later lines win: a JIT that reuses memory writes the new code last.
+        symbols.reverse();
+        symbols.sort_by_key(|(start, _, _)| *start);
+        symbols.dedup_by_key(|(start, _, _)| *start);
+        PerfMap {
+            symbols,
+            stamp: None,
+        }
+    }
+
+    /// The JIT function holding `address`.
+    pub fn lookup(&self, address: u64) -> Option<Arc<str>> {
+        let index = self
+            .symbols
+            .partition_point(|(start, _, _)| *start <= address);
+        let (start, size, name) = self.symbols.get(index.checked_sub(1)?)?;
+        (address - start < (*size).max(1)).then(|| name.clone())
+    }
+
+    /// Rough heap size, for the cache's memory budget.
+    pub fn estimated_size(&self) -> usize {
+        self.symbols
+            .iter()
+            .map(|(_, _, name)| 48 + name.len())
+            .sum::<usize>()
+            + 64
+    }
+}
+
+fn parse_hex(field: &str) -> Option<u64> {
+    let digits = field.strip_prefix("0x").unwrap_or(field);
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// The pid `pid` has inside its own pid namespace (last `NSpid` entry of
+/// `/proc/PID/status`): the number a containerized JIT puts in its file name.
+pub fn namespaced_pid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("NSpid:"))?;
+            line.split_ascii_whitespace().last()?.parse().ok()
+        })
+        .unwrap_or(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_functions_by_address() {
+        let map = PerfMap::parse(
+            "7f0000001000 40 LazyCompile:~add /app/x.js:1\n\
+             0x7f0000002000 0x100 Interpreter\n\
+             garbage line\n\
+             7f0000001000 20 replaced\n",
+        );
+        assert_eq!(&*map.lookup(0x7f0000001010).unwrap(), "replaced");
+        assert_eq!(&*map.lookup(0x7f00000020ff).unwrap(), "Interpreter");
+        assert!(map.lookup(0x7f0000001040).is_none());
+        assert!(map.lookup(0x7f0000002100).is_none());
+        assert!(map.lookup(0x10).is_none());
+    }
+
+    #[test]
+    fn our_namespaced_pid_is_known() {
+        // Tests run in the host pid namespace or in a container's; either way
+        // the result is a real pid, not the fallback for an unreadable file.
+        assert!(namespaced_pid(std::process::id()) > 0);
+    }
+}

@@ -1,0 +1,99 @@
+//! Symbolizer tests on this very test process: its own code, its own perf map.
+use super::*;
+use crate::procs::ProcessTable;
+
+#[inline(never)]
+fn marker_function_for_symbolizer_tests() -> u64 {
+    std::hint::black_box(42)
+}
+
+fn frame_at(address: u64) -> Frame {
+    let pid = std::process::id();
+    let (mapping, file_offset) = ProcessTable::new()
+        .mapping_of(pid, "test", address)
+        .expect("address is mapped");
+    Frame {
+        kind: FrameKind::Native,
+        address,
+        mapping: Some(mapping),
+        file_offset,
+        lines: Vec::new(),
+    }
+}
+
+#[test]
+fn names_our_own_function_with_its_source_line() {
+    std::hint::black_box(marker_function_for_symbolizer_tests());
+    let address = marker_function_for_symbolizer_tests as *const () as u64;
+    let symbolizer = Symbolizer::new();
+    let mut frame = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut frame, false);
+    let outer = frame.lines.last().expect("symbolized");
+    assert!(
+        outer
+            .function
+            .ends_with("symbolize::tests::marker_function_for_symbolizer_tests"),
+        "{:?}",
+        frame.lines
+    );
+    assert_ne!(
+        outer.function, outer.system_name,
+        "raw name is kept mangled"
+    );
+    // Test binaries carry DWARF: the line must point into this file.
+    assert!(
+        outer
+            .file
+            .as_deref()
+            .is_some_and(|file| file.ends_with("tests.rs")),
+        "{outer:?}"
+    );
+    assert!(outer.line > 0);
+
+    // Second time: from the results cache, same answer.
+    let mut again = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut again, false);
+    assert_eq!(again.lines, frame.lines);
+    let (modules, results) = symbolizer.cache_usage();
+    assert!(modules > 0 && results > 0);
+}
+
+#[test]
+fn our_executable_has_build_ids() {
+    let address = marker_function_for_symbolizer_tests as *const () as u64;
+    let frame = frame_at(address);
+    let symbolizer = Symbolizer::new();
+    let ids = symbolizer
+        .build_ids(std::process::id(), frame.mapping.as_ref().unwrap())
+        .expect("own executable readable");
+    assert_eq!(ids.htlhash.as_deref().map(str::len), Some(32));
+    assert!(ids.gnu.is_some());
+    assert!(ids.go.is_none());
+}
+
+#[test]
+fn perf_map_names_anonymous_code() {
+    let pid = std::process::id();
+    let path = format!("/tmp/perf-{}.map", perfmap::namespaced_pid(pid));
+    std::fs::write(&path, "7f0000001000 100 jitted_function_one\n").unwrap();
+    let mapping = Arc::new(Mapping {
+        start: 0x7f0000000000,
+        end: 0x7f0000100000,
+        file_offset: 0,
+        path: "".into(),
+        dev: 0,
+        inode: 0,
+        build_ids: BuildIds::default(),
+    });
+    let mut frame = Frame {
+        kind: FrameKind::Native,
+        address: 0x7f0000001080,
+        mapping: Some(mapping),
+        file_offset: 0x1080,
+        lines: Vec::new(),
+    };
+    Symbolizer::new().symbolize(pid, &mut frame, false);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(frame.lines.len(), 1);
+    assert_eq!(&*frame.lines[0].function, "jitted_function_one");
+}

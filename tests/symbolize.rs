@@ -1,0 +1,342 @@
+//! Symbolization end to end on live processes: stripped binaries with debug
+//! files, inlined functions, C++/Rust/Go names, private mount namespaces,
+//! chroots, deleted binaries and JIT perf maps. These call the library
+//! directly; no eBPF is involved.
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Arc,
+};
+
+use common::{build_c, program_source, run_ok, work_dir};
+use hostprof::{
+    model::{Frame, FrameKind},
+    procs::ProcessTable,
+    symbolize::{Symbolizer, SymbolizerOptions},
+};
+
+/// A test program that printed one address and waits for stdin to close.
+struct Target {
+    child: Child,
+    address: u64,
+}
+
+impl Target {
+    fn start(command: &mut Command) -> Target {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("start {command:?}: {err}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read address");
+        let address = u64::from_str_radix(line.trim().trim_start_matches("0x"), 16)
+            .unwrap_or_else(|_| panic!("{command:?} printed {line:?}, not an address"));
+        Target { child, address }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Symbolizes `address` of this process as the pipeline would.
+    fn symbolize(&self, symbolizer: &Symbolizer, address: u64) -> Frame {
+        let (mapping, file_offset) = ProcessTable::new()
+            .mapping_of(self.pid(), "target", address)
+            .unwrap_or_else(|| panic!("{address:#x} is not mapped in {}", self.pid()));
+        let mut frame = Frame {
+            kind: FrameKind::Native,
+            address,
+            mapping: Some(mapping),
+            file_offset,
+            lines: Vec::new(),
+        };
+        symbolizer.symbolize(self.pid(), &mut frame, false);
+        frame
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // Closing stdin ends the program; kill in case it does not.
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        let why = "namespace and chroot tests need root";
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{why}, and CI=true forbids skipping them");
+        }
+        eprintln!("skipping: {why}");
+    }
+    root
+}
+
+/// A fresh directory in the work dir.
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = work_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create dir");
+    dir
+}
+
+fn gnu_build_id(path: &Path) -> String {
+    use object::Object;
+    let data = std::fs::read(path).expect("read binary");
+    let file = object::File::parse(&*data).expect("parse binary");
+    let id = file
+        .build_id()
+        .ok()
+        .flatten()
+        .expect("binary has a build-id");
+    id.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn has_section(path: &Path, name: &str) -> bool {
+    use object::Object;
+    let data = std::fs::read(path).expect("read binary");
+    object::File::parse(&*data)
+        .expect("parse binary")
+        .section_by_name(name)
+        .is_some()
+}
+
+/// Moves the debug info of `binary` into `debug_root/.build-id/xx/rest.debug`
+/// and strips the binary completely (no .symtab either).
+fn split_debug_by_build_id(binary: &Path, debug_root: &Path) {
+    let id = gnu_build_id(binary);
+    let dir = debug_root.join(".build-id").join(&id[..2]);
+    std::fs::create_dir_all(&dir).expect("create build-id dir");
+    let debug = dir.join(format!("{}.debug", &id[2..]));
+    run_ok(
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(binary)
+            .arg(&debug),
+    );
+    run_ok(Command::new("strip").arg("--strip-all").arg(binary));
+    assert!(!has_section(binary, ".symtab") && !has_section(binary, ".debug_info"));
+}
+
+/// The innermost-first function names of a frame.
+fn names(frame: &Frame) -> Vec<&str> {
+    frame.lines.iter().map(|line| &*line.function).collect()
+}
+
+#[test]
+fn stripped_binary_resolves_from_a_build_id_debug_dir_with_inlines() {
+    let dir = fresh_dir("build-id");
+    let binary = build_c(
+        "sym_target.c",
+        "sym_target_stripped",
+        &["-g", "-O2", "-Wl,--build-id"],
+    );
+    let debug_dir = dir.join("debug");
+    split_debug_by_build_id(&binary, &debug_dir);
+    let target = Target::start(&mut Command::new(&binary));
+
+    // Without the debug dir, a fully stripped binary has no name for it.
+    let bare = target.symbolize(&Symbolizer::new(), target.address);
+    assert!(
+        bare.lines.is_empty(),
+        "stripped binary named: {:?}",
+        bare.lines
+    );
+
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        debug_dirs: vec![debug_dir],
+        ..SymbolizerOptions::default()
+    });
+    let frame = target.symbolize(&symbolizer, target.address);
+    let outer = frame.lines.last().expect("named from the debug file");
+    assert_eq!(&*outer.function, "outer_function");
+    assert!(
+        outer
+            .file
+            .as_deref()
+            .is_some_and(|f| f.ends_with("sym_target.c")),
+        "{outer:?}"
+    );
+    assert!(outer.line > 0);
+
+    // Somewhere in outer_function's body runs the inlined helper's loop: that
+    // address must show the helper as its own, innermost line.
+    let inlined = (target.address..target.address + 256)
+        .map(|address| target.symbolize(&symbolizer, address))
+        .find(|frame| frame.lines.len() >= 2)
+        .expect("an address inside the inlined helper");
+    assert_eq!(names(&inlined), ["inlined_helper", "outer_function"]);
+    assert!(inlined.lines[0].line > inlined.lines[1].line.saturating_sub(100));
+    assert!(inlined.lines.iter().all(|line| line.line > 0));
+}
+
+#[test]
+fn cpp_names_are_demangled() {
+    let binary = work_dir().join("cpp_target");
+    run_ok(
+        Command::new("g++")
+            .args(["-g", "-O1", "-o"])
+            .arg(&binary)
+            .arg(program_source("cpp_target.cpp")),
+    );
+    let target = Target::start(&mut Command::new(&binary));
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    let line = frame.lines.last().expect("symbolized");
+    assert_eq!(&*line.function, "shapes::area(double, int)");
+    assert_eq!(&*line.system_name, "_ZN6shapes4areaEdi");
+}
+
+#[test]
+fn rust_names_are_demangled_in_both_manglings() {
+    // Stable rustc only lets v0 be chosen; the default is legacy (`_ZN…17h…E`)
+    // until v0 becomes the default, so the default build covers either.
+    for (mangling, prefixes) in [("default", &["_ZN", "_R"][..]), ("v0", &["_R"][..])] {
+        let binary = work_dir().join(format!("rust_target_{mangling}"));
+        let mut rustc = Command::new("rustc");
+        rustc.args(["-O", "-g", "--crate-name", "rust_target"]);
+        if mangling != "default" {
+            rustc.arg(format!("-Csymbol-mangling-version={mangling}"));
+        }
+        run_ok(
+            rustc
+                .arg("-o")
+                .arg(&binary)
+                .arg(program_source("rust_target.rs")),
+        );
+        let target = Target::start(&mut Command::new(&binary));
+        let frame = target.symbolize(&Symbolizer::new(), target.address);
+        let line = frame.lines.last().expect("symbolized");
+        assert_eq!(&*line.function, "rust_target::worker::spin", "{mangling}");
+        assert!(
+            prefixes
+                .iter()
+                .any(|prefix| line.system_name.starts_with(prefix)),
+            "{mangling}: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn stripped_go_binary_resolves_from_gopclntab() {
+    let binary = work_dir().join("go_target");
+    let cache = work_dir().join("go-cache");
+    run_ok(
+        Command::new("go")
+            .args(["build", "-ldflags=-s -w", "-o"])
+            .arg(&binary)
+            .arg("main.go")
+            .current_dir(program_source("go_target"))
+            .env("GOCACHE", &cache)
+            .env("GOPATH", work_dir().join("go-path"))
+            .env("GO111MODULE", "off"),
+    );
+    assert!(!has_section(&binary, ".symtab") && !has_section(&binary, ".debug_info"));
+    let target = Target::start(&mut Command::new(&binary));
+    let symbolizer = Symbolizer::new();
+    let frame = target.symbolize(&symbolizer, target.address + 4);
+    assert_eq!(names(&frame), ["main.busyWork"]);
+    assert_eq!(frame.kind, FrameKind::Go);
+    let ids = symbolizer
+        .build_ids(target.pid(), frame.mapping.as_ref().expect("mapped"))
+        .expect("build ids");
+    assert!(
+        ids.go.is_some_and(|id| id.contains('/')),
+        "Go build id missing"
+    );
+}
+
+#[test]
+fn binary_in_a_private_mount_namespace_resolves() {
+    if !is_root() {
+        return;
+    }
+    let binary = build_c("sym_target.c", "sym_target_ns", &["-g", "-O2"]);
+    let hidden = fresh_dir("ns-mount");
+    // The tmpfs and the copy inside it exist only in the child's namespace.
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {binary} {dir}/hidden_target && exec {dir}/hidden_target",
+        dir = hidden.display(),
+        binary = binary.display()
+    );
+    let target = Target::start(Command::new("unshare").args([
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    assert!(
+        !hidden.join("hidden_target").exists(),
+        "the mount leaked to the host"
+    );
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    assert_eq!(names(&frame), ["outer_function"]);
+    assert!(
+        frame
+            .mapping
+            .as_ref()
+            .is_some_and(|m| m.path.ends_with("hidden_target")),
+        "{:?}",
+        frame.mapping
+    );
+}
+
+#[test]
+fn chrooted_binary_finds_its_debug_file_inside_its_root() {
+    if !is_root() {
+        return;
+    }
+    let root = fresh_dir("chroot");
+    let binary = build_c(
+        "sym_target.c",
+        "sym_target_static",
+        &["-g", "-O2", "-static", "-Wl,--build-id"],
+    );
+    let inside = root.join("target");
+    std::fs::copy(&binary, &inside).expect("copy into chroot");
+    // Debug file in the chroot's own /usr/lib/debug, not passed as a debug dir.
+    split_debug_by_build_id(&inside, &root.join("usr/lib/debug"));
+    let target = Target::start(Command::new("chroot").arg(&root).arg("/target"));
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    let outer = frame
+        .lines
+        .last()
+        .expect("named from the chroot's debug file");
+    assert_eq!(&*outer.function, "outer_function");
+    assert!(outer.line > 0, "{outer:?}");
+}
+
+#[test]
+fn binary_deleted_after_start_still_resolves() {
+    let binary = build_c("sym_target.c", "sym_target_deleted", &["-g", "-O2"]);
+    let target = Target::start(&mut Command::new(&binary));
+    std::fs::remove_file(&binary).expect("delete binary");
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    assert_eq!(names(&frame), ["outer_function"]);
+}
+
+#[test]
+fn perf_map_names_jit_frames() {
+    let binary = build_c("jit_target.c", "jit_target", &["-O1"]);
+    let target = Target::start(&mut Command::new(&binary));
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    let mapping: &Arc<_> = frame.mapping.as_ref().expect("anonymous mapping found");
+    assert_eq!(mapping.inode, 0);
+    assert_eq!(names(&frame), ["jit_compiled_function"]);
+    // Outside the described range: no name.
+    let outside = target.symbolize(&Symbolizer::new(), target.address + 0x100);
+    assert!(outside.lines.is_empty(), "{:?}", outside.lines);
+}
