@@ -35,9 +35,9 @@ fn samples_of(stacks: &[(Vec<String>, u64)], comm: &str) -> u64 {
 
 #[test]
 fn hot_function_holds_its_designed_share() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = renamed(&cpu_split(), "split_cmd");
     let stacks = record_folded(&["-F", "999", "--", program.to_str().unwrap(), "3"]);
     let total = samples_of(&stacks, "split_cmd");
@@ -66,9 +66,9 @@ fn hot_function_holds_its_designed_share() {
 
 #[test]
 fn syscall_heavy_program_shows_kernel_frames() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = build_c(
         "syscall_heavy.c",
         "syscall_heavy",
@@ -109,9 +109,9 @@ fn syscall_heavy_program_shows_kernel_frames() {
 
 #[test]
 fn pid_filter_keeps_only_the_selected_processes() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = cpu_split();
     let mut wanted = Command::new(renamed(&program, "split_wanted"))
         .arg("4")
@@ -140,9 +140,9 @@ fn pid_filter_keeps_only_the_selected_processes() {
 
 #[test]
 fn host_wide_profile_attributes_a_process_started_later() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = renamed(&cpu_split(), "split_late");
     let recorder = hostprof()
         .args(["record", "-F", "499", "-d", "3", "-o", "-"])
@@ -161,7 +161,7 @@ fn host_wide_profile_attributes_a_process_started_later() {
     );
     let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
     let total = samples_of(&stacks, "split_late");
-    assert!(total >= 100, "only {total} samples of the late process");
+    assert!(total >= 50, "only {total} samples of the late process");
     let named: u64 = stacks
         .iter()
         .filter(|(frames, _)| frames[0] == "split_late")
@@ -181,9 +181,9 @@ fn host_wide_profile_attributes_a_process_started_later() {
 
 #[test]
 fn summary_reports_samples_losses_and_top_functions() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = renamed(&cpu_split(), "split_summary");
     let output =
         run_ok(hostprof().args(["record", "-F", "199", "--", program.to_str().unwrap(), "1"]));
@@ -223,9 +223,9 @@ fn bad_input_gives_one_clear_line() {
 
 #[test]
 fn unprivileged_user_is_told_what_to_do() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     // As nobody, with no capabilities: loading eBPF must be refused cleanly.
     let output = Command::new("setpriv")
         .args([
@@ -259,9 +259,9 @@ fn version_is_printed() {
 
 #[test]
 fn command_profile_follows_children_and_grandchildren() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = build_c(
         "forking.c",
         "forking",
@@ -278,29 +278,27 @@ fn command_profile_follows_children_and_grandchildren() {
         "1.5",
     ]));
     let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
-    let in_children: u64 = stacks
-        .iter()
-        .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == "child_work"))
-        .map(|(_, count)| count)
-        .sum();
-    // Three workers share two CPUs for 1.5 s: ~1500 samples at 499 Hz if all
-    // are followed, at most ~750 if only one child were.
-    assert!(
-        in_children >= 900,
-        "only {in_children} samples in child_work"
-    );
+    // Every worker, the grandchild included, was profiled from its start:
+    // each holds a fair part of the samples and spends them in child_work.
     let total: u64 = stacks.iter().map(|(_, count)| count).sum();
-    assert!(
-        in_children as f64 >= 0.9 * total as f64,
-        "{in_children} of {total} samples in the children"
-    );
+    for worker in ["child_a", "child_b", "grandchild"] {
+        let samples = samples_of(&stacks, worker);
+        assert!(
+            samples as f64 >= 0.15 * total as f64,
+            "{worker}: {samples} of {total} samples"
+        );
+        assert!(
+            leaf_share(&stacks, worker, "child_work") > 0.9,
+            "{worker} is not in child_work"
+        );
+    }
 }
 
 #[test]
 fn ctrl_c_ends_the_recording_and_writes_the_profile() {
-    if !require_ebpf() {
+    let Some(_serial) = require_ebpf() else {
         return;
-    }
+    };
     let program = renamed(&cpu_split(), "split_sigint");
     let mut busy = Command::new(&program).arg("5").spawn().unwrap();
     let out = work_dir().join("sigint.folded");

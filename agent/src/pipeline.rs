@@ -1,14 +1,21 @@
 //! The userspace pipeline: a raw kernel [`Sample`] becomes a [`ResolvedSample`]
-//! (procs → unwind → symbolize) and goes to every [`SampleSink`].
+//! (procs → unwind → symbolize) and goes to every [`SampleSink`]. See [`run`].
 //!
 //! The kernel already walked the stacks (frame pointers), so "unwind" here is
 //! turning each instruction pointer into a [`Frame`] with its mapping.
-use std::{sync::Arc, time::Instant};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        mpsc::{self, Receiver},
+    },
+    time::Instant,
+};
 
 use agent_ebpf::Sample;
 
 use crate::{
-    model::{Frame, FrameKind, ResolvedSample},
+    model::{Frame, FrameKind, Mapping, ResolvedSample},
     procs::ProcessTable,
     symbolize::Symbolizer,
 };
@@ -51,19 +58,67 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
-/// Turns raw samples into resolved ones.
-pub struct Resolver {
-    procs: ProcessTable,
+/// Batches of attributed samples waiting for symbolization: seconds of
+/// backlog, so a slow first parse of a large binary never holds up reading
+/// /proc for processes that may exit soon.
+const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
+
+/// Runs the userspace pipeline until `batches` closes: attribution (procs →
+/// frames) on a thread of its own, symbolization on the calling thread, then
+/// every finished sample to `sink`.
+///
+/// Two stages because they have different deadlines: attribution must read
+/// /proc while the process still exists; symbolization may take its time
+/// (its first look at a large binary can take a second).
+pub fn run(
+    batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
+    mut sink: impl FnMut(&ResolvedSample),
+) {
+    let (attributed_tx, attributed_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
+    let attribution = std::thread::Builder::new()
+        .name("hostprof-procs".into())
+        .spawn(move || {
+            let mut attributor = Attributor::new();
+            for batch in batches {
+                let attributed: Vec<ResolvedSample> = batch
+                    .iter()
+                    .map(|sample| attributor.attribute(sample))
+                    .collect();
+                if attributed_tx.send(attributed).is_err() {
+                    break;
+                }
+            }
+        });
+    let mut enricher = MappingEnricher::default();
+    for mut batch in attributed_rx {
+        for sample in &mut batch {
+            symbolize_sample(&symbolizer, &mut enricher, sample);
+            sink(sample);
+        }
+    }
+    if let Ok(handle) = attribution {
+        let _ = handle.join();
+    }
+}
+
+/// Attributes raw samples to processes and mappings (the fast stage).
+pub struct Attributor {
+    procs: ProcessTable,
     clock: KernelClock,
     last_sweep: Instant,
 }
 
-impl Resolver {
-    pub fn new(symbolizer: Arc<Symbolizer>) -> Self {
-        Resolver {
+impl Default for Attributor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Attributor {
+    pub fn new() -> Self {
+        Attributor {
             procs: ProcessTable::new(),
-            symbolizer,
             clock: KernelClock::now(),
             last_sweep: Instant::now(),
         }
@@ -74,7 +129,9 @@ impl Resolver {
         self.procs.len()
     }
 
-    pub fn resolve(&mut self, sample: &Sample) -> ResolvedSample {
+    /// The sample with its process, wall-clock time, and one frame per
+    /// address (mapping and file offset for user frames); no names yet.
+    pub fn attribute(&mut self, sample: &Sample) -> ResolvedSample {
         let comm = comm_str(&sample.comm);
         let process = self.procs.info(sample.tgid, &comm);
         let kernel = &sample.kernel_stack
@@ -82,33 +139,25 @@ impl Resolver {
         let user =
             &sample.user_stack[..(sample.user_stack_len as usize).min(sample.user_stack.len())];
         let mut frames = Vec::with_capacity(kernel.len() + user.len());
-        for (depth, &address) in kernel.iter().enumerate() {
-            let mut frame = Frame {
-                kind: FrameKind::Kernel,
-                address,
-                mapping: None,
-                file_offset: 0,
-                lines: Vec::new(),
-            };
-            self.symbolizer
-                .symbolize(sample.tgid, &mut frame, depth > 0);
-            frames.push(frame);
-        }
-        for (depth, &address) in user.iter().enumerate() {
+        frames.extend(kernel.iter().map(|&address| Frame {
+            kind: FrameKind::Kernel,
+            address,
+            mapping: None,
+            file_offset: 0,
+            lines: Vec::new(),
+        }));
+        for &address in user {
             let (mapping, file_offset) = match self.procs.mapping_of(sample.tgid, &comm, address) {
                 Some((mapping, offset)) => (Some(mapping), offset),
                 None => (None, 0),
             };
-            let mut frame = Frame {
+            frames.push(Frame {
                 kind: FrameKind::Native,
                 address,
                 mapping,
                 file_offset,
                 lines: Vec::new(),
-            };
-            self.symbolizer
-                .symbolize(sample.tgid, &mut frame, depth > 0);
-            frames.push(frame);
+            });
         }
         if self.last_sweep.elapsed().as_secs() >= 10 {
             self.procs.forget_exited();
@@ -122,6 +171,65 @@ impl Resolver {
             time_unix_nano: self.clock.to_unix_nanos(sample.ktime_ns),
             frames,
         }
+    }
+}
+
+/// Names every frame of an attributed sample and gives its mappings their
+/// build ids.
+pub fn symbolize_sample(
+    symbolizer: &Symbolizer,
+    enricher: &mut MappingEnricher,
+    sample: &mut ResolvedSample,
+) {
+    let pid = sample.process.pid;
+    let mut previous_kind = None;
+    for frame in &mut sample.frames {
+        // The first frame of each stack (kernel, then user) is where the CPU
+        // was; every other one is a return address.
+        let leaf = previous_kind != Some(frame.kind == FrameKind::Kernel);
+        previous_kind = Some(frame.kind == FrameKind::Kernel);
+        symbolizer.symbolize(pid, frame, !leaf);
+        if let Some(mapping) = &frame.mapping {
+            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping));
+        }
+    }
+}
+
+/// Gives mappings their build ids once per mapping, not once per frame.
+#[derive(Default)]
+pub struct MappingEnricher {
+    /// Keyed by the original's address; the original is kept alive in the
+    /// value so the address cannot be reused for another mapping.
+    enriched: HashMap<usize, (Arc<Mapping>, Arc<Mapping>)>,
+}
+
+impl MappingEnricher {
+    /// Entries kept before starting over (processes come and go).
+    const MAX_ENTRIES: usize = 16_384;
+
+    fn enrich(
+        &mut self,
+        symbolizer: &Symbolizer,
+        pid: u32,
+        mapping: &Arc<Mapping>,
+    ) -> Arc<Mapping> {
+        let key = Arc::as_ptr(mapping) as usize;
+        if let Some((_, enriched)) = self.enriched.get(&key) {
+            return enriched.clone();
+        }
+        if self.enriched.len() >= Self::MAX_ENTRIES {
+            self.enriched.clear();
+        }
+        let enriched = match symbolizer.build_ids(pid, mapping) {
+            Some(build_ids) => Arc::new(Mapping {
+                build_ids,
+                ..(**mapping).clone()
+            }),
+            None => mapping.clone(),
+        };
+        self.enriched
+            .insert(key, (mapping.clone(), enriched.clone()));
+        enriched
     }
 }
 

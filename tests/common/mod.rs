@@ -8,7 +8,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
-    sync::OnceLock,
+    sync::{Mutex, MutexGuard, OnceLock},
 };
 
 /// The hostprof binary cargo built for this test run.
@@ -16,20 +16,28 @@ pub fn hostprof() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hostprof"))
 }
 
-/// Returns false (after saying why) when eBPF tests cannot run here; panics
-/// instead under `CI=true`.
-pub fn require_ebpf() -> bool {
+/// Returns `None` (after saying why) when eBPF tests cannot run here; panics
+/// instead under `CI=true`. The guard runs eBPF tests of one binary one at a
+/// time: each measures CPU-bound programs on a 2-CPU machine, and running
+/// them together would starve the programs they measure.
+pub fn require_ebpf() -> Option<MutexGuard<'static, ()>> {
+    static SERIAL: Mutex<()> = Mutex::new(());
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if root {
-        return true;
+        // A failed test poisons the lock; the next test is still valid.
+        return Some(
+            SERIAL
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
     }
     let why = "eBPF tests need root (or CAP_BPF + CAP_PERFMON)";
     if std::env::var("CI").is_ok_and(|ci| ci == "true") {
         panic!("{why}, and CI=true forbids skipping them");
     }
     eprintln!("skipping: {why}");
-    false
+    None
 }
 
 /// Returns false (after saying why) when `command` is not installed; panics

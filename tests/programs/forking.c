@@ -2,6 +2,7 @@
 // child_work: profiling the command must include its children.
 // Usage: forking SECONDS
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,13 +20,16 @@ __attribute__((noinline)) void child_work(double seconds) {
 
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
+    // Each worker names itself, so a profile shows which were followed.
     for (int i = 0; i < 2; i++) {
         if (fork() == 0) {
             // A grandchild too: following must be transitive.
             if (i == 1 && fork() == 0) {
+                prctl(PR_SET_NAME, "grandchild");
                 child_work(seconds);
                 _exit(0);
             }
+            prctl(PR_SET_NAME, i == 0 ? "child_a" : "child_b");
             child_work(seconds);
             _exit(0);
         }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::RecordArgs;
 use crate::{
     output::{FoldedStacks, Summary},
-    pipeline::{Resolver, SampleSink},
+    pipeline::{self, SampleSink},
     sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
     symbolize::Symbolizer,
 };
@@ -69,16 +69,12 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     let worker = std::thread::Builder::new()
         .name("hostprof-resolve".into())
         .spawn(move || {
-            let mut resolver = Resolver::new(symbolizer);
             let mut folded = FoldedStacks::new();
             let mut summary = Summary::new();
-            for batch in batch_rx {
-                for sample in &batch {
-                    let resolved = resolver.resolve(sample);
-                    folded.push(&resolved);
-                    summary.push(&resolved);
-                }
-            }
+            pipeline::run(batch_rx, symbolizer, |sample| {
+                folded.push(sample);
+                summary.push(sample);
+            });
             (folded, summary)
         })
         .context("cannot start the resolver thread")?;

@@ -538,7 +538,17 @@ fn open_mapped_file(
     if !mapping.path.starts_with('/') {
         return Err(open_error(std::io::ErrorKind::NotFound.into()));
     }
-    let root = root.ok_or_else(|| open_error(std::io::ErrorKind::NotFound.into()))?;
+    let Some(root) = root else {
+        // The process is gone: its files are reachable only if the same file
+        // (device and inode, as its maps said) is at that path on the host —
+        // true for a host process, never wrongly true for a container's.
+        let file = File::open(&*mapping.path).map_err(open_error)?;
+        let metadata = file.metadata().map_err(open_error)?;
+        if metadata.ino() != mapping.inode || metadata.dev() != mapping.dev {
+            return Err(open_error(std::io::ErrorKind::NotFound.into()));
+        }
+        return Ok(file);
+    };
     let file = root.open_file(&mapping.path).map_err(open_error)?;
     // The path may now name another file than the one mapped.
     let metadata = file.metadata().map_err(open_error)?;
