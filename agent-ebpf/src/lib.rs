@@ -22,6 +22,28 @@ pub const PROGRAM_SAMPLE: &str = "sample_cpu";
 /// Raw tracepoint on `sched_process_fork`: adds children of filtered processes
 /// to the filter, so `hostprof record -- COMMAND` follows the whole tree.
 pub const PROGRAM_FOLLOW_FORK: &str = "follow_fork";
+/// Raw tracepoint on `sched_switch` (off-CPU profiling). As `prev` leaves the
+/// CPU it records a full [`Sample`] (stacks, state, time) in
+/// [`MAP_OFF_CPU_START`]; when a thread comes back as `next`, its record goes
+/// to the ring buffer with the time it was away, if past the threshold.
+/// Everything happens in one tracepoint: no kprobe or fexit, which some
+/// kernels do not offer.
+pub const PROGRAM_OFF_CPU_SWITCH: &str = "off_cpu_switch";
+/// tid -> [`Sample`] of threads currently off CPU (LRU: exited threads age out).
+pub const MAP_OFF_CPU_START: &str = "OFF_CPU_START";
+/// Per-CPU scratch [`Sample`] (too large for the BPF stack).
+pub const MAP_OFF_CPU_SCRATCH: &str = "OFF_CPU_SCRATCH";
+/// Global `u64`: shortest off-CPU time that produces an event.
+pub const GLOBAL_OFF_CPU_THRESHOLD_NS: &str = "OFF_CPU_THRESHOLD_NS";
+/// Global `u32`: share of switch-outs tracked, in parts per million.
+pub const GLOBAL_OFF_CPU_SAMPLE_PPM: &str = "OFF_CPU_SAMPLE_PPM";
+/// Global `u32`: byte offset of `__state` (or `state`) in `task_struct`.
+pub const GLOBAL_TASK_STATE_OFFSET: &str = "TASK_STATE_OFFSET";
+/// Global `u32`: byte offset of `pid` (the thread id) in `task_struct`.
+pub const GLOBAL_TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+/// Capacity of [`MAP_OFF_CPU_START`]: threads off CPU at once that can be
+/// tracked (~2 KiB of kernel memory each).
+pub const MAX_OFF_CPU_THREADS: u32 = 4096;
 /// Ring buffer carrying [`Sample`] records to userspace.
 pub const MAP_SAMPLES: &str = "SAMPLES";
 /// Per-CPU `u64` counters indexed by [`Counter`].
@@ -61,8 +83,16 @@ pub struct Sample {
     pub cpu: u32,
     /// Bit set of `SAMPLE_FLAG_*`.
     pub flags: u32,
-    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds. For off-CPU samples,
+    /// when the thread left the CPU.
     pub ktime_ns: u64,
+    /// Off-CPU samples: how long the thread was away, in nanoseconds.
+    pub off_cpu_ns: u64,
+    /// [`SAMPLE_KIND_CPU`] or [`SAMPLE_KIND_OFF_CPU`].
+    pub kind: u32,
+    /// Off-CPU samples: the thread's `__state` when it left (`TASK_*` bits;
+    /// 0 = preempted while runnable).
+    pub thread_state: u32,
     /// Thread name, NUL padded.
     pub comm: [u8; COMM_LEN],
     /// Valid entries of `kernel_stack`.
@@ -72,6 +102,11 @@ pub struct Sample {
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_STACK_DEPTH],
 }
+
+/// A cpu-clock sample: the thread was running.
+pub const SAMPLE_KIND_CPU: u32 = 0;
+/// An off-CPU event: the thread was blocked or waiting for `off_cpu_ns`.
+pub const SAMPLE_KIND_OFF_CPU: u32 = 1;
 
 /// The kernel stack filled every slot: frames beyond it were cut.
 pub const SAMPLE_FLAG_KERNEL_TRUNCATED: u32 = 1 << 0;
@@ -105,11 +140,15 @@ pub enum Counter {
     Truncated = 7,
     /// A child of a profiled process could not be added to the full filter map.
     FilterFull = 8,
+    /// Off-CPU events emitted (past the threshold).
+    OffCpuEmitted = 9,
+    /// Lost: an off-CPU start could not be recorded (map update failed).
+    OffCpuMapFull = 10,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 11] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -119,6 +158,8 @@ impl Counter {
         Counter::UserStackError,
         Counter::Truncated,
         Counter::FilterFull,
+        Counter::OffCpuEmitted,
+        Counter::OffCpuMapFull,
     ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -135,6 +176,8 @@ impl Counter {
             Counter::UserStackError => "user_stack_error",
             Counter::Truncated => "stack_truncated",
             Counter::FilterFull => "filter_full",
+            Counter::OffCpuEmitted => "off_cpu_emitted",
+            Counter::OffCpuMapFull => "off_cpu_map_full",
         }
     }
 }
@@ -147,6 +190,6 @@ mod user {
 
     const _: () = assert!(
         core::mem::size_of::<super::Sample>()
-            == 4 * 4 + 8 + super::COMM_LEN + 4 * 2 + 8 * 2 * super::MAX_STACK_DEPTH
+            == 4 * 4 + 8 * 2 + 4 * 2 + super::COMM_LEN + 4 * 2 + 8 * 2 * super::MAX_STACK_DEPTH
     );
 }

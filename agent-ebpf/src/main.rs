@@ -16,19 +16,22 @@ mod sampler {
     use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
 
     use agent_ebpf::{
-        COMM_LEN, Counter, DEFAULT_RING_BYTES, MAX_FILTER_TGIDS, MAX_STACK_DEPTH,
-        RING_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
-        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TRUNCATED, Sample,
+        COMM_LEN, Counter, DEFAULT_RING_BYTES, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS,
+        MAX_STACK_DEPTH, RING_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
+        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
+        Sample,
     };
     use aya_ebpf::{
         EbpfContext,
         bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
             bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-            generated::{bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns},
+            generated::{
+                bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns,
+            },
         },
         macros::{map, perf_event, raw_tracepoint},
-        maps::{HashMap, PerCpuArray, RingBuf},
+        maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
         programs::{PerfEventContext, RawTracePointContext},
     };
 
@@ -39,6 +42,29 @@ mod sampler {
     /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_TGID_OFFSET`).
     #[unsafe(no_mangle)]
     static TASK_TGID_OFFSET: u32 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_THRESHOLD_NS`).
+    #[unsafe(no_mangle)]
+    static OFF_CPU_THRESHOLD_NS: u64 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_SAMPLE_PPM`).
+    #[unsafe(no_mangle)]
+    static OFF_CPU_SAMPLE_PPM: u32 = 1_000_000;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STATE_OFFSET`).
+    #[unsafe(no_mangle)]
+    static TASK_STATE_OFFSET: u32 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_PID_OFFSET`).
+    #[unsafe(no_mangle)]
+    static TASK_PID_OFFSET: u32 = 0;
+
+    #[map(name = "OFF_CPU_START")]
+    static OFF_CPU_START: LruHashMap<u32, Sample> =
+        LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
+
+    #[map(name = "OFF_CPU_SCRATCH")]
+    static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 
     #[map(name = "SAMPLES")]
     static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
@@ -68,7 +94,7 @@ mod sampler {
 
     /// Reads one stack into `dst`; returns (frames, flags to set).
     #[inline(always)]
-    fn read_stack(ctx: &PerfEventContext, dst: *mut u64, user: bool) -> (u32, u32) {
+    fn read_stack<C: EbpfContext>(ctx: &C, dst: *mut u64, user: bool) -> (u32, u32) {
         let flags = if user { BPF_F_USER_STACK as u64 } else { 0 };
         let written =
             unsafe { bpf_get_stack(ctx.as_ptr(), dst as *mut c_void, STACK_BYTES, flags) };
@@ -97,33 +123,32 @@ mod sampler {
         (frames, 0)
     }
 
-    fn try_sample_cpu(ctx: &PerfEventContext) {
-        bump(Counter::Fired);
-        let pid_tgid = bpf_get_current_pid_tgid();
-        let tgid = (pid_tgid >> 32) as u32;
-        let tid = pid_tgid as u32;
-        // The per-CPU idle task (swapper) is the only task with pid 0.
-        if tid == 0 {
-            bump(Counter::Idle);
-            return;
-        }
+    /// True when the process is to be profiled (no filter, or in the filter).
+    #[inline(always)]
+    fn wanted(tgid: u32) -> bool {
         // Volatile: the loader rewrites this constant, the compiler must not fold it.
-        if unsafe { read_volatile(&FILTER_BY_TGID) } != 0
-            && unsafe { FILTER_TGIDS.get(&tgid) }.is_none()
-        {
-            bump(Counter::Filtered);
-            return;
-        }
-        let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
-            bump(Counter::RingFull);
-            return;
-        };
-        let sample = entry.as_mut_ptr();
+        let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
+        !filtering || unsafe { FILTER_TGIDS.get(&tgid) }.is_some()
+    }
+
+    /// Fills `sample` with the current thread and both its stacks.
+    #[inline(always)]
+    unsafe fn fill<C: EbpfContext>(
+        ctx: &C,
+        sample: *mut Sample,
+        pid_tgid: u64,
+        kind: u32,
+        ktime_ns: u64,
+        state: u32,
+    ) {
         unsafe {
-            (*sample).tgid = tgid;
-            (*sample).tid = tid;
+            (*sample).tgid = (pid_tgid >> 32) as u32;
+            (*sample).tid = pid_tgid as u32;
             (*sample).cpu = bpf_get_smp_processor_id();
-            (*sample).ktime_ns = bpf_ktime_get_ns();
+            (*sample).ktime_ns = ktime_ns;
+            (*sample).off_cpu_ns = 0;
+            (*sample).kind = kind;
+            (*sample).thread_state = state;
             (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
             let (kernel_len, kernel_flags) =
                 read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
@@ -132,8 +157,12 @@ mod sampler {
             (*sample).user_stack_len = user_len;
             (*sample).flags = kernel_flags | user_flags;
         }
-        // Batch wakeups: the reader also drains on a timer, so a quiet ring
-        // never strands samples.
+    }
+
+    /// Submits a reserved ring entry, batching wakeups: the reader also
+    /// drains on a timer, so a quiet ring never strands samples.
+    #[inline(always)]
+    fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
         let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
             BPF_RB_FORCE_WAKEUP
         } else {
@@ -141,6 +170,126 @@ mod sampler {
         };
         entry.submit(wakeup as u64);
         bump(Counter::Submitted);
+    }
+
+    fn try_sample_cpu(ctx: &PerfEventContext) {
+        bump(Counter::Fired);
+        let pid_tgid = bpf_get_current_pid_tgid();
+        // The per-CPU idle task (swapper) is the only task with pid 0.
+        if pid_tgid as u32 == 0 {
+            bump(Counter::Idle);
+            return;
+        }
+        if !wanted((pid_tgid >> 32) as u32) {
+            bump(Counter::Filtered);
+            return;
+        }
+        let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
+            bump(Counter::RingFull);
+            return;
+        };
+        unsafe {
+            fill(
+                ctx,
+                entry.as_mut_ptr(),
+                pid_tgid,
+                SAMPLE_KIND_CPU,
+                bpf_ktime_get_ns(),
+                0,
+            )
+        };
+        submit(entry);
+    }
+
+    /// `TASK_DEAD`: the thread is exiting and will not come back.
+    const TASK_DEAD: u32 = 0x80;
+
+    /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …)`
+    /// runs as `prev`, just before it leaves the CPU.
+    #[raw_tracepoint(tracepoint = "sched_switch")]
+    pub fn off_cpu_switch(ctx: RawTracePointContext) -> i32 {
+        let now = unsafe { bpf_ktime_get_ns() };
+        off_cpu_back(&ctx, now);
+        off_cpu_leave(&ctx, now);
+        0
+    }
+
+    /// `next` comes back: emit its record if it was away long enough.
+    #[inline(always)]
+    fn off_cpu_back(ctx: &RawTracePointContext, now: u64) {
+        let next: *const u8 = ctx.arg(2);
+        let offset = unsafe { read_volatile(&TASK_PID_OFFSET) } as usize;
+        if offset == 0 {
+            return;
+        }
+        let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.add(offset).cast::<u32>()) }) else {
+            return;
+        };
+        let Some(record) = OFF_CPU_START.get_ptr(&tid) else {
+            return;
+        };
+        let away = now.saturating_sub(unsafe { (*record).ktime_ns });
+        if away >= unsafe { read_volatile(&OFF_CPU_THRESHOLD_NS) } {
+            match SAMPLES.reserve::<Sample>(0) {
+                Some(mut entry) => {
+                    let dst = entry.as_mut_ptr();
+                    // SAFETY: both are whole `Sample`s: a map value and a ring entry.
+                    let copied = unsafe {
+                        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                            dst.cast(),
+                            size_of::<Sample>() as u32,
+                            record.cast(),
+                        )
+                    };
+                    if copied == 0 {
+                        unsafe { (*dst).off_cpu_ns = away };
+                        bump(Counter::OffCpuEmitted);
+                        submit(entry);
+                    } else {
+                        entry.discard(0);
+                    }
+                }
+                None => bump(Counter::RingFull),
+            }
+        }
+        let _ = OFF_CPU_START.remove(&tid);
+    }
+
+    /// `prev` (the current thread) leaves: record where and why.
+    #[inline(always)]
+    fn off_cpu_leave(ctx: &RawTracePointContext, now: u64) {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let tid = pid_tgid as u32;
+        if tid == 0 || !wanted((pid_tgid >> 32) as u32) {
+            return;
+        }
+        // Probabilistic tracking bounds the cost on hosts that switch a lot.
+        let ppm = unsafe { read_volatile(&OFF_CPU_SAMPLE_PPM) };
+        if ppm < 1_000_000 && unsafe { bpf_get_prandom_u32() } % 1_000_000 >= ppm {
+            return;
+        }
+        let preempted: u64 = ctx.arg(0);
+        let prev: *const u8 = ctx.arg(1);
+        let offset = unsafe { read_volatile(&TASK_STATE_OFFSET) } as usize;
+        let mut state = if offset == 0 {
+            0
+        } else {
+            unsafe { bpf_probe_read_kernel(prev.add(offset).cast::<u32>()) }.unwrap_or(0)
+        };
+        // Preempted threads can still run, whatever __state says.
+        if preempted & 0xff != 0 {
+            state = 0;
+        }
+        if state & TASK_DEAD != 0 {
+            return;
+        }
+        let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+            return;
+        };
+        unsafe { fill(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+        if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
+            bump(Counter::OffCpuMapFull);
+        }
     }
 
     /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`

@@ -154,7 +154,65 @@ impl ProcessInfo {
     }
 }
 
-/// A CPU sample after attribution, unwinding and symbolization.
+/// Why a thread was off CPU: its scheduler state when it left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ThreadState {
+    /// Preempted while it could still run: waiting for a CPU.
+    Runnable,
+    /// Sleeping until an event (I/O on sockets and pipes, timers, futexes).
+    Interruptible,
+    /// Waiting in the kernel, typically on disk I/O.
+    Uninterruptible,
+    /// An idle kernel wait that does not count as load.
+    Idle,
+    Stopped,
+    Traced,
+    Other,
+}
+
+impl ThreadState {
+    /// Decodes `task_struct::__state` bits (include/linux/sched.h).
+    pub fn from_kernel(state: u32) -> Self {
+        const INTERRUPTIBLE: u32 = 0x1;
+        const UNINTERRUPTIBLE: u32 = 0x2;
+        const STOPPED: u32 = 0x4;
+        const TRACED: u32 = 0x8;
+        const NOLOAD: u32 = 0x400;
+        match state {
+            0 => ThreadState::Runnable,
+            s if s & TRACED != 0 => ThreadState::Traced,
+            s if s & STOPPED != 0 => ThreadState::Stopped,
+            s if s & UNINTERRUPTIBLE != 0 && s & NOLOAD != 0 => ThreadState::Idle,
+            s if s & UNINTERRUPTIBLE != 0 => ThreadState::Uninterruptible,
+            s if s & INTERRUPTIBLE != 0 => ThreadState::Interruptible,
+            _ => ThreadState::Other,
+        }
+    }
+
+    /// The value of the `thread.state` attribute.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ThreadState::Runnable => "runnable",
+            ThreadState::Interruptible => "interruptible",
+            ThreadState::Uninterruptible => "uninterruptible",
+            ThreadState::Idle => "idle",
+            ThreadState::Stopped => "stopped",
+            ThreadState::Traced => "traced",
+            ThreadState::Other => "other",
+        }
+    }
+}
+
+/// An off-CPU period of a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpu {
+    /// How long the thread was away.
+    pub blocked_ns: u64,
+    pub state: ThreadState,
+}
+
+/// A sample after attribution, unwinding and symbolization: a cpu-clock
+/// sample, or (with `off_cpu` set) a period the thread spent off CPU.
 #[derive(Clone, Debug)]
 pub struct ResolvedSample {
     pub process: Arc<ProcessInfo>,
@@ -162,8 +220,32 @@ pub struct ResolvedSample {
     /// The thread's comm at sampling time.
     pub thread_name: Arc<str>,
     pub cpu: u32,
-    /// Wall-clock time of the sample.
+    /// Wall-clock time of the sample; for off-CPU samples, when the block started.
     pub time_unix_nano: u64,
     /// Leaf first: kernel frames (if the CPU was in the kernel), then user frames.
     pub frames: Vec<Frame>,
+    /// Set for off-CPU samples.
+    pub off_cpu: Option<OffCpu>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ThreadState;
+
+    #[test]
+    fn decodes_kernel_task_states() {
+        assert_eq!(ThreadState::from_kernel(0), ThreadState::Runnable);
+        assert_eq!(ThreadState::from_kernel(0x1), ThreadState::Interruptible);
+        // TASK_FREEZABLE (0x2000) rides along with futex and pipe waits.
+        assert_eq!(ThreadState::from_kernel(0x2001), ThreadState::Interruptible);
+        assert_eq!(ThreadState::from_kernel(0x2), ThreadState::Uninterruptible);
+        // TASK_KILLABLE = WAKEKILL | UNINTERRUPTIBLE; TASK_IDLE adds NOLOAD.
+        assert_eq!(
+            ThreadState::from_kernel(0x102),
+            ThreadState::Uninterruptible
+        );
+        assert_eq!(ThreadState::from_kernel(0x402), ThreadState::Idle);
+        assert_eq!(ThreadState::from_kernel(0x8), ThreadState::Traced);
+        assert_eq!(ThreadState::from_kernel(0x40), ThreadState::Other);
+    }
 }

@@ -15,7 +15,7 @@ use std::{
 use agent_ebpf::Sample;
 
 use crate::{
-    model::{Frame, FrameKind, Mapping, ResolvedSample},
+    model::{Frame, FrameKind, Mapping, OffCpu, ResolvedSample, ThreadState},
     procs::ProcessTable,
     symbolize::Symbolizer,
 };
@@ -170,6 +170,10 @@ impl Attributor {
             cpu: sample.cpu,
             time_unix_nano: self.clock.to_unix_nanos(sample.ktime_ns),
             frames,
+            off_cpu: (sample.kind == agent_ebpf::SAMPLE_KIND_OFF_CPU).then(|| OffCpu {
+                blocked_ns: sample.off_cpu_ns,
+                state: ThreadState::from_kernel(sample.thread_state),
+            }),
         }
     }
 }
@@ -193,6 +197,29 @@ pub fn symbolize_sample(
             frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping));
         }
     }
+    if sample.off_cpu.is_some() {
+        // Off-CPU stacks are captured from inside the sched_switch tracepoint:
+        // its BPF program and trampoline frames are ours, not the thread's.
+        let ours = sample
+            .frames
+            .iter()
+            .take_while(|frame| {
+                frame.kind == FrameKind::Kernel
+                    && frame
+                        .lines
+                        .first()
+                        .is_some_and(|line| is_tracing_frame(&line.function))
+            })
+            .count();
+        sample.frames.drain(..ours);
+    }
+}
+
+/// Kernel functions that run the tracepoint's BPF program.
+fn is_tracing_frame(function: &str) -> bool {
+    function.starts_with("bpf_")
+        || function.starts_with("__bpf_trace")
+        || function.starts_with("__traceiter")
 }
 
 /// Gives mappings their build ids once per mapping, not once per frame.

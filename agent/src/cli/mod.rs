@@ -41,6 +41,17 @@ pub struct RecordArgs {
     /// (`.folded`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Also record when threads are off CPU (blocked, sleeping, waiting for a
+    /// CPU), with their stacks and state. Folded values then become
+    /// microseconds, CPU stacks weighing one sampling period each.
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s).
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = parse_duration)]
+    pub off_cpu_threshold: Duration,
+    /// Share (0 to 1) of context switches to track, to bound overhead on busy hosts.
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_probability)]
+    pub off_cpu_probability: f64,
     /// Report the eBPF program's own run time per sample (turns on the
     /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
     #[arg(long, hide = true)]
@@ -64,6 +75,31 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// A duration with a unit: `ns`, `us`, `ms` or `s` (seconds when bare).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|number| (number, *scale)))
+        .unwrap_or((text, 1.0));
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 1ms or 0.5s"))?;
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(format!("`{text}`: a duration cannot be negative"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+fn parse_probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) && p > 0.0 => Ok(p),
+        _ => Err(format!(
+            "`{text}`: give a probability above 0 and at most 1"
+        )),
+    }
 }
 
 /// Runs the parsed command line.
@@ -95,5 +131,20 @@ mod tests {
         assert!(Cli::try_parse_from(["hostprof", "record", "-d", "-1"]).is_err());
         assert!(Cli::try_parse_from(["hostprof", "record", "-p", "abc"]).is_err());
         assert!(Cli::try_parse_from(["hostprof", "record", "-p", "1", "--", "true"]).is_err());
+        assert!(
+            Cli::try_parse_from(["hostprof", "record", "--off-cpu-probability", "1.5"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["hostprof", "record", "--off-cpu-threshold", "soon"]).is_err()
+        );
+    }
+
+    #[test]
+    fn parses_durations_with_units() {
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_duration("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_duration("0.25s"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("-1ms").is_err());
     }
 }

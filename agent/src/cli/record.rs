@@ -15,7 +15,7 @@ use super::RecordArgs;
 use crate::{
     output::{FoldedStacks, Summary},
     pipeline::{self, SampleSink},
-    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
+    sampler::{Counters, OffCpuOptions, ReaderStats, Sampler, SamplerOptions, read_ring},
     symbolize::Symbolizer,
 };
 
@@ -57,6 +57,10 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         bpf_stats: args.bpf_stats,
         // A command's children are part of it (as with perf); -p means just those.
         follow_children: !args.command.is_empty(),
+        off_cpu: args.off_cpu.then_some(OffCpuOptions {
+            threshold: args.off_cpu_threshold,
+            probability: args.off_cpu_probability,
+        }),
         ..Default::default()
     };
     let mut sampler = Sampler::start(&options)?;
@@ -66,10 +70,16 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
     let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
     let symbolizer = Arc::new(Symbolizer::new());
+    let cpu_period_ns = 1_000_000_000 / args.frequency;
+    let off_cpu = args.off_cpu;
     let worker = std::thread::Builder::new()
         .name("hostprof-resolve".into())
         .spawn(move || {
-            let mut folded = FoldedStacks::new();
+            let mut folded = if off_cpu {
+                FoldedStacks::in_microseconds(cpu_period_ns)
+            } else {
+                FoldedStacks::new()
+            };
             let mut summary = Summary::new();
             pipeline::run(batch_rx, symbolizer, |sample| {
                 folded.push(sample);
@@ -311,8 +321,24 @@ fn report(
     {
         text.push_str(&format!("hostprof: wrote {}\n", path.display()));
     }
-    if summary.samples() > 0 {
+    let (off_cpu_events, off_cpu_ns) = summary.off_cpu();
+    if args.off_cpu {
+        text.push_str(&format!(
+            "hostprof: off-CPU: {off_cpu_events} periods over {}, {:.3} s in all\n",
+            humanize(args.off_cpu_threshold),
+            off_cpu_ns as f64 / 1e9
+        ));
+    }
+    if summary.samples() > 0 || off_cpu_events > 0 {
         text.push_str(&summary.top(args.top));
     }
     text
+}
+
+fn humanize(duration: Duration) -> String {
+    match duration.as_nanos() {
+        ns if ns % 1_000_000 == 0 => format!("{} ms", ns / 1_000_000),
+        ns if ns % 1_000 == 0 => format!("{} us", ns / 1_000),
+        ns => format!("{ns} ns"),
+    }
 }

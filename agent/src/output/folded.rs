@@ -8,16 +8,35 @@ use crate::{model::ResolvedSample, pipeline::SampleSink};
 #[derive(Debug, Default)]
 pub struct FoldedStacks {
     counts: HashMap<String, u64>,
+    /// `None`: values count CPU samples. `Some(period)`: values are
+    /// microseconds, CPU samples weighing one sampling period each, so CPU
+    /// and off-CPU stacks share one unit.
+    cpu_period_ns: Option<u64>,
 }
 
 impl FoldedStacks {
+    /// Values are sample counts.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The folded line (without count) of one sample.
+    /// Values are microseconds (for profiles with off-CPU stacks).
+    pub fn in_microseconds(cpu_period_ns: u64) -> Self {
+        FoldedStacks {
+            counts: HashMap::new(),
+            cpu_period_ns: Some(cpu_period_ns),
+        }
+    }
+
+    /// The folded line (without count) of one sample; off-CPU stacks start
+    /// with their state (`[off-cpu: interruptible]`) after the comm.
     pub fn fold(sample: &ResolvedSample) -> String {
         let mut line = sanitize(&sample.thread_name);
+        if let Some(off_cpu) = &sample.off_cpu {
+            line.push_str(";[off-cpu: ");
+            line.push_str(off_cpu.state.name());
+            line.push(']');
+        }
         for label in super::stack_labels(sample) {
             line.push(';');
             line.push_str(&sanitize(&label));
@@ -38,7 +57,12 @@ impl FoldedStacks {
 
 impl SampleSink for FoldedStacks {
     fn push(&mut self, sample: &ResolvedSample) {
-        *self.counts.entry(Self::fold(sample)).or_default() += 1;
+        let value = match (self.cpu_period_ns, &sample.off_cpu) {
+            (None, _) => 1,
+            (Some(_), Some(off_cpu)) => off_cpu.blocked_ns / 1000,
+            (Some(period_ns), None) => period_ns / 1000,
+        };
+        *self.counts.entry(Self::fold(sample)).or_default() += value;
     }
 }
 
@@ -53,7 +77,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{Frame, FrameKind, Line, Mapping, ProcessInfo};
+    use crate::model::{Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ThreadState};
 
     fn frame(kind: FrameKind, names: &[&str]) -> Frame {
         Frame {
@@ -101,6 +125,7 @@ mod tests {
                 unnamed,
                 frame(FrameKind::Native, &["main"]),
             ],
+            off_cpu: None,
         };
         assert_eq!(
             FoldedStacks::fold(&sample),
@@ -115,6 +140,27 @@ mod tests {
             String::from_utf8(out)
                 .unwrap()
                 .ends_with("do_sys_poll_[k] 2\n")
+        );
+
+        // Off-CPU: the state is a frame, values are microseconds.
+        let mut blocked = sample.clone();
+        blocked.off_cpu = Some(OffCpu {
+            blocked_ns: 5_000_000,
+            state: ThreadState::Uninterruptible,
+        });
+        let mut timed = FoldedStacks::in_microseconds(10_000_000);
+        timed.push(&sample);
+        timed.push(&blocked);
+        let mut out = Vec::new();
+        timed.write(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("app:worker;[off-cpu: uninterruptible];main;"),
+            "{text}"
+        );
+        assert!(
+            text.contains("do_sys_poll_[k] 5000\n") && text.contains("do_sys_poll_[k] 10000\n"),
+            "{text}"
         );
     }
 }

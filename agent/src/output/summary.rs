@@ -1,6 +1,9 @@
 //! The end-of-run summary: how many samples, how many lost, and where the
 //! time went (top functions by self and total share).
-use std::{collections::HashMap, fmt::Write as _};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Write as _,
+};
 
 use crate::{model::ResolvedSample, pipeline::SampleSink};
 
@@ -12,7 +15,11 @@ pub struct Summary {
     self_counts: HashMap<String, u64>,
     /// Samples with the function anywhere on the stack (counted once each).
     total_counts: HashMap<String, u64>,
-    processes: HashMap<u32, ()>,
+    processes: HashSet<u32>,
+    off_cpu_events: u64,
+    off_cpu_ns: u64,
+    /// Off-CPU nanoseconds per function anywhere on the blocked stack.
+    off_cpu_total_ns: HashMap<String, u64>,
 }
 
 impl Summary {
@@ -20,9 +27,14 @@ impl Summary {
         Self::default()
     }
 
-    /// Samples seen.
+    /// CPU samples seen.
     pub fn samples(&self) -> u64 {
         self.samples
+    }
+
+    /// Off-CPU events seen, and their total duration in nanoseconds.
+    pub fn off_cpu(&self) -> (u64, u64) {
+        (self.off_cpu_events, self.off_cpu_ns)
     }
 
     /// Share (0..=1) of samples whose leaf is `function`.
@@ -54,6 +66,19 @@ impl Summary {
                 let _ = writeln!(text, "  {percent:6.2}%  {count:>8}  {function}");
             }
         }
+        if self.off_cpu_events > 0 {
+            let mut ranked: Vec<_> = self.off_cpu_total_ns.iter().collect();
+            ranked.sort_unstable_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let _ = writeln!(text, "top functions by off-CPU time (total):");
+            for (function, ns) in ranked.into_iter().take(limit) {
+                let percent = 100.0 * *ns as f64 / self.off_cpu_ns.max(1) as f64;
+                let _ = writeln!(
+                    text,
+                    "  {percent:6.2}%  {:>9.3} s  {function}",
+                    *ns as f64 / 1e9
+                );
+            }
+        }
         text
     }
 
@@ -65,9 +90,19 @@ impl Summary {
 
 impl SampleSink for Summary {
     fn push(&mut self, sample: &ResolvedSample) {
-        self.samples += 1;
-        self.processes.insert(sample.process.pid, ());
+        self.processes.insert(sample.process.pid);
         let mut labels = super::stack_labels(sample);
+        if let Some(off_cpu) = &sample.off_cpu {
+            self.off_cpu_events += 1;
+            self.off_cpu_ns += off_cpu.blocked_ns;
+            labels.sort_unstable();
+            labels.dedup();
+            for label in labels {
+                *self.off_cpu_total_ns.entry(label).or_default() += off_cpu.blocked_ns;
+            }
+            return;
+        }
+        self.samples += 1;
         if let Some(leaf) = labels.last() {
             *self.self_counts.entry(leaf.clone()).or_default() += 1;
         }

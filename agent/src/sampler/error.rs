@@ -8,19 +8,19 @@ pub enum SamplerError {
          (plus CAP_SYS_RESOURCE on kernels before 5.11)"
     )]
     PermissionDenied {
-        what: &'static str,
+        what: String,
         source: Box<dyn StdError + Send + Sync>,
     },
     #[error(
         "this kernel does not support {what}: hostprof needs Linux 5.15 or later with BPF and perf events enabled"
     )]
     Unsupported {
-        what: &'static str,
+        what: String,
         source: Box<dyn StdError + Send + Sync>,
     },
     #[error("{what} failed: {source}")]
     Other {
-        what: &'static str,
+        what: String,
         #[source]
         source: Box<dyn StdError + Send + Sync>,
     },
@@ -37,14 +37,15 @@ pub enum SamplerError {
 const ATTACH: &str = "opening cpu-clock perf events";
 
 impl SamplerError {
-    fn classify(what: &'static str, source: impl StdError + Send + Sync + 'static) -> Self {
+    fn classify(what: impl Into<String>, source: impl StdError + Send + Sync + 'static) -> Self {
+        let what = what.into();
         let errno = io_errno(&source);
         let source = Box::new(source);
         match errno {
             Some(libc::EPERM | libc::EACCES) => SamplerError::PermissionDenied { what, source },
             Some(libc::ENOSYS | libc::EOPNOTSUPP) => SamplerError::Unsupported { what, source },
             // perf_event_open: no such event on this kernel or CPU.
-            Some(libc::ENOENT | libc::ENODEV) if what == ATTACH => {
+            Some(libc::ENOENT | libc::ENODEV) if what.starts_with(ATTACH) => {
                 SamplerError::Unsupported { what, source }
             }
             _ => SamplerError::Other { what, source },
@@ -57,6 +58,20 @@ impl SamplerError {
 
     pub(crate) fn load_program(err: aya::programs::ProgramError) -> Self {
         Self::classify("loading the eBPF program", err)
+    }
+
+    /// Loading the named program failed.
+    pub(crate) fn load_named(
+        program: &'static str,
+    ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
+        move |err| Self::classify(format!("loading the eBPF program {program}"), err)
+    }
+
+    /// Attaching the named program failed.
+    pub(crate) fn attach_named(
+        program: &'static str,
+    ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
+        move |err| Self::classify(format!("attaching the eBPF program {program}"), err)
     }
 
     pub(crate) fn attach(err: aya::programs::ProgramError) -> Self {

@@ -40,6 +40,17 @@ pub struct SamplerOptions {
     pub bpf_stats: bool,
     /// With `pids`: also profile processes they fork from now on.
     pub follow_children: bool,
+    /// Also record off-CPU events (threads blocked or waiting).
+    pub off_cpu: Option<OffCpuOptions>,
+}
+
+/// Which off-CPU periods become events.
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuOptions {
+    /// Periods shorter than this are not reported.
+    pub threshold: Duration,
+    /// Share (0..=1) of switch-outs tracked at all; bounds the cost on busy hosts.
+    pub probability: f64,
 }
 
 impl Default for SamplerOptions {
@@ -50,6 +61,7 @@ impl Default for SamplerOptions {
             ring_bytes: agent_ebpf::DEFAULT_RING_BYTES,
             bpf_stats: false,
             follow_children: false,
+            off_cpu: None,
         }
     }
 }
@@ -87,10 +99,32 @@ impl Sampler {
         };
         let filter_by_tgid = u8::from(options.pids.is_some());
         let follow = options.follow_children && options.pids.is_some();
-        let tgid_offset = if follow { task_tgid_offset()? } else { 0 };
+        let tgid_offset = if follow {
+            task_member_offset(&["tgid"])?
+        } else {
+            0
+        };
+        let (state_offset, pid_offset) = match options.off_cpu {
+            // `__state` since Linux 5.14, `state` before.
+            Some(_) => (
+                task_member_offset(&["__state", "state"])?,
+                task_member_offset(&["pid"])?,
+            ),
+            None => (0, 0),
+        };
+        let threshold_ns = options
+            .off_cpu
+            .map_or(0, |off| off.threshold.as_nanos() as u64);
+        let sample_ppm = options.off_cpu.map_or(0, |off| {
+            (off.probability.clamp(0.0, 1.0) * 1e6).round() as u32
+        });
         let ebpf = EbpfLoader::new()
             .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
             .override_global(agent_ebpf::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
+            .override_global(agent_ebpf::GLOBAL_TASK_STATE_OFFSET, &state_offset, true)
+            .override_global(agent_ebpf::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
+            .override_global(agent_ebpf::GLOBAL_OFF_CPU_THRESHOLD_NS, &threshold_ns, true)
+            .override_global(agent_ebpf::GLOBAL_OFF_CPU_SAMPLE_PPM, &sample_ppm, true)
             .map_max_entries(agent_ebpf::MAP_SAMPLES, options.ring_bytes)
             .load(EBPF_OBJECT)
             .map_err(SamplerError::load)?;
@@ -104,6 +138,9 @@ impl Sampler {
         }
         if follow {
             sampler.follow_forks()?;
+        }
+        if options.off_cpu.is_some() {
+            sampler.trace_off_cpu()?;
         }
         sampler.attach(options.frequency_hz)?;
         Ok(sampler)
@@ -120,6 +157,26 @@ impl Sampler {
         program
             .attach("sched_process_fork")
             .map_err(SamplerError::attach)?;
+        Ok(())
+    }
+
+    fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
+        let switch: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(agent_ebpf::PROGRAM_OFF_CPU_SWITCH)
+            .ok_or(SamplerError::MissingObject(
+                agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
+            ))?
+            .try_into()
+            .map_err(SamplerError::load_program)?;
+        switch
+            .load()
+            .map_err(SamplerError::load_named(agent_ebpf::PROGRAM_OFF_CPU_SWITCH))?;
+        switch
+            .attach("sched_switch")
+            .map_err(SamplerError::attach_named(
+                agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
+            ))?;
         Ok(())
     }
 
@@ -231,15 +288,18 @@ impl Sampler {
     }
 }
 
-/// `task_struct.tgid`'s offset in the running kernel.
-fn task_tgid_offset() -> Result<u32, SamplerError> {
+/// The offset in the running kernel's `task_struct` of the first of `names`
+/// it has.
+fn task_member_offset(names: &[&'static str]) -> Result<u32, SamplerError> {
     let btf =
         std::fs::read("/sys/kernel/btf/vmlinux").map_err(|err| SamplerError::Unsupported {
-            what: "BTF (/sys/kernel/btf/vmlinux), needed to follow child processes",
+            what: "BTF (/sys/kernel/btf/vmlinux)".into(),
             source: Box::new(err),
         })?;
-    btf::member_offset(&btf, "task_struct", "tgid")
-        .ok_or(SamplerError::MissingKernelType("task_struct.tgid"))
+    names
+        .iter()
+        .find_map(|name| btf::member_offset(&btf, "task_struct", name))
+        .ok_or(SamplerError::MissingKernelType(names[0]))
 }
 
 /// Decodes one ring-buffer record.

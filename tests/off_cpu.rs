@@ -1,0 +1,160 @@
+//! `hostprof record --off-cpu`: where and why threads block, on the real kernel.
+mod common;
+
+use common::*;
+
+fn off_cpu_program() -> std::path::PathBuf {
+    build_c(
+        "off_cpu.c",
+        "off_cpu",
+        &["-O0", "-fno-omit-frame-pointer", "-g", "-pthread"],
+    )
+}
+
+/// Folded stacks (values in microseconds) of `hostprof record --off-cpu`.
+fn record_off_cpu(extra: &[&str], command: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let output = run_ok(
+        hostprof()
+            .args(["record", "--off-cpu", "-o", "-"])
+            .args(extra)
+            .arg("--")
+            .args(command),
+    );
+    parse_folded(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Microseconds off CPU in stacks of the main thread passing through `function`.
+fn blocked_in(stacks: &[(Vec<String>, u64)], function: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| frames.get(1).is_some_and(|f| f.starts_with("[off-cpu: ")))
+        .filter(|(frames, _)| {
+            frames.iter().any(|f| f == "main") && frames.iter().any(|f| f == function)
+        })
+        .map(|(_, us)| us)
+        .sum()
+}
+
+#[test]
+fn blocking_functions_dominate_with_their_designed_times_and_states() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = off_cpu_program();
+    let stacks = record_off_cpu(&[], &[program.to_str().unwrap(), "20"]);
+    let sleep = blocked_in(&stacks, "in_sleep") as f64;
+    let pipe = blocked_in(&stacks, "in_pipe") as f64;
+    let lock = blocked_in(&stacks, "in_lock") as f64;
+    let all = sleep + pipe + lock;
+    // Designed: 20 rounds of 50 + 30 + 20 ms.
+    assert!(
+        (sleep / 1e6 - 1.0).abs() < 0.15,
+        "in_sleep blocked {:.3} s, designed 1.0 s",
+        sleep / 1e6
+    );
+    assert!(
+        (pipe / 1e6 - 0.6).abs() < 0.12,
+        "in_pipe blocked {:.3} s, designed 0.6 s",
+        pipe / 1e6
+    );
+    assert!(
+        (lock / 1e6 - 0.4).abs() < 0.1,
+        "in_lock blocked {:.3} s, designed 0.4 s",
+        lock / 1e6
+    );
+    for (name, value, designed) in [
+        ("in_sleep", sleep, 0.5),
+        ("in_pipe", pipe, 0.3),
+        ("in_lock", lock, 0.2),
+    ] {
+        assert!(
+            (value / all - designed).abs() < 0.06,
+            "{name} share {:.3}, designed {designed}",
+            value / all
+        );
+    }
+    // Sleeping on a timer, a pipe and a futex are all interruptible waits,
+    // and the kernel side of each wait is named.
+    for (function, kernel) in [
+        ("in_sleep", "nanosleep"),
+        ("in_pipe", "pipe_read"),
+        ("in_lock", "futex"),
+    ] {
+        let stack = stacks
+            .iter()
+            .find(|(frames, _)| {
+                frames.iter().any(|f| f == function) && frames[1].starts_with("[off-cpu")
+            })
+            .unwrap_or_else(|| panic!("no off-CPU stack through {function}"));
+        assert_eq!(
+            stack.0[1], "[off-cpu: interruptible]",
+            "{function}: {:?}",
+            stack.0
+        );
+        assert!(
+            stack
+                .0
+                .iter()
+                .any(|f| f.contains(kernel) && f.ends_with("_[k]")),
+            "{function}: {:?}",
+            stack.0
+        );
+        assert!(
+            !stack.0.iter().any(|f| f.starts_with("bpf_")),
+            "tracing frames left in {:?}",
+            stack.0
+        );
+    }
+}
+
+#[test]
+fn threshold_drops_shorter_blocks() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = off_cpu_program();
+    let stacks = record_off_cpu(
+        &["--off-cpu-threshold", "40ms"],
+        &[program.to_str().unwrap(), "10"],
+    );
+    assert!(
+        blocked_in(&stacks, "in_sleep") >= 400_000,
+        "the 50 ms sleeps must stay"
+    );
+    assert_eq!(
+        blocked_in(&stacks, "in_pipe"),
+        0,
+        "30 ms pipe waits are under 40 ms"
+    );
+    assert_eq!(
+        blocked_in(&stacks, "in_lock"),
+        0,
+        "20 ms lock waits are under 40 ms"
+    );
+}
+
+#[test]
+fn cpu_bound_program_shows_little_off_cpu_time() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = build_c(
+        "cpu_split.c",
+        "cpu_split_offcpu",
+        &["-O0", "-fno-omit-frame-pointer", "-g"],
+    );
+    let stacks = record_off_cpu(&["-F", "499"], &[program.to_str().unwrap(), "2"]);
+    let (mut on_cpu, mut off_cpu) = (0u64, 0u64);
+    for (frames, us) in &stacks {
+        if frames.get(1).is_some_and(|f| f.starts_with("[off-cpu")) {
+            off_cpu += us;
+        } else {
+            on_cpu += us;
+        }
+    }
+    assert!(on_cpu >= 1_000_000, "only {on_cpu} us on CPU in 2 s");
+    assert!(
+        (off_cpu as f64) < 0.1 * on_cpu as f64,
+        "{off_cpu} us off CPU next to {on_cpu} us on CPU"
+    );
+}
