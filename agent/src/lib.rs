@@ -6,6 +6,7 @@
 //! [`profile`] (OTLP profiles) → [`export`] (gRPC).
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user.
 pub mod cli;
+pub mod export;
 pub mod model;
 pub mod output;
 pub mod pipeline;
