@@ -44,7 +44,9 @@ pub fn work_dir() -> &'static Path {
 
 /// Source file of a test program in `tests/programs/`.
 pub fn program_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/programs").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/programs")
+        .join(name)
 }
 
 /// Compiles `tests/programs/<source>` with `cc` and `flags` into `output`
@@ -79,7 +81,10 @@ pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
     text.lines()
         .filter_map(|line| {
             let (stack, count) = line.rsplit_once(' ')?;
-            Some((stack.split(';').map(str::to_string).collect(), count.parse().ok()?))
+            Some((
+                stack.split(';').map(str::to_string).collect(),
+                count.parse().ok()?,
+            ))
         })
         .collect()
 }
@@ -87,12 +92,19 @@ pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
 /// Share (0..=1) of samples whose leaf frame is `function`, among stacks whose
 /// first element (comm) is `comm`.
 pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> f64 {
-    let of_comm: Vec<_> = stacks.iter().filter(|(frames, _)| frames[0] == comm).collect();
+    let of_comm: Vec<_> = stacks
+        .iter()
+        .filter(|(frames, _)| frames[0] == comm)
+        .collect();
     let total: u64 = of_comm.iter().map(|(_, count)| count).sum();
     let hits: u64 = of_comm
         .iter()
         .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == function))
         .map(|(_, count)| count)
         .sum();
-    if total == 0 { 0.0 } else { hits as f64 / total as f64 }
+    if total == 0 {
+        0.0
+    } else {
+        hits as f64 / total as f64
+    }
 }
