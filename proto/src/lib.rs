@@ -12,16 +12,24 @@
 //! ```
 
 /// The `opentelemetry.proto.*` packages, nested as in the schema.
+// Generated code: its doc comments come from the .proto files as written.
+#[allow(clippy::all, clippy::pedantic)]
 pub mod opentelemetry {
     pub mod proto {
         pub mod common {
             pub mod v1 {
-                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.common.v1.rs"));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/opentelemetry.proto.common.v1.rs"
+                ));
             }
         }
         pub mod resource {
             pub mod v1 {
-                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.resource.v1.rs"));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/opentelemetry.proto.resource.v1.rs"
+                ));
             }
         }
         pub mod profiles {
@@ -46,6 +54,7 @@ pub mod opentelemetry {
 }
 
 /// pprof's `perftools.profiles` package.
+#[allow(clippy::all, clippy::pedantic)]
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }

@@ -20,6 +20,9 @@ use crate::{
     pipeline::SampleSink,
 };
 
+/// A location's identity: mapping id, address, (function id, line) per line.
+type LocationKey = (u64, u64, Vec<(u64, i64)>);
+
 /// Collects samples into a pprof profile.
 pub struct PprofProfile {
     period_ns: i64,
@@ -28,7 +31,7 @@ pub struct PprofProfile {
     string_table: Vec<String>,
     functions: HashMap<(i64, i64, i64, i64), u64>,
     mappings: HashMap<Arc<ModelMapping>, u64>,
-    locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    locations: HashMap<LocationKey, u64>,
     profile: Profile,
     samples: HashMap<(Vec<u64>, u32, u32), usize>,
 }
