@@ -2,6 +2,12 @@
 mod common;
 
 use common::*;
+use hostprof::profile::dictionary_violations;
+use hostprof_proto::{
+    Message,
+    common::any_value,
+    profiles::{ProfilesData, ProfilesDictionary, Sample},
+};
 
 fn off_cpu_program() -> std::path::PathBuf {
     build_c(
@@ -156,5 +162,140 @@ fn cpu_bound_program_shows_little_off_cpu_time() {
     assert!(
         (off_cpu as f64) < 0.1 * on_cpu as f64,
         "{off_cpu} us off CPU next to {on_cpu} us on CPU"
+    );
+}
+
+/// Function names of a sample's stack, leaf first.
+fn stack_functions(dictionary: &ProfilesDictionary, sample: &Sample) -> Vec<String> {
+    let stack = &dictionary.stack_table[sample.stack_index as usize];
+    stack
+        .location_indices
+        .iter()
+        .flat_map(|&location| &dictionary.location_table[location as usize].lines)
+        .map(|line| {
+            let function = &dictionary.function_table[line.function_index as usize];
+            dictionary.string_table[function.name_strindex as usize].clone()
+        })
+        .collect()
+}
+
+fn string_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<String> {
+    sample.attribute_indices.iter().find_map(|&index| {
+        let attribute = &dictionary.attribute_table[index as usize];
+        (dictionary.string_table[attribute.key_strindex as usize] == key).then(|| {
+            match attribute
+                .value
+                .as_ref()
+                .and_then(|value| value.value.as_ref())
+            {
+                Some(any_value::Value::StringValue(text)) => text.clone(),
+                other => format!("{other:?}"),
+            }
+        })
+    })
+}
+
+#[test]
+fn otlp_output_has_an_off_cpu_profile_with_blocked_time_and_state() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = off_cpu_program();
+    let out = work_dir().join("off_cpu.otlp.pb");
+    run_ok(
+        hostprof()
+            .args(["record", "--off-cpu", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&program)
+            .arg("10"),
+    );
+    let data = ProfilesData::decode(&*std::fs::read(&out).unwrap()).expect("a ProfilesData");
+    let dictionary = data.dictionary.as_ref().unwrap();
+    assert_eq!(
+        dictionary_violations(dictionary, &data.resource_profiles),
+        Vec::<String>::new()
+    );
+    let string = |index: i32| dictionary.string_table[index as usize].as_str();
+    let off_cpu_profiles: Vec<_> = data
+        .resource_profiles
+        .iter()
+        .flat_map(|resource| &resource.scope_profiles)
+        .flat_map(|scope| &scope.profiles)
+        .filter(|profile| {
+            profile.sample_type.is_some_and(|t| {
+                string(t.type_strindex) == "off_cpu" && string(t.unit_strindex) == "nanoseconds"
+            })
+        })
+        .collect();
+    assert_eq!(
+        off_cpu_profiles.len(),
+        1,
+        "one off-CPU profile for the host group"
+    );
+    let profile = off_cpu_profiles[0];
+    let mut in_sleep_ns = 0i64;
+    for sample in &profile.samples {
+        assert_eq!(
+            sample.values.len(),
+            sample.timestamps_unix_nano.len(),
+            "values and timestamps pair up"
+        );
+        for &time in &sample.timestamps_unix_nano {
+            assert!(
+                time >= profile.time_unix_nano
+                    && time < profile.time_unix_nano + profile.duration_nano
+            );
+        }
+        assert!(
+            string_attribute(dictionary, sample, "thread.state").is_some(),
+            "every off-CPU sample has thread.state"
+        );
+        if stack_functions(dictionary, sample)
+            .iter()
+            .any(|f| f == "in_sleep")
+        {
+            assert_eq!(
+                string_attribute(dictionary, sample, "thread.state").as_deref(),
+                Some("interruptible")
+            );
+            in_sleep_ns += sample.values.iter().sum::<i64>();
+        }
+    }
+    // Designed: 10 rounds of 50 ms.
+    assert!(
+        (in_sleep_ns as f64 / 1e9 - 0.5).abs() < 0.08,
+        "in_sleep blocked {:.3} s, designed 0.5 s",
+        in_sleep_ns as f64 / 1e9
+    );
+}
+
+#[test]
+fn pprof_output_has_an_off_cpu_sample_type() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("go") {
+        return;
+    }
+    let program = off_cpu_program();
+    let out = work_dir().join("off_cpu.pb.gz");
+    run_ok(
+        hostprof()
+            .args(["record", "--off-cpu", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&program)
+            .arg("10"),
+    );
+    let top = run_ok(
+        std::process::Command::new("go")
+            .args(["tool", "pprof", "-sample_index=off_cpu", "-top", "-cum"])
+            .arg(&out),
+    );
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        text.contains("in_sleep") && text.contains("in_pipe") && text.contains("in_lock"),
+        "{text}"
     );
 }

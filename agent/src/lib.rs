@@ -2,12 +2,15 @@
 //!
 //! Data flows one way, one module per stage:
 //! [`sampler`] (kernel samples) → [`procs`] (who and what is mapped) →
-//! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files).
+//! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files) or
+//! [`profile`] (OTLP profiles) → [`export`] (gRPC).
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user.
 pub mod cli;
+pub mod export;
 pub mod model;
 pub mod output;
 pub mod pipeline;
 pub mod procs;
+pub mod profile;
 pub mod sampler;
 pub mod symbolize;

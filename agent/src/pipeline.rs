@@ -1,5 +1,5 @@
 //! The userspace pipeline: a raw kernel [`Sample`] becomes a [`ResolvedSample`]
-//! (procs → unwind → symbolize) and goes to every [`SampleSink`]. See [`run`].
+//! (procs → unwind → symbolize) and goes to every [`SampleSink`]. See [`spawn`].
 //!
 //! The kernel already walked the stacks (frame pointers), so "unwind" here is
 //! turning each instruction pointer into a [`Frame`] with its mapping.
@@ -63,20 +63,21 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
 /// /proc for processes that may exit soon.
 const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
 
-/// Runs the userspace pipeline until `batches` closes: attribution (procs →
-/// frames) on a thread of its own, symbolization on the calling thread, then
-/// every finished sample to `sink`.
+/// Starts the userspace pipeline: attribution (procs → frames) and
+/// symbolization, each on a thread of its own. Finished batches come out of
+/// the returned channel, which closes after `batches` closes and the stages
+/// have drained.
 ///
 /// Two stages because they have different deadlines: attribution must read
 /// /proc while the process still exists; symbolization may take its time
 /// (its first look at a large binary can take a second).
-pub fn run(
+pub fn spawn(
     batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
-    mut sink: impl FnMut(&ResolvedSample),
-) {
+) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
     let (attributed_tx, attributed_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
-    let attribution = std::thread::Builder::new()
+    let (done_tx, done_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
+    std::thread::Builder::new()
         .name("hostprof-procs".into())
         .spawn(move || {
             let mut attributor = Attributor::new();
@@ -89,17 +90,21 @@ pub fn run(
                     break;
                 }
             }
-        });
-    let mut enricher = MappingEnricher::default();
-    for mut batch in attributed_rx {
-        for sample in &mut batch {
-            symbolize_sample(&symbolizer, &mut enricher, sample);
-            sink(sample);
-        }
-    }
-    if let Ok(handle) = attribution {
-        let _ = handle.join();
-    }
+        })?;
+    std::thread::Builder::new()
+        .name("hostprof-symbols".into())
+        .spawn(move || {
+            let mut enricher = MappingEnricher::default();
+            for mut batch in attributed_rx {
+                for sample in &mut batch {
+                    symbolize_sample(&symbolizer, &mut enricher, sample);
+                }
+                if done_tx.send(batch).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(done_rx)
 }
 
 /// Attributes raw samples to processes and mappings (the fast stage).
@@ -198,28 +203,25 @@ pub fn symbolize_sample(
         }
     }
     if sample.off_cpu.is_some() {
-        // Off-CPU stacks are captured from inside the sched_switch tracepoint:
-        // its BPF program and trampoline frames are ours, not the thread's.
-        let ours = sample
-            .frames
-            .iter()
-            .take_while(|frame| {
-                frame.kind == FrameKind::Kernel
-                    && frame
-                        .lines
-                        .first()
-                        .is_some_and(|line| is_tracing_frame(&line.function))
-            })
-            .count();
-        sample.frames.drain(..ours);
+        strip_tracing_frames(&mut sample.frames);
     }
 }
 
-/// Kernel functions that run the tracepoint's BPF program.
-fn is_tracing_frame(function: &str) -> bool {
-    function.starts_with("bpf_")
-        || function.starts_with("__bpf_trace")
-        || function.starts_with("__traceiter")
+/// Off-CPU stacks are captured from inside the sched_switch tracepoint: the
+/// frames above `__schedule` (tracepoint glue and our BPF program, whose
+/// name the symbolizer may not know) are ours, not the thread's.
+fn strip_tracing_frames(frames: &mut Vec<Frame>) {
+    const SEARCH: usize = 8;
+    let scheduler = frames.iter().take(SEARCH).position(|frame| {
+        frame.kind == FrameKind::Kernel
+            && frame
+                .lines
+                .first()
+                .is_some_and(|line| &*line.function == "__schedule")
+    });
+    if let Some(at) = scheduler {
+        frames.drain(..at);
+    }
 }
 
 /// Gives mappings their build ids once per mapping, not once per frame.

@@ -1,5 +1,7 @@
 //! Command-line interface: clap arguments and the commands they run.
+mod agent;
 mod record;
+mod session;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -17,6 +19,45 @@ pub struct Cli {
 pub enum Command {
     /// Profile the host, some processes, or a command, and write a profile.
     Record(RecordArgs),
+    /// Profile the host continuously and export OTLP profiles over gRPC
+    /// (for systemd services and Kubernetes DaemonSets).
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 19,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+    /// Stop after this many seconds (fractions allowed); default: until
+    /// SIGTERM or Ctrl-C. The last window is sent either way.
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// Seconds between exports (each export is one profile window).
+    #[arg(long = "report-interval", value_name = "SECONDS", default_value = "5",
+          value_parser = parse_seconds)]
+    pub report_interval: Duration,
+    /// OTLP gRPC endpoint (`http://` for plain text, `https://` for TLS);
+    /// default: OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// then http://localhost:4317. Headers come from OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(long = "otlp-endpoint", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// PEM file of the CA that signs the collector's certificate; default: the
+    /// system's roots.
+    #[arg(long = "otlp-ca", value_name = "FILE")]
+    pub otlp_ca: Option<PathBuf>,
+    /// Seconds one export call may take.
+    #[arg(long = "export-timeout", value_name = "SECONDS", default_value = "10",
+          value_parser = parse_seconds)]
+    pub export_timeout: Duration,
+    /// MiB of unsent profiles to keep while the collector is unreachable; the
+    /// oldest are dropped beyond it.
+    #[arg(long = "export-queue-mib", value_name = "MIB", default_value_t = 64)]
+    pub export_queue_mib: u64,
+    /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
+    #[arg(long = "service-name", value_name = "NAME")]
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -37,8 +78,8 @@ pub struct RecordArgs {
     /// or until the profiled processes exit.
     #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
-    /// Write the profile here; `-` for stdout. The extension picks the format
-    /// (`.folded`).
+    /// Write the profile here; `-` for stdout. The extension picks the format:
+    /// `.folded`, `.svg` (flame graph), `.pb.gz` (pprof), `.otlp.pb`, `.otlp.json`.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Also record when threads are off CPU (blocked, sleeping, waiting for a
@@ -56,12 +97,30 @@ pub struct RecordArgs {
     /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
     #[arg(long, hide = true)]
     pub bpf_stats: bool,
+    /// Output format, whatever the file name says.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<OutputFormat>,
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
     /// Command to start and profile (with its threads) until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// What `hostprof record -o` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Folded stacks (flamegraph.pl / inferno input).
+    Folded,
+    /// Flame graph SVG.
+    Svg,
+    /// pprof profile.proto, gzipped (`go tool pprof`).
+    Pprof,
+    /// OTLP `ProfilesData`, protobuf.
+    Otlp,
+    /// OTLP `ProfilesData`, OTLP/JSON.
+    OtlpJson,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -106,6 +165,7 @@ fn parse_probability(text: &str) -> Result<f64, String> {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => record::run(args).await,
+        Command::Agent(args) => agent::run(args).await,
     }
 }
 
@@ -119,10 +179,38 @@ mod tests {
             "hostprof", "record", "-F", "999", "-d", "2.5", "-o", "x.folded", "--", "sleep", "1",
         ])
         .unwrap();
-        let Command::Record(args) = cli.command;
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
         assert_eq!(args.frequency, 999);
         assert_eq!(args.duration, Some(Duration::from_millis(2500)));
         assert_eq!(args.command, ["sleep", "1"]);
+    }
+
+    #[test]
+    fn parses_agent_flags_with_defaults() {
+        let cli = Cli::try_parse_from([
+            "hostprof",
+            "agent",
+            "--report-interval",
+            "1s",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+        ])
+        .unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("not agent")
+        };
+        assert_eq!(args.frequency, 19);
+        assert_eq!(args.report_interval, Duration::from_secs(1));
+        assert_eq!(args.export_timeout, Duration::from_secs(10));
+        assert_eq!(args.duration, None);
+        let cli = Cli::try_parse_from(["hostprof", "record", "-o", "x", "--format", "otlp-json"])
+            .unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(args.format, Some(OutputFormat::OtlpJson));
     }
 
     #[test]

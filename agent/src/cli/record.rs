@@ -1,50 +1,131 @@
-//! `hostprof record`: sample for a while, then write a profile and a summary.
+//! `hostprof record`: sample for a while, then write a profile (folded, SVG,
+//! pprof, OTLP protobuf or JSON) and a summary.
 use std::{
     fs::File,
     io::{self, BufWriter, Write},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
-    sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
-use tokio::sync::watch;
+use hostprof_proto::Message;
 
-use super::RecordArgs;
+use super::{OutputFormat, RecordArgs, session::Session};
 use crate::{
-    output::{FoldedStacks, Summary},
-    pipeline::{self, SampleSink},
-    sampler::{Counters, OffCpuOptions, ReaderStats, Sampler, SamplerOptions, read_ring},
-    symbolize::Symbolizer,
+    output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
+    pipeline::SampleSink,
+    profile::{ProfileBuilder, ResourceConfig},
+    sampler::{Counters, OffCpuOptions, ReaderStats, Sampler, SamplerOptions},
+    symbolize::SymbolizerOptions,
 };
-
-/// Batches of samples waiting for the resolver; beyond this the reader drops
-/// (and counts) rather than letting memory grow.
-const BACKLOG_BATCHES: usize = 256;
-
-enum OutputFormat {
-    Folded,
-}
 
 impl OutputFormat {
     fn for_path(path: &Path) -> anyhow::Result<Self> {
         let name = path.to_string_lossy();
-        if name == "-" || name.ends_with(".folded") {
-            return Ok(OutputFormat::Folded);
-        }
-        bail!(
-            "cannot tell the output format of `{name}`: use a name ending in .folded, or - for stdout"
-        )
+        let format = match name.as_ref() {
+            "-" => OutputFormat::Folded,
+            name if name.ends_with(".folded") => OutputFormat::Folded,
+            name if name.ends_with(".svg") => OutputFormat::Svg,
+            name if name.ends_with(".pb.gz") => OutputFormat::Pprof,
+            name if name.ends_with(".otlp.pb") => OutputFormat::Otlp,
+            name if name.ends_with(".otlp.json") => OutputFormat::OtlpJson,
+            _ => bail!(
+                "cannot tell the output format of `{name}`: use a name ending in .folded, .svg, \
+                 .pb.gz (pprof), .otlp.pb or .otlp.json, - for stdout, or pass --format"
+            ),
+        };
+        Ok(format)
     }
 }
 
+/// The profile being built for `-o`, in the chosen format.
+enum Output {
+    None,
+    /// Folded stacks, written as text or drawn as SVG.
+    Folded(FoldedStacks),
+    Pprof(PprofProfile),
+    /// OTLP `ProfilesData`, binary or JSON.
+    Otlp(ProfileBuilder),
+}
+
+impl Output {
+    /// `off_cpu_period_ns`: set when off-CPU samples are recorded (folded
+    /// values become microseconds, a CPU sample weighing this period).
+    fn new(
+        format: Option<OutputFormat>,
+        frequency: u64,
+        start: u64,
+        off_cpu_period_ns: Option<u64>,
+    ) -> anyhow::Result<Self> {
+        Ok(match format {
+            None => Output::None,
+            Some(OutputFormat::Folded | OutputFormat::Svg) => {
+                Output::Folded(match off_cpu_period_ns {
+                    Some(period) => FoldedStacks::in_microseconds(period),
+                    None => FoldedStacks::new(),
+                })
+            }
+            Some(OutputFormat::Pprof) => Output::Pprof(PprofProfile::new(
+                frequency,
+                start,
+                off_cpu_period_ns.is_some(),
+            )),
+            Some(OutputFormat::Otlp | OutputFormat::OtlpJson) => {
+                let resource = ResourceConfig::from_env(None)?;
+                Output::Otlp(ProfileBuilder::new(resource, frequency, start))
+            }
+        })
+    }
+
+    fn push(&mut self, sample: &crate::model::ResolvedSample) {
+        match self {
+            Output::None => {}
+            Output::Folded(folded) => folded.push(sample),
+            Output::Pprof(pprof) => pprof.push(sample),
+            Output::Otlp(builder) => builder.push(sample),
+        }
+    }
+
+    fn write(self, format: OutputFormat, end: u64, out: &mut dyn Write) -> io::Result<()> {
+        match (self, format) {
+            (Output::Folded(folded), OutputFormat::Svg) => {
+                write_flamegraph(&folded, "hostprof", out)
+            }
+            (Output::Folded(folded), _) => folded.write(out),
+            (Output::Pprof(pprof), _) => pprof.write(end, out),
+            (Output::Otlp(mut builder), OutputFormat::OtlpJson) => {
+                let json = otlp_json::to_json(&builder.finish_data(end));
+                out.write_all(json.as_bytes())?;
+                out.write_all(b"\n")?;
+                out.flush()
+            }
+            (Output::Otlp(mut builder), _) => {
+                out.write_all(&builder.finish_data(end).encode_to_vec())?;
+                out.flush()
+            }
+            (Output::None, _) => Ok(()),
+        }
+    }
+}
+
+/// Wall-clock time in Unix nanoseconds.
+pub(super) fn unix_nanos_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|time| time.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
 pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
-    let format = args
-        .output
-        .as_deref()
-        .map(OutputFormat::for_path)
-        .transpose()?;
+    let format = match (args.format, &args.output) {
+        (Some(format), _) => Some(format),
+        (None, Some(path)) => Some(OutputFormat::for_path(path)?),
+        (None, None) => None,
+    };
+    if format.is_some() && args.output.is_none() {
+        bail!("--format needs -o FILE (or -o - for stdout)");
+    }
     for pid in &args.pids {
         if !Path::new(&format!("/proc/{pid}")).exists() {
             bail!("no process with pid {pid}: check it with `ps -p {pid}`");
@@ -63,61 +144,52 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         }),
         ..Default::default()
     };
-    let mut sampler = Sampler::start(&options)?;
-    let ring = sampler.take_ring()?;
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
-    let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
-    let symbolizer = Arc::new(Symbolizer::new());
+    let start = unix_nanos_now();
     let cpu_period_ns = 1_000_000_000 / args.frequency;
-    let off_cpu = args.off_cpu;
-    let worker = std::thread::Builder::new()
-        .name("hostprof-resolve".into())
-        .spawn(move || {
-            let mut folded = if off_cpu {
-                FoldedStacks::in_microseconds(cpu_period_ns)
-            } else {
-                FoldedStacks::new()
-            };
-            let mut summary = Summary::new();
-            pipeline::run(batch_rx, symbolizer, |sample| {
-                folded.push(sample);
+    let mut output = Output::new(
+        format,
+        args.frequency,
+        start,
+        args.off_cpu.then_some(cpu_period_ns),
+    )?;
+    let mut session = Session::start(&options, SymbolizerOptions::default(), move |batches| {
+        let mut summary = Summary::new();
+        for batch in batches {
+            for sample in &batch {
+                output.push(sample);
                 summary.push(sample);
-            });
-            (folded, summary)
-        })
-        .context("cannot start the resolver thread")?;
+            }
+        }
+        (output, summary)
+    })?;
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {
         [] => None,
-        command => Some(spawn_profiled(command, &mut sampler)?),
+        command => Some(spawn_profiled(command, &mut session.sampler)?),
     };
-    let why = wait_for_end(&args, child.as_mut(), &mut sampler).await;
+    let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await;
     let elapsed = started.elapsed();
 
-    sampler.stop();
-    let _ = stop_tx.send(true);
-    let reader_stats = reader.await.context("the ring reader panicked")??;
-    let (folded, summary) = worker
-        .join()
-        .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
-    let counters = sampler.counters()?;
-    let bpf_stats = if args.bpf_stats {
-        Some(sampler.program_stats()?)
-    } else {
-        None
-    };
-
-    if let (Some(path), Some(OutputFormat::Folded)) = (&args.output, format) {
-        write_output(path, |out| folded.write(out))?;
+    let finished = session.stop().await?;
+    let (output, summary) = finished.output;
+    if let (Some(path), Some(format)) = (&args.output, format) {
+        let end = unix_nanos_now();
+        write_output(path, |out| output.write(format, end, out))?;
     }
     eprint!(
         "{}",
-        report(&args, elapsed, why, &counters, &reader_stats, &summary)
+        report(
+            &args,
+            elapsed,
+            why,
+            &finished.counters,
+            &finished.reader,
+            &summary
+        )
     );
-    if let Some((run_time, runs)) = bpf_stats {
+    if args.bpf_stats {
+        let (run_time, runs) = finished.program_stats;
         eprintln!(
             "hostprof: eBPF program ran {runs} times, {:.0} ns per run",
             run_time.as_nanos() as f64 / runs.max(1) as f64

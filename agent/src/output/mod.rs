@@ -1,11 +1,18 @@
-//! Local outputs of `hostprof record`: folded stacks and the end-of-run summary.
+//! Local outputs of `hostprof record`: folded stacks, flame graph SVG, pprof,
+//! and the end-of-run summary (OTLP files come from [`crate::profile`] and
+//! [`otlp_json`]).
 //!
 //! Every output is a [`SampleSink`](crate::pipeline::SampleSink); they share the
 //! frame naming below so a function reads the same everywhere.
+mod flamegraph;
 mod folded;
+pub mod otlp_json;
+mod pprof;
 mod summary;
 
+pub use flamegraph::write_flamegraph;
 pub use folded::FoldedStacks;
+pub use pprof::PprofProfile;
 pub use summary::Summary;
 
 use crate::model::{Frame, FrameKind, ResolvedSample};

@@ -1,10 +1,12 @@
-//! Process metadata from `/proc`: who a pid is and what it has mapped.
+//! Process metadata from `/proc`: who a pid is, which container it runs in,
+//! and what it has mapped.
 //!
 //! [`ProcessTable`] caches one entry per process and refreshes it when the
 //! process is new, when an address falls outside every known mapping (an
 //! exec or a `dlopen` happened since), or when the pid was reused. Lookups
 //! happen as samples arrive, so a process started after the agent is read on
 //! its first sample.
+mod cgroup;
 mod maps;
 
 use std::{
@@ -13,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use cgroup::{CgroupIdentity, parse_cgroup};
 pub use maps::{ExecutableMaps, parse_maps};
 
 use crate::model::{Mapping, ProcessInfo};
@@ -132,12 +135,16 @@ fn read_process(pid: u32, comm: &str) -> Process {
         .maps()
         .map(ExecutableMaps::from_proc)
         .unwrap_or_default();
+    // A process whose cgroup file cannot be read counts as a host process.
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|text| parse_cgroup(&text))
+        .unwrap_or_default();
     let info = ProcessInfo {
         pid,
         comm: stat.comm.as_str().into(),
         exe_path: exe_path.unwrap_or_else(|_| "".into()),
-        container_id: None,
-        pod_uid: None,
+        container_id: cgroup.container_id.map(Into::into),
+        pod_uid: cgroup.pod_uid.map(Into::into),
     };
     Process {
         info: Arc::new(info),

@@ -1,0 +1,391 @@
+//! OTLP export and local outputs, end to end with the real eBPF sampler:
+//! `hostprof agent` against an in-test gRPC collector (dictionary rules,
+//! per-container grouping, a collector that comes back after an outage), and
+//! `hostprof record` pprof/OTLP files read back by their consumers.
+// The serializing guard of `require_ebpf` spans whole tests on purpose,
+// awaits included: each test owns its runtime, nothing else waits on that lock.
+#![allow(clippy::await_holding_lock)]
+mod common;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use hostprof::profile::dictionary_violations;
+use hostprof_proto::{
+    Message,
+    collector::{
+        ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+        profiles_service_server::{ProfilesService, ProfilesServiceServer},
+    },
+    common::any_value::Value,
+    profiles::{ProfilesData, ProfilesDictionary, ResourceProfiles},
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    net::TcpListener,
+};
+use tonic::codec::CompressionEncoding;
+
+/// An OTLP collector that keeps what it receives.
+#[derive(Clone, Default)]
+struct Collector {
+    requests: Arc<Mutex<Vec<ExportProfilesServiceRequest>>>,
+}
+
+#[tonic::async_trait]
+impl ProfilesService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+        self.requests.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(
+            ExportProfilesServiceResponse::default(),
+        ))
+    }
+}
+
+impl Collector {
+    fn requests(&self) -> Vec<ExportProfilesServiceRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Serves on `listener` until the returned task is aborted.
+    fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
+        let service =
+            ProfilesServiceServer::new(self.clone()).accept_compressed(CompressionEncoding::Gzip);
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .expect("serve");
+        })
+    }
+}
+
+/// Asserts every dictionary rule, and the CPU profile shape, on each request.
+fn assert_valid(requests: &[ExportProfilesServiceRequest]) {
+    assert!(!requests.is_empty(), "the collector received nothing");
+    for (at, request) in requests.iter().enumerate() {
+        let dictionary = request.dictionary.as_ref().expect("a dictionary");
+        let problems = dictionary_violations(dictionary, &request.resource_profiles);
+        assert!(problems.is_empty(), "request {at}: {problems:#?}");
+        for group in &request.resource_profiles {
+            let profile = &group.scope_profiles[0].profiles[0];
+            let strings = &dictionary.string_table;
+            let sample_type = profile.sample_type.expect("sample_type");
+            assert_eq!(strings[sample_type.type_strindex as usize], "samples");
+            let period_type = profile.period_type.expect("period_type");
+            assert_eq!(strings[period_type.unit_strindex as usize], "nanoseconds");
+            assert_eq!(profile.period, 1_000_000_000 / 19);
+            assert!(
+                profile
+                    .samples
+                    .iter()
+                    .all(|s| !s.timestamps_unix_nano.is_empty())
+            );
+        }
+    }
+}
+
+fn resource_string(group: &ResourceProfiles, key: &str) -> Option<String> {
+    group
+        .resource
+        .as_ref()?
+        .attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(text) => Some(text.clone()),
+            _ => None,
+        })
+}
+
+/// Pids with samples in `group`.
+fn sampled_pids(dictionary: &ProfilesDictionary, group: &ResourceProfiles) -> Vec<i64> {
+    let mut pids = Vec::new();
+    for sample in &group.scope_profiles[0].profiles[0].samples {
+        for &index in &sample.attribute_indices {
+            let attribute = &dictionary.attribute_table[index as usize];
+            if dictionary.string_table[attribute.key_strindex as usize] == "process.pid"
+                && let Some(Value::IntValue(pid)) =
+                    attribute.value.as_ref().and_then(|v| v.value.clone())
+            {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+fn spin_program() -> PathBuf {
+    common::build_c(
+        "otlp_spin.c",
+        "otlp_spin",
+        &["-O0", "-fno-omit-frame-pointer", "-g"],
+    )
+}
+
+async fn run_agent(endpoint: &str, seconds: &str) -> std::process::Output {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", seconds, "--report-interval", "1s"])
+        .args(["--otlp-endpoint", endpoint, "--service-name", "otlp-test"])
+        .output()
+        .await
+        .expect("run hostprof agent");
+    assert!(
+        output.status.success(),
+        "hostprof agent failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A cgroup v2 directory named like a containerd container's scope; removed
+/// on drop (its processes must have exited by then).
+struct ContainerCgroup {
+    dir: PathBuf,
+    id: String,
+}
+
+impl ContainerCgroup {
+    fn create() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let id = format!("{:032x}{:032x}", nanos, u128::from(std::process::id()));
+        let dir = PathBuf::from(format!("/sys/fs/cgroup/unified/cri-containerd-{id}.scope"));
+        std::fs::create_dir(&dir).expect("create a cgroup under /sys/fs/cgroup/unified");
+        ContainerCgroup { dir, id }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into cgroup");
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        // The kernel needs a moment after the last process exits.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_exports_valid_profiles_one_resource_per_container() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let program = spin_program();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let collector = Collector::default();
+    let server = collector.serve(listener);
+
+    let cgroup = ContainerCgroup::create();
+    let mut boxed = Command::new(&program).arg("6").spawn().unwrap();
+    cgroup.add(boxed.id());
+    let mut host = Command::new(&program).arg("6").spawn().unwrap();
+    let stderr = run_agent(&endpoint, "4").await.stderr;
+    boxed.wait().unwrap();
+    host.wait().unwrap();
+    let container_id = cgroup.id.clone();
+    drop(cgroup);
+    server.abort();
+
+    let requests = collector.requests();
+    assert_valid(&requests);
+    assert!(
+        requests.len() >= 3,
+        "expected a request per 1 s window, got {}:\n{}",
+        requests.len(),
+        String::from_utf8_lossy(&stderr)
+    );
+    let (boxed_pid, host_pid) = (i64::from(boxed.id()), i64::from(host.id()));
+    let mut seen_boxed_in_container = false;
+    let mut seen_host_in_host = false;
+    for request in &requests {
+        let dictionary = request.dictionary.as_ref().unwrap();
+        let host_groups = request
+            .resource_profiles
+            .iter()
+            .filter(|group| resource_string(group, "container.id").is_none())
+            .count();
+        assert!(host_groups <= 1, "one host group per request");
+        for group in &request.resource_profiles {
+            assert_eq!(
+                resource_string(group, "service.name").as_deref(),
+                Some("otlp-test")
+            );
+            assert_eq!(resource_string(group, "os.type").as_deref(), Some("linux"));
+            let pids = sampled_pids(dictionary, group);
+            match resource_string(group, "container.id") {
+                Some(id) if id == container_id => {
+                    assert!(
+                        !pids.contains(&host_pid),
+                        "host process in the container group"
+                    );
+                    seen_boxed_in_container |= pids.contains(&boxed_pid);
+                }
+                Some(_) => {}
+                None => {
+                    assert!(
+                        !pids.contains(&boxed_pid),
+                        "container process in the host group"
+                    );
+                    seen_host_in_host |= pids.contains(&host_pid);
+                }
+            }
+        }
+    }
+    assert!(
+        seen_boxed_in_container,
+        "no samples of the container workload in its group"
+    );
+    assert!(
+        seen_host_in_host,
+        "no samples of the host workload in the host group"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_delivers_after_the_collector_comes_back() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    // Reserve a port, then leave it closed: the collector is down.
+    let addr: SocketAddr = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let endpoint = format!("http://{addr}");
+    let collector = Collector::default();
+    let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", "8", "--report-interval", "1s"])
+        .args(["--otlp-endpoint", &endpoint])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hostprof agent");
+    // Bring the collector up only once the agent has seen it down.
+    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
+    let mut stderr = String::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        stderr.push_str(&line);
+        stderr.push('\n');
+        if line.contains("cannot export profiles") {
+            break;
+        }
+    }
+    assert!(stderr.contains("cannot export profiles"), "{stderr}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let server = collector.serve(TcpListener::bind(addr).await.expect("rebind the port"));
+    while let Some(line) = lines.next_line().await.unwrap() {
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    assert!(agent.wait().await.unwrap().success(), "{stderr}");
+    server.abort();
+    let requests = collector.requests();
+    assert_valid(&requests);
+    // Windows cut while the collector was down arrive too (they were queued).
+    let earliest = requests
+        .iter()
+        .flat_map(|r| &r.resource_profiles)
+        .map(|g| g.scope_profiles[0].profiles[0].time_unix_nano)
+        .min()
+        .unwrap();
+    let latest = requests
+        .iter()
+        .flat_map(|r| &r.resource_profiles)
+        .map(|g| g.scope_profiles[0].profiles[0].time_unix_nano)
+        .max()
+        .unwrap();
+    assert!(
+        latest - earliest >= 4_000_000_000,
+        "queued windows from the outage were not delivered:\n{stderr}"
+    );
+    assert!(stderr.contains("reachable again"), "{stderr}");
+}
+
+#[test]
+fn record_pprof_opens_in_go_tool_pprof() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let go_missing = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err();
+    if go_missing {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true needs go for `go tool pprof` (apt-get install golang-go)"
+        );
+        eprintln!("skipping: no `go` for `go tool pprof` (apt-get install golang-go)");
+        return;
+    }
+    let program = spin_program();
+    let out = common::work_dir().join("otlp_spin.pb.gz");
+    common::run_ok(
+        common::hostprof()
+            .args(["record", "-F", "199", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&program)
+            .arg("2"),
+    );
+    let top = common::run_ok(Command::new("go").args(["tool", "pprof", "-top"]).arg(&out));
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(text.contains("otlp_hot_loop"), "{text}");
+}
+
+#[test]
+fn record_otlp_file_obeys_the_dictionary_rules() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let program = spin_program();
+    let out = common::work_dir().join("otlp_spin.otlp.pb");
+    common::run_ok(
+        common::hostprof()
+            .args(["record", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&program)
+            .arg("1"),
+    );
+    let data = ProfilesData::decode(&*std::fs::read(&out).unwrap()).expect("a ProfilesData");
+    let dictionary = data.dictionary.as_ref().unwrap();
+    assert_eq!(
+        dictionary_violations(dictionary, &data.resource_profiles),
+        Vec::<String>::new()
+    );
+    assert!(
+        dictionary.string_table.iter().any(|s| s == "otlp_hot_loop"),
+        "the hot function is in the dictionary"
+    );
+    let json = common::work_dir().join("otlp_spin.otlp.json");
+    common::run_ok(
+        common::hostprof()
+            .args(["record", "-o"])
+            .arg(&json)
+            .arg("--")
+            .arg(&program)
+            .arg("1"),
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    assert!(text.starts_with("{\"resourceProfiles\":[") && text.contains("\"stringTable\":[\"\","));
+}
