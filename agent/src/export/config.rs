@@ -3,7 +3,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use super::ExportError;
-use crate::profile::percent_decode;
+use crate::profile::{BadEntry, parse_key_values};
 
 /// The default OTLP/gRPC endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4317";
@@ -80,19 +80,14 @@ pub fn resolve_endpoint(
 
 /// Parses `key1=value1,key2=value2` (values %-encoded) into gRPC metadata.
 pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, ExportError> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            let (key, value) = entry
-                .split_once('=')
-                .filter(|(key, _)| !key.trim().is_empty())
-                .ok_or_else(|| ExportError::Header(entry.to_owned()))?;
-            let value = percent_decode(value.trim())
-                .ok_or_else(|| ExportError::Header(entry.to_owned()))?;
-            Ok((key.trim().to_ascii_lowercase(), value))
-        })
-        .collect()
+    let headers = parse_key_values(text).map_err(|bad| match bad {
+        BadEntry::NotKeyValue(entry) | BadEntry::BadEscape(entry) => ExportError::Header(entry),
+    })?;
+    // gRPC metadata keys are lowercase.
+    Ok(headers
+        .into_iter()
+        .map(|(key, value)| (key.to_ascii_lowercase(), value))
+        .collect())
 }
 
 #[cfg(test)]

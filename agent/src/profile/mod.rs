@@ -24,7 +24,7 @@ pub use builder::ProfileBuilder;
 pub use resource::{ResourceConfig, ResourceError, host_name, parse_resource_attributes};
 pub use validate::dictionary_violations;
 
-pub(crate) use resource::percent_decode;
+pub(crate) use resource::{BadEntry, parse_key_values};
 
 /// A random, non-zero 16-byte profile id (the kernel's CSPRNG via getrandom).
 pub fn random_profile_id() -> [u8; 16] {

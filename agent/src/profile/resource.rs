@@ -133,6 +133,21 @@ pub fn host_name() -> String {
 /// Parses `key1=value1,key2=value2` with %-encoded values (the W3C Baggage
 /// syntax the OpenTelemetry spec uses for `OTEL_RESOURCE_ATTRIBUTES`).
 pub fn parse_resource_attributes(text: &str) -> Result<Vec<(String, String)>, ResourceError> {
+    parse_key_values(text).map_err(|bad| match bad {
+        BadEntry::NotKeyValue(entry) => ResourceError::NotKeyValue(entry),
+        BadEntry::BadEscape(entry) => ResourceError::BadEscape(entry),
+    })
+}
+
+/// An entry of a `key=value,…` list that could not be read.
+pub(crate) enum BadEntry {
+    NotKeyValue(String),
+    BadEscape(String),
+}
+
+/// The OpenTelemetry environment's `key1=value1,key2=value2` lists (resource
+/// attributes, exporter headers): trimmed keys, %-decoded values.
+pub(crate) fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, BadEntry> {
     text.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
@@ -140,9 +155,9 @@ pub fn parse_resource_attributes(text: &str) -> Result<Vec<(String, String)>, Re
             let (key, value) = entry
                 .split_once('=')
                 .filter(|(key, _)| !key.trim().is_empty())
-                .ok_or_else(|| ResourceError::NotKeyValue(entry.to_owned()))?;
+                .ok_or_else(|| BadEntry::NotKeyValue(entry.to_owned()))?;
             let value = percent_decode(value.trim())
-                .ok_or_else(|| ResourceError::BadEscape(entry.to_owned()))?;
+                .ok_or_else(|| BadEntry::BadEscape(entry.to_owned()))?;
             Ok((key.trim().to_owned(), value))
         })
         .collect()
