@@ -320,3 +320,37 @@ fn ctrl_c_ends_the_recording_and_writes_the_profile() {
     let stacks = parse_folded(&std::fs::read_to_string(&out).expect("profile written"));
     assert!(samples_of(&stacks, "split_sigint") >= 100);
 }
+
+#[test]
+fn debug_dir_names_a_stripped_binary() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let dir = work_dir().join("record-debug-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = build_c(
+        "cpu_split.c",
+        "split_stripped",
+        &["-O0", "-fno-omit-frame-pointer", "-g", "-Wl,--build-id"],
+    );
+    split_debug_by_build_id(&program, &dir);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["-F", "499"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", program.to_str().unwrap(), "1"]);
+        record_folded(&args)
+    };
+    let without = run(&[]);
+    assert_eq!(
+        leaf_share(&without, "split_stripped", "hot_work"),
+        0.0,
+        "a stripped binary has no names"
+    );
+    let with = run(&["--debug-dir", dir.to_str().unwrap()]);
+    let hot = leaf_share(&with, "split_stripped", "hot_work");
+    assert!(
+        (hot - 0.75).abs() < 0.1,
+        "hot_work share {hot:.3} with --debug-dir"
+    );
+}

@@ -6,12 +6,12 @@ mod common;
 
 use std::{
     io::{BufRead, BufReader},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::Arc,
 };
 
-use common::{build_c, program_source, run_ok, work_dir};
+use common::{build_c, has_section, program_source, run_ok, split_debug_by_build_id, work_dir};
 use hostprof::{
     model::{Frame, FrameKind},
     procs::ProcessTable,
@@ -90,44 +90,6 @@ fn fresh_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create dir");
     dir
-}
-
-fn gnu_build_id(path: &Path) -> String {
-    use object::Object;
-    let data = std::fs::read(path).expect("read binary");
-    let file = object::File::parse(&*data).expect("parse binary");
-    let id = file
-        .build_id()
-        .ok()
-        .flatten()
-        .expect("binary has a build-id");
-    id.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn has_section(path: &Path, name: &str) -> bool {
-    use object::Object;
-    let data = std::fs::read(path).expect("read binary");
-    object::File::parse(&*data)
-        .expect("parse binary")
-        .section_by_name(name)
-        .is_some()
-}
-
-/// Moves the debug info of `binary` into `debug_root/.build-id/xx/rest.debug`
-/// and strips the binary completely (no .symtab either).
-fn split_debug_by_build_id(binary: &Path, debug_root: &Path) {
-    let id = gnu_build_id(binary);
-    let dir = debug_root.join(".build-id").join(&id[..2]);
-    std::fs::create_dir_all(&dir).expect("create build-id dir");
-    let debug = dir.join(format!("{}.debug", &id[2..]));
-    run_ok(
-        Command::new("objcopy")
-            .arg("--only-keep-debug")
-            .arg(binary)
-            .arg(&debug),
-    );
-    run_ok(Command::new("strip").arg("--strip-all").arg(binary));
-    assert!(!has_section(binary, ".symtab") && !has_section(binary, ".debug_info"));
 }
 
 /// The innermost-first function names of a frame.

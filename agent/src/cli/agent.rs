@@ -20,7 +20,6 @@ use crate::{
     model::ResolvedSample,
     profile::{ProfileBuilder, ResourceConfig},
     sampler::SamplerOptions,
-    symbolize::SymbolizerOptions,
 };
 
 /// What the resolver thread did.
@@ -47,10 +46,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let options = SamplerOptions {
         frequency_hz: args.frequency,
         pids: None,
+        off_cpu: args.off_cpu.options(),
         ..Default::default()
     };
     let (frequency, interval) = (args.frequency, args.report_interval);
-    let session = Session::start(&options, SymbolizerOptions::default(), move |batches| {
+    let session = Session::start(&options, args.symbols.options(), move |batches| {
         let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
         cut_windows(batches, builder, interval, requests_tx)
     })?;

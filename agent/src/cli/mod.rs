@@ -58,6 +58,10 @@ pub struct AgentArgs {
     /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
     #[arg(long = "service-name", value_name = "NAME")]
     pub service_name: Option<String>,
+    #[command(flatten)]
+    pub off_cpu: OffCpuArgs,
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -82,17 +86,10 @@ pub struct RecordArgs {
     /// `.folded`, `.svg` (flame graph), `.pb.gz` (pprof), `.otlp.pb`, `.otlp.json`.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Also record when threads are off CPU (blocked, sleeping, waiting for a
-    /// CPU), with their stacks and state. Folded values then become
-    /// microseconds, CPU stacks weighing one sampling period each.
-    #[arg(long)]
-    pub off_cpu: bool,
-    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s).
-    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = parse_duration)]
-    pub off_cpu_threshold: Duration,
-    /// Share (0 to 1) of context switches to track, to bound overhead on busy hosts.
-    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_probability)]
-    pub off_cpu_probability: f64,
+    #[command(flatten)]
+    pub off_cpu: OffCpuArgs,
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
     /// Report the eBPF program's own run time per sample (turns on the
     /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
     #[arg(long, hide = true)]
@@ -134,6 +131,50 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Off-CPU profiling options, shared by `record` and `agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OffCpuArgs {
+    /// Also record when threads are off CPU (blocked, sleeping, waiting for a
+    /// CPU), with their stacks and state. Folded values then become
+    /// microseconds, CPU stacks weighing one sampling period each.
+    #[arg(long = "off-cpu")]
+    pub enabled: bool,
+    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s).
+    #[arg(long = "off-cpu-threshold", value_name = "DURATION", default_value = "1ms", value_parser = parse_duration)]
+    pub threshold: Duration,
+    /// Share (0 to 1) of context switches to track, to bound overhead on busy hosts.
+    #[arg(long = "off-cpu-probability", value_name = "P", default_value_t = 1.0, value_parser = parse_probability)]
+    pub probability: f64,
+}
+
+impl OffCpuArgs {
+    /// The sampler's off-CPU options, when off-CPU profiling is on.
+    pub fn options(&self) -> Option<crate::sampler::OffCpuOptions> {
+        self.enabled.then_some(crate::sampler::OffCpuOptions {
+            threshold: self.threshold,
+            probability: self.probability,
+        })
+    }
+}
+
+/// Symbolization options, shared by `record` and `agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SymbolArgs {
+    /// Another directory of debug files (`.build-id/xx/rest.debug` or
+    /// `.gnu_debuglink` names), searched before /usr/lib/debug (repeatable).
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    pub debug_dirs: Vec<PathBuf>,
+}
+
+impl SymbolArgs {
+    pub fn options(&self) -> crate::symbolize::SymbolizerOptions {
+        crate::symbolize::SymbolizerOptions {
+            debug_dirs: self.debug_dirs.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// A duration with a unit: `ns`, `us`, `ms` or `s` (seconds when bare).
@@ -225,6 +266,37 @@ mod tests {
         assert!(
             Cli::try_parse_from(["hostprof", "record", "--off-cpu-threshold", "soon"]).is_err()
         );
+    }
+
+    #[test]
+    fn record_and_agent_share_off_cpu_and_symbol_options() {
+        let cli = Cli::try_parse_from([
+            "hostprof",
+            "agent",
+            "--off-cpu",
+            "--off-cpu-threshold",
+            "5ms",
+            "--debug-dir",
+            "/a",
+            "--debug-dir",
+            "/b",
+        ])
+        .unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("not agent")
+        };
+        let off_cpu = args.off_cpu.options().expect("off-CPU on");
+        assert_eq!(off_cpu.threshold, Duration::from_millis(5));
+        assert_eq!(
+            args.symbols.options().debug_dirs,
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        let cli = Cli::try_parse_from(["hostprof", "record", "-d", "1"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert!(args.off_cpu.options().is_none());
+        assert!(args.symbols.options().debug_dirs.is_empty());
     }
 
     #[test]

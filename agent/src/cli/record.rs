@@ -16,8 +16,7 @@ use crate::{
     output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
     pipeline::SampleSink,
     profile::{ProfileBuilder, ResourceConfig},
-    sampler::{Counters, OffCpuOptions, ReaderStats, Sampler, SamplerOptions},
-    symbolize::SymbolizerOptions,
+    sampler::{Counters, ReaderStats, Sampler, SamplerOptions},
 };
 
 impl OutputFormat {
@@ -138,10 +137,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         bpf_stats: args.bpf_stats,
         // A command's children are part of it (as with perf); -p means just those.
         follow_children: !args.command.is_empty(),
-        off_cpu: args.off_cpu.then_some(OffCpuOptions {
-            threshold: args.off_cpu_threshold,
-            probability: args.off_cpu_probability,
-        }),
+        off_cpu: args.off_cpu.options(),
         ..Default::default()
     };
     let start = unix_nanos_now();
@@ -150,9 +146,9 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         format,
         args.frequency,
         start,
-        args.off_cpu.then_some(cpu_period_ns),
+        args.off_cpu.enabled.then_some(cpu_period_ns),
     )?;
-    let mut session = Session::start(&options, SymbolizerOptions::default(), move |batches| {
+    let mut session = Session::start(&options, args.symbols.options(), move |batches| {
         let mut summary = Summary::new();
         for batch in batches {
             for sample in &batch {
@@ -394,10 +390,10 @@ fn report(
         text.push_str(&format!("hostprof: wrote {}\n", path.display()));
     }
     let (off_cpu_events, off_cpu_ns) = summary.off_cpu();
-    if args.off_cpu {
+    if args.off_cpu.enabled {
         text.push_str(&format!(
             "hostprof: off-CPU: {off_cpu_events} periods over {}, {:.3} s in all\n",
-            humanize(args.off_cpu_threshold),
+            humanize(args.off_cpu.threshold),
             off_cpu_ns as f64 / 1e9
         ));
     }
