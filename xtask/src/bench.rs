@@ -94,7 +94,115 @@ pub fn run(seconds: u64) -> Result<()> {
     println!(
         "\nkernel ns/sample: the eBPF program's run_time_ns / run_cnt (BPF stats); perf has no equivalent figure."
     );
+    println!();
+    bench_off_cpu(&hostprof, &dir)?;
+    println!();
+    bench_symbolize()?;
     Ok(())
+}
+
+/// Issue 8: what off-CPU tracing costs a context-switch-heavy program.
+fn bench_off_cpu(hostprof: &Path, dir: &Path) -> Result<()> {
+    const TRIPS: &str = "200000";
+    let pingpong = dir.join("pingpong");
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&pingpong)
+            .arg(root().join("tests/programs/pingpong.c")),
+    )?;
+    let configs: [(&str, &[&str]); 3] = [
+        ("alone", &[]),
+        ("--off-cpu (threshold 1ms, p=1)", &["--off-cpu"]),
+        (
+            "--off-cpu --off-cpu-probability 0.1",
+            &["--off-cpu", "--off-cpu-probability", "0.1"],
+        ),
+    ];
+    // Alternate configurations over rounds and keep medians: the machine's
+    // other load drifts.
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut events: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for _round in 0..5 {
+        for (index, (_, flags)) in configs.iter().enumerate() {
+            let output = if flags.is_empty() {
+                Command::new(&pingpong).arg(TRIPS).output()?
+            } else {
+                Command::new(hostprof)
+                    .arg("record")
+                    .args(*flags)
+                    .arg("--")
+                    .arg(&pingpong)
+                    .arg(TRIPS)
+                    .output()?
+            };
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let rate = number_before(&stdout, " round trips/s")
+                .context("pingpong printed no rate")? as f64;
+            let seconds = number_before_f64(&stderr, " s at ");
+            let count = number_before(&stderr, " periods over").unwrap_or(0) as f64;
+            rates[index].push(rate);
+            events[index].push(seconds.map_or(0.0, |s| count / s.max(1e-9)));
+        }
+    }
+    let baseline = median(&rates[0]);
+    println!(
+        "off-CPU tracing on a pipe ping-pong ({TRIPS} round trips, 2 processes; medians of 5)"
+    );
+    println!(
+        "{:<40} {:>16} {:>10} {:>14}",
+        "configuration", "round trips/s", "slowdown", "events/s"
+    );
+    for (index, (name, _)) in configs.iter().enumerate() {
+        let rate = median(&rates[index]);
+        println!(
+            "{:<40} {:>16.0} {:>9.2}x {:>14.1}",
+            name,
+            rate,
+            baseline / rate,
+            median(&events[index])
+        );
+    }
+    Ok(())
+}
+
+/// Issue 3: hostprof's symbolizer next to llvm-symbolizer and addr2line, on
+/// a large binary with DWARF (hostprof's own debug build).
+fn bench_symbolize() -> Result<()> {
+    run_cmd(crate::cargo().args(["build", "-p", "hostprof"]))?;
+    let target = root().join("target/debug/hostprof");
+    run_cmd(
+        crate::cargo()
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "hostprof",
+                "--example",
+                "bench_symbolize",
+                "--",
+            ])
+            .arg(&target),
+    )
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The decimal number right before `marker` in `text` (`"2.02 s at"`).
+fn number_before_f64(text: &str, marker: &str) -> Option<f64> {
+    let end = text.find(marker)?;
+    let digits: String = text[..end]
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.chars().rev().collect::<String>().parse().ok()
 }
 
 fn compile_workload(dir: &Path) -> Result<PathBuf> {
