@@ -272,6 +272,12 @@ async fn agent_delivers_after_the_collector_comes_back() {
     };
     let endpoint = format!("http://{addr}");
     let collector = Collector::default();
+    // Keep a CPU busy for the whole run: every window then has samples, even
+    // on an otherwise idle machine (empty windows are not sent).
+    let mut workload = std::process::Command::new(spin_program())
+        .arg("10")
+        .spawn()
+        .expect("start the workload");
     let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
         .args(["agent", "--duration", "8", "--report-interval", "1s"])
         .args(["--otlp-endpoint", &endpoint])
@@ -295,7 +301,9 @@ async fn agent_delivers_after_the_collector_comes_back() {
         stderr.push_str(&line);
         stderr.push('\n');
     }
-    assert!(agent.wait().await.unwrap().success(), "{stderr}");
+    let status = agent.wait().await.unwrap();
+    let _ = (workload.kill(), workload.wait());
+    assert!(status.success(), "{stderr}");
     server.abort();
     let requests = collector.requests();
     assert_valid(&requests);
