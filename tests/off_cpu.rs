@@ -29,6 +29,21 @@ fn record_off_cpu(extra: &[&str], command: &[&str]) -> Vec<(Vec<String>, u64)> {
     parse_folded(&String::from_utf8_lossy(&output.stdout))
 }
 
+/// Records 10 rounds of the off-CPU program into `file_name` (in the work
+/// dir; the extension picks the format) and returns its path.
+fn record_off_cpu_to(file_name: &str) -> std::path::PathBuf {
+    let out = work_dir().join(file_name);
+    run_ok(
+        hostprof()
+            .args(["record", "--off-cpu", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(off_cpu_program())
+            .arg("10"),
+    );
+    out
+}
+
 /// Microseconds off CPU in stacks of the main thread passing through `function`.
 fn blocked_in(stacks: &[(Vec<String>, u64)], function: &str) -> u64 {
     stacks
@@ -200,16 +215,7 @@ fn otlp_output_has_an_off_cpu_profile_with_blocked_time_and_state() {
     let Some(_serial) = require_ebpf() else {
         return;
     };
-    let program = off_cpu_program();
-    let out = work_dir().join("off_cpu.otlp.pb");
-    run_ok(
-        hostprof()
-            .args(["record", "--off-cpu", "-o"])
-            .arg(&out)
-            .arg("--")
-            .arg(&program)
-            .arg("10"),
-    );
+    let out = record_off_cpu_to("off_cpu.otlp.pb");
     let data = ProfilesData::decode(&*std::fs::read(&out).unwrap()).expect("a ProfilesData");
     let dictionary = data.dictionary.as_ref().unwrap();
     assert_eq!(
@@ -278,16 +284,7 @@ fn pprof_output_has_an_off_cpu_sample_type() {
     if !require_tool("go") {
         return;
     }
-    let program = off_cpu_program();
-    let out = work_dir().join("off_cpu.pb.gz");
-    run_ok(
-        hostprof()
-            .args(["record", "--off-cpu", "-o"])
-            .arg(&out)
-            .arg("--")
-            .arg(&program)
-            .arg("10"),
-    );
+    let out = record_off_cpu_to("off_cpu.pb.gz");
     let top = run_ok(
         std::process::Command::new("go")
             .args(["tool", "pprof", "-sample_index=off_cpu", "-top", "-cum"])

@@ -15,6 +15,7 @@ use super::{OutputFormat, RecordArgs, session::Session};
 use crate::{
     output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
     pipeline::SampleSink,
+    procs,
     profile::{ProfileBuilder, ResourceConfig},
     sampler::{Counters, ReaderStats, Sampler, SamplerOptions},
 };
@@ -126,7 +127,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         bail!("--format needs -o FILE (or -o - for stdout)");
     }
     for pid in &args.pids {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if !procs::is_alive(*pid) {
             bail!("no process with pid {pid}: check it with `ps -p {pid}`");
         }
     }
@@ -236,11 +237,7 @@ async fn wait_for_end(
         }
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            if !args
-                .pids
-                .iter()
-                .any(|pid| Path::new(&format!("/proc/{pid}")).exists())
-            {
+            if !args.pids.iter().any(|pid| procs::is_alive(*pid)) {
                 return;
             }
         }

@@ -109,14 +109,9 @@ mod tests {
         assert_eq!(id(&text).as_deref(), Some(ID));
     }
 
-    #[test]
-    fn kubernetes_systemd_driver_pod_and_container() {
-        let text = format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/\
-             kubepods-burstable-pod0f3c2a1e_5b6d_4c7e_8f90_a1b2c3d4e5f6.slice/\
-             cri-containerd-{ID}.scope\n"
-        );
-        let identity = parse_cgroup(&text);
+    /// `text` names container `ID` in pod 0f3c2a1e-….
+    fn assert_container_in_pod(text: &str) {
+        let identity = parse_cgroup(text);
         assert_eq!(identity.container_id.as_deref(), Some(ID));
         assert_eq!(
             identity.pod_uid.as_deref(),
@@ -125,15 +120,20 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_systemd_driver_pod_and_container() {
+        let text = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/\
+             kubepods-burstable-pod0f3c2a1e_5b6d_4c7e_8f90_a1b2c3d4e5f6.slice/\
+             cri-containerd-{ID}.scope\n"
+        );
+        assert_container_in_pod(&text);
+    }
+
+    #[test]
     fn kubernetes_cgroupfs_driver_v1() {
         let text =
             format!("5:memory:/kubepods/besteffort/pod0f3c2a1e-5b6d-4c7e-8f90-a1b2c3d4e5f6/{ID}\n");
-        let identity = parse_cgroup(&text);
-        assert_eq!(identity.container_id.as_deref(), Some(ID));
-        assert_eq!(
-            identity.pod_uid.as_deref(),
-            Some("0f3c2a1e-5b6d-4c7e-8f90-a1b2c3d4e5f6")
-        );
+        assert_container_in_pod(&text);
     }
 
     #[test]

@@ -83,8 +83,7 @@ impl ProcessTable {
 
     /// Drops processes that have exited. Call periodically.
     pub fn forget_exited(&mut self) {
-        self.processes
-            .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        self.processes.retain(|pid, _| is_alive(*pid));
     }
 
     fn entry(&mut self, pid: u32, comm: &str) -> &mut Process {
@@ -108,6 +107,11 @@ impl ProcessTable {
         }
         self.processes.get_mut(&pid).expect("inserted above")
     }
+}
+
+/// Whether a process with this pid exists now (in our pid namespace).
+pub fn is_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn start_time(pid: u32) -> Option<u64> {

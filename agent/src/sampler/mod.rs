@@ -191,7 +191,7 @@ impl Sampler {
         let gone: Vec<u32> = filter
             .keys()
             .filter_map(Result::ok)
-            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .filter(|pid| !crate::procs::is_alive(*pid))
             .collect();
         for pid in gone {
             // Already removed by a concurrent sweep is fine.
