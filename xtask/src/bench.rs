@@ -98,6 +98,23 @@ pub fn run(seconds: u64) -> Result<()> {
     bench_off_cpu(&hostprof, &dir)?;
     println!();
     bench_symbolize()?;
+    println!();
+    // Issue 4: a 10 s host-wide window, with the same workload running.
+    let encode = || {
+        run_cmd(crate::cargo().args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "hostprof",
+            "--example",
+            "bench_encode",
+            "--",
+            "10",
+            "99",
+        ]))
+    };
+    with_workload(&workload, 10, encode)?;
     Ok(())
 }
 
@@ -217,11 +234,11 @@ fn compile_workload(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Runs `measure` while two copies of the workload keep both CPUs busy.
-fn with_workload(
+fn with_workload<T>(
     workload: &Path,
     seconds: u64,
-    measure: impl FnOnce() -> Result<Row>,
-) -> Result<Row> {
+    measure: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     let busy: Vec<Child> = (0..2)
         .map(|_| {
             Command::new(workload)
