@@ -150,4 +150,31 @@ fn aarch64_build_runs_under_qemu() {
         String::from_utf8_lossy(&output.stdout).trim(),
         format!("hostprof {}", env!("CARGO_PKG_VERSION"))
     );
+    // The configuration layers work the same on aarch64.
+    let output = run_ok(
+        Command::new("qemu-aarch64-static")
+            .args(["-L", "/usr/aarch64-linux-gnu"])
+            .arg(&binary)
+            .args(["agent", "--print-config", "--frequency", "49"])
+            .env("HOSTPROF_OFF_CPU", "true")
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "https://collector.example:4317",
+            ),
+    );
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains("frequency = 49  # command line"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("off-cpu = true  # HOSTPROF_OFF_CPU"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(
+            "otlp-endpoint = \"https://collector.example:4317\"  # OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+        "{printed}"
+    );
 }

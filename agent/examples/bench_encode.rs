@@ -95,10 +95,13 @@ async fn record(duration: Duration, frequency: u64) -> anyhow::Result<Vec<Resolv
     let ring = sampler.take_ring()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (batch_tx, batch_rx) = mpsc::sync_channel(256);
-    let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
+    let (progress, _) = tokio::sync::watch::channel(Default::default());
+    let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx, progress));
     let worker = std::thread::spawn(move || {
         let mut resolved = Vec::new();
-        let Ok(batches) = pipeline::spawn(batch_rx, Arc::new(Symbolizer::new())) else {
+        let Ok(batches) =
+            pipeline::spawn(batch_rx, Arc::new(Symbolizer::new()), Default::default())
+        else {
             return resolved;
         };
         for batch in batches {

@@ -4,8 +4,10 @@
 //! [`sampler`] (kernel samples) → [`procs`] (who and what is mapped) →
 //! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files) or
 //! [`profile`] (OTLP profiles) → [`export`] (gRPC).
-//! [`model`] is the vocabulary they share; [`cli`] wires them for the user.
+//! [`model`] is the vocabulary they share; [`cli`] wires them for the user,
+//! with the agent's layered [`config`].
 pub mod cli;
+pub mod config;
 pub mod export;
 pub mod model;
 pub mod output;
@@ -13,4 +15,5 @@ pub mod pipeline;
 pub mod procs;
 pub mod profile;
 pub mod sampler;
+pub mod status;
 pub mod symbolize;

@@ -1,17 +1,27 @@
 //! The `hostprof` binary: parse arguments, run, report errors on one line.
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::Parser as _;
 use hostprof::cli::{Cli, run};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() => {
+            // One line, like every other error; `--help` has the details.
+            let rendered = err.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            eprintln!(
+                "hostprof: error: {} (see hostprof --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -7,6 +7,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc,
+        atomic::{AtomicBool, Ordering},
         mpsc::{self, Receiver},
     },
     time::Instant,
@@ -71,9 +72,14 @@ const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
 /// Two stages because they have different deadlines: attribution must read
 /// /proc while the process still exists; symbolization may take its time
 /// (its first look at a large binary can take a second).
+///
+/// Once `hurry` is set, the rest is passed on unsymbolized (addresses and
+/// mappings only, which OTLP backends can symbolize): a bounded shutdown
+/// that loses no sample.
 pub fn spawn(
     batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
+    hurry: Arc<AtomicBool>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
     let (attributed_tx, attributed_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
     let (done_tx, done_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
@@ -97,7 +103,11 @@ pub fn spawn(
             let mut enricher = MappingEnricher::default();
             for mut batch in attributed_rx {
                 for sample in &mut batch {
-                    symbolize_sample(&symbolizer, &mut enricher, sample);
+                    if hurry.load(Ordering::Relaxed) {
+                        enrich_from_cache(&symbolizer, sample);
+                    } else {
+                        symbolize_sample(&symbolizer, &mut enricher, sample);
+                    }
                 }
                 if done_tx.send(batch).is_err() {
                     break;
@@ -204,6 +214,21 @@ pub fn symbolize_sample(
     }
     if sample.off_cpu.is_some() {
         strip_tracing_frames(&mut sample.frames);
+    }
+}
+
+/// Build ids for the sample's mappings from what is already loaded, no names.
+fn enrich_from_cache(symbolizer: &Symbolizer, sample: &mut ResolvedSample) {
+    for frame in &mut sample.frames {
+        let Some(mapping) = &frame.mapping else {
+            continue;
+        };
+        if let Some(build_ids) = symbolizer.cached_build_ids(mapping) {
+            frame.mapping = Some(Arc::new(Mapping {
+                build_ids,
+                ..(**mapping).clone()
+            }));
+        }
     }
 }
 

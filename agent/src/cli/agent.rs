@@ -12,15 +12,28 @@ use std::{
 };
 
 use anyhow::Context;
-use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::sync::{
+    mpsc::{UnboundedSender, unbounded_channel},
+    watch,
+};
 
 use super::{AgentArgs, record::unix_nanos_now, session::Session};
 use crate::{
-    export::{ExportConfig, run_exporter},
+    config::AgentConfig,
+    export::{ExportConfig, ExportStats, run_exporter},
     model::ResolvedSample,
     profile::{ProfileBuilder, ResourceConfig},
-    sampler::SamplerOptions,
+    sampler::{OffCpuOptions, SamplerOptions},
+    status::{self, Snapshot},
+    symbolize::SymbolizerOptions,
 };
+
+/// How often the snapshot behind status lines and metrics is refreshed.
+const SNAPSHOT_PERIOD: Duration = Duration::from_secs(2);
+/// Time the pipeline may keep symbolizing after a stop is asked for.
+const SYMBOLIZE_AT_SHUTDOWN: Duration = Duration::from_secs(3);
+/// Time allowed, beyond one export timeout, for the last windows at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// What the resolver thread did.
 #[derive(Debug, Default)]
@@ -30,41 +43,84 @@ struct Windows {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    let resource = ResourceConfig::from_env(args.service_name.as_deref())?;
-    let queue_bytes =
-        usize::try_from(args.export_queue_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let config = ExportConfig::from_env(
-        args.otlp_endpoint.as_deref(),
-        args.otlp_ca.clone(),
-        args.export_timeout,
-        queue_bytes,
-    )?;
-    let endpoint = config.endpoint.clone();
+    let config = AgentConfig::load(args.flags())?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    super::init_logging(config.log_format, &config.log_level);
+    let resource = ResourceConfig::from_env(config.service_name.as_deref())?;
+    let export = ExportConfig::from_agent(&config);
+    let endpoint = export.endpoint.clone();
+    // Before loading anything: a taken port fails fast with nothing to undo.
+    let metrics = match config.metrics_addr {
+        Some(addr) => Some(status::server::bind(addr).await?),
+        None => None,
+    };
     let (requests_tx, requests_rx) = unbounded_channel();
-    let exporter = tokio::spawn(run_exporter(config, requests_rx));
+    let (export_tx, export_progress) = watch::channel(ExportStats::default());
+    let exporter = tokio::spawn(run_exporter(export, requests_rx, export_tx));
 
     let options = SamplerOptions {
-        frequency_hz: args.frequency,
+        frequency_hz: config.frequency,
         pids: None,
-        off_cpu: args.off_cpu.options(),
+        off_cpu: config.off_cpu.then_some(OffCpuOptions {
+            threshold: config.off_cpu_threshold,
+            probability: config.off_cpu_probability,
+        }),
         ..Default::default()
     };
-    let (frequency, interval) = (args.frequency, args.report_interval);
-    let session = Session::start(&options, args.symbols.options(), move |batches| {
+    let symbolizer = SymbolizerOptions {
+        debug_dirs: config.debug_dirs.clone(),
+        cache_bytes: usize::try_from(config.symbol_cache_mib << 20).unwrap_or(usize::MAX),
+    };
+    let (frequency, interval) = (config.frequency, config.report_interval);
+    let session = Session::start(&options, symbolizer, move |batches| {
         let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
         cut_windows(batches, builder, interval, requests_tx)
     })?;
+    let (snapshot_tx, snapshots) = watch::channel(Snapshot::default());
+    let server = metrics.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!("serving Prometheus metrics at http://{addr}/metrics");
+        }
+        tokio::spawn(status::server::serve(listener, snapshots))
+    });
     tracing::info!("hostprof agent sampling at {frequency} Hz, exporting to {endpoint}");
 
-    let why = wait_for_end(args.duration).await?;
-    let finished = session.stop().await?;
-    let stats = exporter
-        .await
-        .context("the exporter task panicked")?
-        .context("cannot start the OTLP exporter")?;
+    let why = watch_until_end(
+        &session,
+        &export_progress,
+        &snapshot_tx,
+        config.status_interval,
+        args.duration,
+    )
+    .await?;
+    if let Some(server) = server {
+        server.abort();
+    }
+    let finished = session.stop(Some(SYMBOLIZE_AT_SHUTDOWN)).await?;
+    // The exporter tries what is queued once more; a collector that accepts
+    // connections but never answers must not hold up the exit.
+    let stats = match tokio::time::timeout(config.export_timeout + SHUTDOWN_GRACE, exporter).await {
+        Ok(joined) => joined
+            .context("the exporter task panicked")?
+            .context("cannot start the OTLP exporter")?,
+        Err(_) => {
+            let stats = *export_progress.borrow();
+            tracing::warn!(
+                "the collector at {endpoint} did not answer at shutdown; dropping {} KiB of unsent profiles",
+                stats.queue_bytes / 1024
+            );
+            ExportStats {
+                dropped: stats.dropped + 1,
+                ..stats
+            }
+        }
+    };
     let windows = finished.output;
-    eprintln!(
-        "hostprof: agent stopped ({why}): {} samples in {} windows; exported {} requests \
+    tracing::info!(
+        "hostprof agent stopped ({why}): {} samples in {} windows; exported {} requests \
          ({} KiB before gzip) to {endpoint}, dropped {}; lost {} samples",
         windows.samples,
         windows.cut,
@@ -74,6 +130,53 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         finished.counters.lost() + finished.reader.dropped_backlog,
     );
     Ok(())
+}
+
+/// Refreshes the snapshot (for metrics) and logs status lines until SIGTERM,
+/// SIGINT or `duration`; returns which.
+async fn watch_until_end<T: Send + 'static>(
+    session: &Session<T>,
+    export: &watch::Receiver<ExportStats>,
+    snapshots: &watch::Sender<Snapshot>,
+    status_interval: Duration,
+    duration: Option<Duration>,
+) -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let end = async {
+        match duration {
+            Some(duration) => tokio::time::sleep(duration).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(end);
+    let mut refresh =
+        tokio::time::interval(SNAPSHOT_PERIOD.min(status_interval.max(Duration::from_millis(100))));
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_status = Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut end => return Ok("duration reached"),
+            _ = terminate.recv() => return Ok("SIGTERM"),
+            _ = interrupt.recv() => return Ok("SIGINT"),
+            _ = refresh.tick() => {
+                let (rss_bytes, cpu_ns) = status::own_usage();
+                let snapshot = Snapshot {
+                    kernel: session.sampler.counters().unwrap_or_default(),
+                    reader: *session.reader_progress.borrow(),
+                    export: *export.borrow(),
+                    rss_bytes,
+                    cpu_ns,
+                };
+                snapshots.send_replace(snapshot);
+                if !status_interval.is_zero() && last_status.elapsed() >= status_interval {
+                    last_status = Instant::now();
+                    tracing::info!(target: "hostprof::status", "status {}", snapshot.status_line());
+                }
+            }
+        }
+    }
 }
 
 /// Resolves batches into `builder` and sends a request every `interval`, and
@@ -118,21 +221,4 @@ fn cut_windows(
             }
         }
     }
-}
-
-async fn wait_for_end(duration: Option<Duration>) -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let duration = async {
-        match duration {
-            Some(duration) => tokio::time::sleep(duration).await,
-            None => std::future::pending().await,
-        }
-    };
-    Ok(tokio::select! {
-        _ = duration => "duration reached",
-        _ = terminate.recv() => "SIGTERM",
-        _ = interrupt.recv() => "SIGINT",
-    })
 }

@@ -7,6 +7,8 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 
+use crate::config;
+
 /// eBPF host-level sampling profiler.
 #[derive(Debug, Parser)]
 #[command(name = "hostprof", version, about, propagate_version = true)]
@@ -26,42 +28,91 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// Samples per second on each CPU.
-    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 19,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub frequency: u64,
+    /// TOML configuration file (keys are these flags' long names); default:
+    /// HOSTPROF_CONFIG. Flags beat HOSTPROF_*/OTEL_* variables, which beat the
+    /// file, which beats the defaults.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (a valid --config file, each value
+    /// annotated with where it came from) and exit.
+    #[arg(long = "print-config")]
+    pub print_config: bool,
+    /// Samples per second on each CPU [default: 19].
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", value_parser = config::parse_frequency)]
+    pub frequency: Option<u64>,
     /// Stop after this many seconds (fractions allowed); default: until
     /// SIGTERM or Ctrl-C. The last window is sent either way.
-    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_seconds)]
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = config::parse_seconds)]
     pub duration: Option<Duration>,
-    /// Seconds between exports (each export is one profile window).
-    #[arg(long = "report-interval", value_name = "SECONDS", default_value = "5",
-          value_parser = parse_seconds)]
-    pub report_interval: Duration,
+    /// Seconds between exports (each export is one profile window) [default: 5].
+    #[arg(long = "report-interval", value_name = "SECONDS", value_parser = config::parse_seconds)]
+    pub report_interval: Option<Duration>,
     /// OTLP gRPC endpoint (`http://` for plain text, `https://` for TLS);
-    /// default: OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT,
-    /// then http://localhost:4317. Headers come from OTEL_EXPORTER_OTLP_HEADERS.
-    #[arg(long = "otlp-endpoint", value_name = "URL")]
+    /// default: HOSTPROF_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT,
+    /// OTEL_EXPORTER_OTLP_ENDPOINT, the file, then http://localhost:4317.
+    /// Headers come from OTEL_EXPORTER_OTLP_HEADERS (or otlp-headers).
+    #[arg(long = "otlp-endpoint", value_name = "URL", value_parser = config::parse_endpoint)]
     pub otlp_endpoint: Option<String>,
     /// PEM file of the CA that signs the collector's certificate; default: the
-    /// system's roots.
+    /// system's roots. TLS certificates are always verified.
     #[arg(long = "otlp-ca", value_name = "FILE")]
     pub otlp_ca: Option<PathBuf>,
-    /// Seconds one export call may take.
-    #[arg(long = "export-timeout", value_name = "SECONDS", default_value = "10",
-          value_parser = parse_seconds)]
-    pub export_timeout: Duration,
+    /// Seconds one export call may take [default: 10].
+    #[arg(long = "export-timeout", value_name = "SECONDS", value_parser = config::parse_seconds)]
+    pub export_timeout: Option<Duration>,
     /// MiB of unsent profiles to keep while the collector is unreachable; the
-    /// oldest are dropped beyond it.
-    #[arg(long = "export-queue-mib", value_name = "MIB", default_value_t = 64)]
-    pub export_queue_mib: u64,
+    /// oldest are dropped beyond it [default: 64].
+    #[arg(long = "export-queue-mib", value_name = "MIB", value_parser = config::parse_u64)]
+    pub export_queue_mib: Option<u64>,
     /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
     #[arg(long = "service-name", value_name = "NAME")]
     pub service_name: Option<String>,
+    /// MiB of parsed symbol tables and results to keep [default: 64].
+    #[arg(long = "symbol-cache-mib", value_name = "MIB", value_parser = config::parse_u64)]
+    pub symbol_cache_mib: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: `PORT` or `:PORT`
+    /// listen on 127.0.0.1 only; give a host (`0.0.0.0:PORT`) to listen
+    /// elsewhere. Off by default: no listening socket.
+    #[arg(long = "metrics-addr", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Seconds between one-line status logs; 0 turns them off [default: 60].
+    #[arg(long = "status-interval", value_name = "SECONDS", value_parser = config::parse_seconds_or_zero)]
+    pub status_interval: Option<Duration>,
+    /// Log lines as `text` or `json` objects [default: text].
+    #[arg(long = "log-format", value_name = "FORMAT", value_parser = config::parse_log_format)]
+    pub log_format: Option<config::LogFormat>,
+    /// Log level or RUST_LOG-style filter [default: info; RUST_LOG wins].
+    #[arg(long = "log-level", value_name = "FILTER", value_parser = config::parse_log_level)]
+    pub log_level: Option<String>,
     #[command(flatten)]
     pub off_cpu: OffCpuArgs,
     #[command(flatten)]
     pub symbols: SymbolArgs,
+}
+
+impl AgentArgs {
+    /// The flags as the configuration's top layer.
+    pub fn flags(&self) -> config::Flags {
+        config::Flags {
+            config: self.config.clone(),
+            frequency: self.frequency,
+            report_interval: self.report_interval,
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            otlp_ca: self.otlp_ca.clone(),
+            export_timeout: self.export_timeout,
+            export_queue_mib: self.export_queue_mib,
+            service_name: self.service_name.clone(),
+            off_cpu: self.off_cpu.enabled.then_some(true),
+            off_cpu_threshold: self.off_cpu.threshold,
+            off_cpu_probability: self.off_cpu.probability,
+            debug_dirs: self.symbols.debug_dirs.clone(),
+            symbol_cache_mib: self.symbol_cache_mib,
+            metrics_addr: self.metrics_addr,
+            status_interval: self.status_interval,
+            log_format: self.log_format,
+            log_level: self.log_level.clone(),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,7 +131,7 @@ pub struct RecordArgs {
     pub frequency: u64,
     /// Stop after this many seconds (fractions allowed); default: until Ctrl-C
     /// or until the profiled processes exit.
-    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = parse_seconds)]
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = config::parse_seconds)]
     pub duration: Option<Duration>,
     /// Write the profile here; `-` for stdout. The extension picks the format:
     /// `.folded`, `.svg` (flame graph), `.pb.gz` (pprof), `.otlp.pb`, `.otlp.json`.
@@ -120,19 +171,6 @@ pub enum OutputFormat {
     OtlpJson,
 }
 
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text
-        .trim_end_matches('s')
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    if !(seconds > 0.0 && seconds.is_finite()) {
-        return Err(format!(
-            "`{text}`: the duration must be more than 0 seconds"
-        ));
-    }
-    Ok(Duration::from_secs_f64(seconds))
-}
-
 /// Off-CPU profiling options, shared by `record` and `agent`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OffCpuArgs {
@@ -141,20 +179,21 @@ pub struct OffCpuArgs {
     /// microseconds, CPU stacks weighing one sampling period each.
     #[arg(long = "off-cpu")]
     pub enabled: bool,
-    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s).
-    #[arg(long = "off-cpu-threshold", value_name = "DURATION", default_value = "1ms", value_parser = parse_duration)]
-    pub threshold: Duration,
-    /// Share (0 to 1) of context switches to track, to bound overhead on busy hosts.
-    #[arg(long = "off-cpu-probability", value_name = "P", default_value_t = 1.0, value_parser = parse_probability)]
-    pub probability: f64,
+    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s) [default: 1ms].
+    #[arg(long = "off-cpu-threshold", value_name = "DURATION", value_parser = config::parse_duration)]
+    pub threshold: Option<Duration>,
+    /// Share (0 to 1) of context switches to track, to bound overhead on busy
+    /// hosts [default: 1].
+    #[arg(long = "off-cpu-probability", value_name = "P", value_parser = config::parse_probability)]
+    pub probability: Option<f64>,
 }
 
 impl OffCpuArgs {
     /// The sampler's off-CPU options, when off-CPU profiling is on.
     pub fn options(&self) -> Option<crate::sampler::OffCpuOptions> {
         self.enabled.then_some(crate::sampler::OffCpuOptions {
-            threshold: self.threshold,
-            probability: self.probability,
+            threshold: self.threshold.unwrap_or(config::DEFAULT_OFF_CPU_THRESHOLD),
+            probability: self.probability.unwrap_or(1.0),
         })
     }
 }
@@ -177,35 +216,28 @@ impl SymbolArgs {
     }
 }
 
-/// A duration with a unit: `ns`, `us`, `ms` or `s` (seconds when bare).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
-        .iter()
-        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|number| (number, *scale)))
-        .unwrap_or((text, 1.0));
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration such as 1ms or 0.5s"))?;
-    if !(value >= 0.0 && value.is_finite()) {
-        return Err(format!("`{text}`: a duration cannot be negative"));
-    }
-    Ok(Duration::from_secs_f64(value * scale))
-}
-
-fn parse_probability(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(p) if (0.0..=1.0).contains(&p) && p > 0.0 => Ok(p),
-        _ => Err(format!(
-            "`{text}`: give a probability above 0 and at most 1"
-        )),
-    }
+/// Sends logs to stderr as text or JSON lines, at `level` unless RUST_LOG
+/// says otherwise. Only the first call has an effect.
+pub fn init_logging(format: config::LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    let _ = match format {
+        config::LogFormat::Text => builder.try_init(),
+        config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Record(args) => record::run(args).await,
+        Command::Record(args) => {
+            init_logging(config::LogFormat::Text, "warn");
+            record::run(args).await
+        }
         Command::Agent(args) => agent::run(args).await,
     }
 }
@@ -242,9 +274,9 @@ mod tests {
         let Command::Agent(args) = cli.command else {
             panic!("not agent")
         };
-        assert_eq!(args.frequency, 19);
-        assert_eq!(args.report_interval, Duration::from_secs(1));
-        assert_eq!(args.export_timeout, Duration::from_secs(10));
+        assert_eq!(args.frequency, None);
+        assert_eq!(args.report_interval, Some(Duration::from_secs(1)));
+        assert_eq!(args.export_timeout, None);
         assert_eq!(args.duration, None);
         let cli = Cli::try_parse_from(["hostprof", "record", "-o", "x", "--format", "otlp-json"])
             .unwrap();
@@ -301,6 +333,7 @@ mod tests {
 
     #[test]
     fn parses_durations_with_units() {
+        use config::parse_duration;
         assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
         assert_eq!(parse_duration("500us"), Ok(Duration::from_micros(500)));
         assert_eq!(parse_duration("0.25s"), Ok(Duration::from_millis(250)));

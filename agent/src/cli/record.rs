@@ -168,7 +168,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await;
     let elapsed = started.elapsed();
 
-    let finished = session.stop().await?;
+    let finished = session.stop(None).await?;
     let (output, summary) = finished.output;
     if let (Some(path), Some(format)) = (&args.output, format) {
         let end = unix_nanos_now();
@@ -390,7 +390,11 @@ fn report(
     if args.off_cpu.enabled {
         text.push_str(&format!(
             "hostprof: off-CPU: {off_cpu_events} periods over {}, {:.3} s in all\n",
-            humanize(args.off_cpu.threshold),
+            humanize(
+                args.off_cpu
+                    .threshold
+                    .unwrap_or(crate::config::DEFAULT_OFF_CPU_THRESHOLD)
+            ),
             off_cpu_ns as f64 / 1e9
         ));
     }

@@ -5,8 +5,13 @@
 //! Commands differ only in what the worker does with the resolved batches
 //! (`work`): `record` feeds its outputs, `agent` also cuts export windows.
 use std::{
-    sync::{Arc, mpsc},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     thread::JoinHandle,
+    time::Duration,
 };
 
 use anyhow::Context;
@@ -27,8 +32,12 @@ const BACKLOG_BATCHES: usize = 256;
 pub(super) struct Session<T> {
     pub sampler: Sampler,
     stop_tx: watch::Sender<bool>,
+    /// The reader's stats so far.
+    pub reader_progress: watch::Receiver<ReaderStats>,
     reader: tokio::task::JoinHandle<std::io::Result<ReaderStats>>,
     worker: JoinHandle<T>,
+    /// Tells the pipeline to stop symbolizing (see [`pipeline::spawn`]).
+    hurry: Arc<AtomicBool>,
 }
 
 /// What a session left when it stopped.
@@ -53,12 +62,14 @@ impl<T: Send + 'static> Session<T> {
         let ring = sampler.take_ring()?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
-        let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
+        let (progress_tx, reader_progress) = watch::channel(ReaderStats::default());
+        let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx, progress_tx));
         // After the sampler: a failure to load says only that, and kallsyms
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
-        let resolved =
-            pipeline::spawn(batch_rx, symbolizer).context("cannot start the pipeline threads")?;
+        let hurry = Arc::new(AtomicBool::new(false));
+        let resolved = pipeline::spawn(batch_rx, symbolizer, hurry.clone())
+            .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
             .name("hostprof-work".into())
             .spawn(move || work(resolved))
@@ -66,19 +77,36 @@ impl<T: Send + 'static> Session<T> {
         Ok(Session {
             sampler,
             stop_tx,
+            reader_progress,
             reader,
             worker,
+            hurry,
         })
     }
 
     /// Stops sampling, lets the reader drain the ring and the resolver finish.
-    pub async fn stop(mut self) -> anyhow::Result<Finished<T>> {
+    /// With a `deadline`, samples still waiting after it go on unsymbolized,
+    /// so stopping takes a bounded time and loses nothing.
+    pub async fn stop(mut self, deadline: Option<Duration>) -> anyhow::Result<Finished<T>> {
         self.sampler.stop();
         let _ = self.stop_tx.send(true);
         let reader = self.reader.await.context("the ring reader panicked")??;
         let worker = self.worker;
-        let output = tokio::task::spawn_blocking(move || worker.join())
-            .await
+        let mut join = tokio::task::spawn_blocking(move || worker.join());
+        let joined = match deadline {
+            Some(deadline) => match tokio::time::timeout(deadline, &mut join).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    tracing::info!(
+                        "stopping: the samples still queued go out without symbols (addresses and build ids only)"
+                    );
+                    self.hurry.store(true, Ordering::Relaxed);
+                    join.await
+                }
+            },
+            None => join.await,
+        };
+        let output = joined
             .context("cannot wait for the resolver thread")?
             .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
         let counters = self.sampler.counters()?;

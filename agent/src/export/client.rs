@@ -8,7 +8,10 @@ use hostprof_proto::{
         profiles_service_client::ProfilesServiceClient,
     },
 };
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 use tonic::{
     Code,
     codec::CompressionEncoding,
@@ -33,13 +36,17 @@ pub struct ExportStats {
     pub dropped: u64,
     /// Calls that failed (each retry counts).
     pub failed_calls: u64,
+    /// Bytes of requests waiting in the retry queue now.
+    pub queue_bytes: u64,
 }
 
 /// Sends every request from `requests` until the channel closes, then tries
-/// what is still queued once more and returns.
+/// what is still queued once more and returns. `progress` always holds the
+/// stats so far (for status lines and metrics).
 pub async fn run_exporter(
     config: ExportConfig,
     mut requests: mpsc::UnboundedReceiver<ExportProfilesServiceRequest>,
+    progress: watch::Sender<ExportStats>,
 ) -> Result<ExportStats, ExportError> {
     let mut client = connect(&config)?;
     let metadata = metadata(&config.headers)?;
@@ -50,6 +57,11 @@ pub async fn run_exporter(
     let mut failing = false;
     let mut open = true;
     loop {
+        progress.send_replace(ExportStats {
+            dropped: stats.dropped + queue.dropped_items,
+            queue_bytes: queue.bytes() as u64,
+            ..stats
+        });
         if queue.is_empty() || retry_at.is_some() {
             if !open {
                 break;
@@ -141,6 +153,8 @@ pub async fn run_exporter(
         }
     }
     stats.dropped += queue.dropped_items;
+    stats.queue_bytes = 0;
+    progress.send_replace(stats);
     Ok(stats)
 }
 

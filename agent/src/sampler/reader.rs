@@ -10,7 +10,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, sync::watch};
 
 /// What the reader saw.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReaderStats {
     /// Records decoded.
     pub samples: u64,
@@ -22,11 +22,13 @@ pub struct ReaderStats {
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
 /// Batches go to `out`; when it is full the batch is dropped and counted, so
-/// a slow consumer never stalls the kernel side.
+/// a slow consumer never stalls the kernel side. `progress` always holds the
+/// stats so far.
 pub async fn read_ring(
     ring: RingBuf<MapData>,
     out: SyncSender<Vec<Sample>>,
     mut stop: watch::Receiver<bool>,
+    progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
     // SAFETY: the RingBuf owns its map fd and keeps it open and unchanged
     // until it is dropped, which happens only with the AsyncFd.
@@ -36,6 +38,11 @@ pub async fn read_ring(
     let mut tick = tokio::time::interval(Duration::from_millis(agent_ebpf::RING_DRAIN_INTERVAL_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        progress.send_if_modified(|published| {
+            let changed = *published != stats;
+            *published = stats;
+            changed
+        });
         let stopping = tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;

@@ -285,6 +285,19 @@ impl Symbolizer {
         Some(self.module_for(pid, mapping)?.module.build_ids().clone())
     }
 
+    /// The build ids of `mapping`'s file if it is already loaded; never reads
+    /// a file (for a hurried shutdown).
+    pub fn cached_build_ids(&self, mapping: &Mapping) -> Option<BuildIds> {
+        let key = FileKey {
+            dev: mapping.dev,
+            inode: mapping.inode,
+        };
+        let mut state = self.lock();
+        let identity = state.files.get(&key)?.identity.clone();
+        let loaded = state.modules.get(&identity)?;
+        Some(loaded.module.build_ids().clone())
+    }
+
     /// Loads (or finds cached) the file at host path `path`: for tools and
     /// benchmarks that symbolize files rather than processes.
     pub fn module_for_path(&self, path: &Path) -> Result<Arc<Module>, SymbolizeError> {

@@ -1,0 +1,222 @@
+//! The agent's view of itself: a [`Snapshot`] of its counters, logged as one
+//! status line at intervals and served as Prometheus text by [`server`] when
+//! `--metrics-addr` is given.
+pub mod server;
+
+use std::fmt::Write as _;
+
+use agent_ebpf::Counter;
+
+use crate::{export::ExportStats, sampler::Counters, sampler::ReaderStats};
+
+/// Everything the agent reports about itself at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The eBPF programs' per-CPU counters, summed.
+    pub kernel: Counters,
+    pub reader: ReaderStats,
+    pub export: ExportStats,
+    /// Resident memory of the agent, bytes.
+    pub rss_bytes: u64,
+    /// User + system CPU time of the agent, in clock ticks' worth of nanoseconds.
+    pub cpu_ns: u64,
+}
+
+impl Snapshot {
+    /// Samples that never reached a profile: ring buffer full or pipeline backlog.
+    pub fn lost(&self) -> u64 {
+        self.kernel.lost() + self.reader.dropped_backlog
+    }
+
+    /// Samples whose stacks were damaged or cut.
+    pub fn stack_errors(&self) -> u64 {
+        self.kernel.get(Counter::KernelStackError)
+            + self.kernel.get(Counter::UserStackError)
+            + self.kernel.get(Counter::Truncated)
+    }
+
+    /// The periodic status line (logfmt-style, so it reads and greps well).
+    pub fn status_line(&self) -> String {
+        format!(
+            "samples={} lost={} stack_errors={} exported={} export_failures={} export_dropped={} \
+             queue_bytes={} rss_mib={:.1} cpu_s={:.2}",
+            self.reader.samples,
+            self.lost(),
+            self.stack_errors(),
+            self.export.sent,
+            self.export.failed_calls,
+            self.export.dropped,
+            self.export.queue_bytes,
+            self.rss_bytes as f64 / (1 << 20) as f64,
+            self.cpu_ns as f64 / 1e9,
+        )
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let kernel: Vec<(String, u64)> = Counter::ALL
+            .iter()
+            .map(|&c| (format!("{{event=\"{}\"}}", c.name()), self.kernel.get(c)))
+            .collect();
+        let kernel: Vec<(&str, u64)> = kernel.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "hostprof_kernel_events_total",
+            "counter",
+            "Events counted by the eBPF programs (samples fired, skipped, lost, damaged).",
+            &kernel,
+        );
+        metric(
+            "hostprof_samples_total",
+            "counter",
+            "Samples read from the ring buffer.",
+            &[("", self.reader.samples)],
+        );
+        metric(
+            "hostprof_samples_lost_total",
+            "counter",
+            "Samples lost before a profile, by where.",
+            &[
+                ("{where=\"ring_buffer\"}", self.kernel.lost()),
+                ("{where=\"pipeline\"}", self.reader.dropped_backlog),
+            ],
+        );
+        metric(
+            "hostprof_export_requests_total",
+            "counter",
+            "OTLP export requests by outcome.",
+            &[
+                ("{outcome=\"sent\"}", self.export.sent),
+                ("{outcome=\"dropped\"}", self.export.dropped),
+            ],
+        );
+        metric(
+            "hostprof_export_failed_calls_total",
+            "counter",
+            "OTLP export calls that failed (each retry counts).",
+            &[("", self.export.failed_calls)],
+        );
+        metric(
+            "hostprof_export_sent_bytes_total",
+            "counter",
+            "Encoded bytes of accepted export requests, before compression.",
+            &[("", self.export.sent_bytes)],
+        );
+        metric(
+            "hostprof_export_queue_bytes",
+            "gauge",
+            "Bytes of export requests waiting for the collector.",
+            &[("", self.export.queue_bytes)],
+        );
+        metric(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            &[("", self.rss_bytes)],
+        );
+        let _ = writeln!(
+            out,
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n\
+             # TYPE process_cpu_seconds_total counter\n\
+             process_cpu_seconds_total {:.3}",
+            self.cpu_ns as f64 / 1e9
+        );
+        out
+    }
+}
+
+/// This process's resident memory (bytes) and CPU time (ns), from /proc/self.
+pub fn own_usage() -> (u64, u64) {
+    let page = page_size();
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page);
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| cpu_ticks(&stat))
+        .map_or(0, |ticks| ticks * 1_000_000_000 / clock_ticks());
+    (rss, cpu)
+}
+
+/// utime + stime of a `/proc/PID/stat` line (fields 14 and 15, counted after
+/// the parenthesised command, which may contain spaces).
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+}
+
+fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_skip_a_command_with_spaces_and_parens() {
+        let stat = "42 (my (odd) prog) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 1 0";
+        assert_eq!(cpu_ticks(stat), Some(22));
+        assert_eq!(cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn own_usage_is_measured() {
+        let (rss, _cpu) = own_usage();
+        assert!(rss > 1 << 20, "rss {rss}");
+        // Burn a little CPU so the counter must move.
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        assert!(own_usage().1 > 0);
+    }
+
+    #[test]
+    fn prometheus_text_has_help_type_and_every_kernel_counter() {
+        let mut snapshot = Snapshot::default();
+        snapshot.kernel.0[Counter::RingFull as usize] = 3;
+        snapshot.reader.samples = 10;
+        snapshot.reader.dropped_backlog = 2;
+        snapshot.export.queue_bytes = 77;
+        let text = snapshot.prometheus();
+        assert!(text.contains("hostprof_samples_lost_total{where=\"ring_buffer\"} 3\n"));
+        assert!(text.contains("hostprof_samples_lost_total{where=\"pipeline\"} 2\n"));
+        assert!(text.contains("hostprof_export_queue_bytes 77\n"));
+        for counter in Counter::ALL {
+            assert!(text.contains(&format!("{{event=\"{}\"}}", counter.name())));
+        }
+        // Every sample line belongs to a metric announced by # TYPE.
+        let typed: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(typed.contains(&name), "{line}");
+        }
+        assert_eq!(snapshot.lost(), 5);
+        assert!(snapshot.status_line().contains("lost=5 "));
+    }
+}

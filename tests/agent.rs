@@ -1,0 +1,368 @@
+//! `hostprof agent` as a service: configuration errors, the metrics endpoint,
+//! and its lifecycle with the real eBPF programs (SIGTERM leaves no program
+//! behind; a second agent on the host does not disturb the first).
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::hostprof;
+
+/// A running agent whose stderr is collected in the background.
+struct Agent {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    metrics_port: Option<u16>,
+}
+
+impl Agent {
+    /// Starts `hostprof agent` against a collector that is down (port 1), so
+    /// nothing here depends on one, with `args` added.
+    fn start(metrics: bool, args: &[&str]) -> Agent {
+        let metrics_port = metrics.then(free_port);
+        let mut command = hostprof();
+        command
+            .args(["agent", "--otlp-endpoint", "http://127.0.0.1:1"])
+            .args(["--status-interval", "1", "-F", "99"])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(port) = metrics_port {
+            command.args(["--metrics-addr", &port.to_string()]);
+        }
+        let mut child = command.spawn().expect("start hostprof agent");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Agent {
+            child,
+            stderr,
+            metrics_port,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Samples read so far, from the metrics endpoint or else the status lines.
+    fn samples(&self) -> Option<u64> {
+        match self.metrics_port {
+            Some(port) => metric(&scrape(port)?, "hostprof_samples_total"),
+            None => self
+                .stderr()
+                .lines()
+                .rev()
+                .find_map(|line| line.split("status samples=").nth(1))
+                .and_then(|rest| rest.split(' ').next()?.parse().ok()),
+        }
+    }
+
+    /// Waits until the agent has read more than `floor` samples.
+    fn wait_for_samples_above(&self, floor: u64) -> u64 {
+        wait_for(Duration::from_secs(60), || {
+            self.samples().filter(|&n| n > floor)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the agent read no more than {floor} samples:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
+    /// SIGTERM, then the exit status, within a bound.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        let status = wait_for(Duration::from_secs(60), || {
+            self.child.try_wait().expect("wait for the agent")
+        });
+        let Some(status) = status else {
+            let _ = self.child.kill();
+            panic!("the agent did not exit after SIGTERM:\n{}", self.stderr());
+        };
+        // Let the stderr thread see the last lines.
+        std::thread::sleep(Duration::from_millis(200));
+        (status, self.stderr())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A CPU-bound shell loop, so there is something to sample.
+struct Spinner(Child);
+
+impl Spinner {
+    fn start() -> Spinner {
+        Spinner(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("start a spinner"),
+        )
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
+}
+
+/// The body of `GET /metrics`, if the endpoint answers 200.
+fn scrape(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Ids of the BPF programs `pid` holds open (`prog_id:` in its fds' fdinfo).
+fn held_program_ids(pid: u32) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for fd in fds.flatten() {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        ids.extend(
+            info.lines()
+                .filter_map(|line| line.strip_prefix("prog_id:"))
+                .filter_map(|id| id.trim().parse::<u32>().ok()),
+        );
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// How many BPF links (each perf event's attachment, each tracepoint's)
+/// `pid` holds open.
+fn bpf_link_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf_link")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Every BPF program loaded in the kernel, by id.
+fn loaded_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|program| program.id())
+        .collect()
+}
+
+/// Inodes of the sockets `pid` holds that listen on TCP.
+fn listening_sockets(pid: u32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| {
+                    let target = std::fs::read_link(fd.path()).ok()?;
+                    let target = target.to_str()?;
+                    Some(
+                        target
+                            .strip_prefix("socket:[")?
+                            .strip_suffix(']')?
+                            .to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut listening = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // State 0A is LISTEN; field 9 is the inode.
+            if fields.get(3) == Some(&"0A")
+                && fields.get(9).is_some_and(|i| inodes.iter().any(|x| x == i))
+            {
+                listening.push(fields[1].to_owned());
+            }
+        }
+    }
+    listening
+}
+
+#[test]
+fn sigterm_detaches_every_bpf_program_and_exits() {
+    let Some(_guard) = common::require_ebpf() else {
+        return;
+    };
+    let _spinner = Spinner::start();
+    let agent = Agent::start(true, &["--off-cpu"]);
+    agent.wait_for_samples_above(0);
+
+    let held = held_program_ids(agent.pid());
+    // The CPU sampler and the off-CPU tracepoint, at least.
+    assert!(held.len() >= 2, "programs held: {held:?}");
+    let loaded = loaded_program_ids();
+    // The control: while the agent runs, the kernel lists them.
+    assert!(
+        held.iter().all(|id| loaded.contains(id)),
+        "held {held:?}, loaded {loaded:?}"
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // One perf event link per CPU, plus the tracepoint's.
+    assert!(bpf_link_fds(agent.pid()) > cpus);
+
+    let (status, stderr) = agent.terminate();
+    assert!(status.success(), "exit {status}:\n{stderr}");
+    assert!(stderr.contains("stopped (SIGTERM)"), "{stderr}");
+    let loaded = loaded_program_ids();
+    let left: Vec<&u32> = held.iter().filter(|id| loaded.contains(id)).collect();
+    assert!(left.is_empty(), "programs left behind: {left:?}");
+}
+
+#[test]
+fn a_second_agent_does_not_disturb_the_first() {
+    let Some(_guard) = common::require_ebpf() else {
+        return;
+    };
+    let _spinner = Spinner::start();
+    let first = Agent::start(true, &[]);
+    let before = first.wait_for_samples_above(0);
+    let first_programs = held_program_ids(first.pid());
+
+    // The second one, without --metrics-addr: it must not listen at all.
+    let second = Agent::start(false, &[]);
+    second.wait_for_samples_above(0);
+    assert!(
+        listening_sockets(second.pid()).is_empty(),
+        "an agent without --metrics-addr listens: {:?}",
+        listening_sockets(second.pid())
+    );
+    assert_eq!(listening_sockets(first.pid()).len(), 1);
+    let during = first.wait_for_samples_above(before);
+
+    let (status, stderr) = second.terminate();
+    assert!(status.success(), "second agent: exit {status}:\n{stderr}");
+    // The first keeps sampling with its own programs.
+    first.wait_for_samples_above(during + 10);
+    let loaded = loaded_program_ids();
+    assert!(first_programs.iter().all(|id| loaded.contains(id)));
+    let (status, stderr) = first.terminate();
+    assert!(status.success(), "first agent: exit {status}:\n{stderr}");
+    assert!(stderr.contains("status samples="), "{stderr}");
+}
+
+#[test]
+fn bad_configuration_is_one_line_naming_the_key() {
+    let dir = common::work_dir().join("agent-config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "frequency = 19\nexport-queue-mb = 64\n").unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "frequency = 49\nmetrics-addr = \":9999\"\n").unwrap();
+
+    /// Arguments, environment, and what the one error line must say.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
+        (
+            &["--config", bad.to_str().unwrap()],
+            &[],
+            "unknown key `export-queue-mb`",
+        ),
+        (&[], &[("HOSTPROF_OFF_CPU", "perhaps")], "HOSTPROF_OFF_CPU"),
+        (&["--frequency", "0"], &[], "--frequency"),
+        (
+            &["--config", "/nonexistent/hostprof.toml"],
+            &[],
+            "cannot read the configuration file /nonexistent/hostprof.toml",
+        ),
+    ];
+    for (args, env, expected) in cases {
+        let output = hostprof()
+            .arg("agent")
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run hostprof");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} {env:?} was accepted");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+
+    // A good file through HOSTPROF_CONFIG, overridden by a flag.
+    let output = hostprof()
+        .args(["agent", "--print-config", "-F", "7"])
+        .env("HOSTPROF_CONFIG", &good)
+        .output()
+        .expect("run hostprof");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{printed}");
+    assert!(
+        printed.contains("frequency = 7  # command line"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("metrics-addr = \"127.0.0.1:9999\""),
+        "{printed}"
+    );
+}
