@@ -204,6 +204,27 @@ fn bpf_link_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// (thread name, CapEff, CapPrm) of every thread of `pid`.
+fn thread_capabilities(pid: u32) -> Vec<(String, u64, u64)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+                .unwrap_or(u64::MAX)
+        };
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        threads.push((name.trim().to_owned(), field("CapEff:"), field("CapPrm:")));
+    }
+    threads
+}
+
 /// Every BPF program loaded in the kernel, by id.
 fn loaded_program_ids() -> Vec<u32> {
     aya::programs::loaded_programs()
@@ -270,6 +291,21 @@ fn sigterm_detaches_every_bpf_program_and_exits() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     // One perf event link per CPU, plus the tracepoint's.
     assert!(bpf_link_fds(agent.pid()) > cpus);
+
+    // After setup every thread has given up loading programs and opening
+    // perf events (and every other capability but the four it reads with)...
+    let tasks = thread_capabilities(agent.pid());
+    assert!(tasks.len() >= 3, "{tasks:?}");
+    for (thread, effective, permitted) in &tasks {
+        for (bit, name) in [(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")] {
+            assert_eq!(effective & (1 << bit), 0, "{thread} still has {name}");
+            assert_eq!(permitted & (1 << bit), 0, "{thread} may regain {name}");
+        }
+        assert_ne!(effective & (1 << 19), 0, "{thread} lost CAP_SYS_PTRACE");
+    }
+    // ... and still samples and reads its counters.
+    let now = agent.wait_for_samples_above(0);
+    agent.wait_for_samples_above(now);
 
     let (status, stderr) = agent.terminate();
     assert!(status.success(), "exit {status}:\n{stderr}");

@@ -104,6 +104,58 @@ fn daemonset_has_what_a_node_agent_needs() {
     assert!(collector.contains("service.profilesSupport"));
 }
 
+/// The `hostprof.toml` block of the ConfigMap (a YAML literal block).
+fn configmap_toml(configmap: &str) -> String {
+    let mut lines = configmap
+        .lines()
+        .skip_while(|line| !line.trim_start().starts_with("hostprof.toml: |"));
+    lines.next();
+    lines
+        .take_while(|line| line.starts_with("    ") || line.is_empty())
+        .map(|line| format!("{}\n", line.trim_start()))
+        .collect()
+}
+
+#[test]
+fn shipped_configurations_are_accepted_by_the_agent() {
+    let configmap = fs::read_to_string(repo_file("packaging/kubernetes/configmap.yaml")).unwrap();
+    let from_configmap = work_dir().join("configmap-hostprof.toml");
+    let toml = configmap_toml(&configmap);
+    assert!(toml.contains("log-format = \"json\""), "{toml}");
+    fs::write(&from_configmap, toml).unwrap();
+    let daemonset = fs::read_to_string(repo_file("packaging/kubernetes/daemonset.yaml")).unwrap();
+    assert!(daemonset.contains("--config\", \"/etc/hostprof/hostprof.toml"));
+    assert!(daemonset.contains("name: hostprof-config"));
+    for config in [repo_file("packaging/config/hostprof.toml"), from_configmap] {
+        let output = hostprof()
+            .args(["agent", "--print-config", "--config"])
+            .arg(&config)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{}: {}",
+            config.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            printed.contains(&format!("frequency = 19  # {}", config.display())),
+            "{printed}"
+        );
+    }
+    // The negative control: the same check rejects a file with a typo.
+    let typo = work_dir().join("typo-hostprof.toml");
+    fs::write(&typo, "frequency = 19\nreport_interval = 5\n").unwrap();
+    let output = hostprof()
+        .args(["agent", "--print-config", "--config"])
+        .arg(&typo)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+}
+
 #[test]
 fn container_image_ships_the_packaged_binary() {
     let dockerfile = fs::read_to_string(repo_file("packaging/Dockerfile")).unwrap();

@@ -12,6 +12,7 @@ pub mod export;
 pub mod model;
 pub mod output;
 pub mod pipeline;
+pub mod privileges;
 pub mod procs;
 pub mod profile;
 pub mod sampler;

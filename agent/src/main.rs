@@ -22,8 +22,10 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // Async work (ring reader, exporter, metrics) is light: one thread. It
+    // also matters for `agent`, which drops capabilities on this thread
+    // once set up; threads created later inherit the reduced set.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

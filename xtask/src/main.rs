@@ -66,7 +66,7 @@ fn main() -> Result<()> {
             run_as_root(&binary, &args)
         }
         Task::Test => test(),
-        Task::Package { target } => package::run(target.as_deref()),
+        Task::Package { target } => package::run(target.as_deref()).map(drop),
         Task::Bench { seconds } => {
             setup::run(false)?;
             bench::run(seconds)
@@ -153,6 +153,8 @@ fn test() -> Result<()> {
     // the share assertions; tests inside a binary still run in parallel.
     // The aarch64 build is tested under qemu by tests/packaging.rs.
     let cross = build(Some(CROSS_TARGET))?;
+    // The release packages, checked: what users install must work too.
+    package::check(&package::run(None)?)?;
     run_cmd(
         cargo()
             .args(["test", "--workspace", "--no-fail-fast"])

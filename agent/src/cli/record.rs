@@ -11,7 +11,10 @@ use std::{
 use anyhow::{Context, bail};
 use hostprof_proto::Message;
 
-use super::{OutputFormat, RecordArgs, session::Session};
+use super::{
+    OutputFormat, RecordArgs,
+    session::{Capabilities, Session},
+};
 use crate::{
     output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
     pipeline::SampleSink,
@@ -149,16 +152,21 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         start,
         args.off_cpu.enabled.then_some(cpu_period_ns),
     )?;
-    let mut session = Session::start(&options, args.symbols.options(), move |batches| {
-        let mut summary = Summary::new();
-        for batch in batches {
-            for sample in &batch {
-                output.push(sample);
-                summary.push(sample);
+    let mut session = Session::start(
+        &options,
+        args.symbols.options(),
+        Capabilities::Keep,
+        move |batches| {
+            let mut summary = Summary::new();
+            for batch in batches {
+                for sample in &batch {
+                    output.push(sample);
+                    summary.push(sample);
+                }
             }
-        }
-        (output, summary)
-    })?;
+            (output, summary)
+        },
+    )?;
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {

@@ -28,6 +28,15 @@ use crate::{
 /// (and counts) rather than letting memory grow.
 const BACKLOG_BATCHES: usize = 256;
 
+/// What happens to the process's capabilities once the sampler is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Capabilities {
+    /// `record`: the command it starts keeps its user's privileges.
+    Keep,
+    /// `agent`: only [`crate::privileges::KEPT`] remain.
+    DropAfterSetup,
+}
+
 /// A started sampler with its reader and resolver thread.
 pub(super) struct Session<T> {
     pub sampler: Sampler,
@@ -56,9 +65,26 @@ impl<T: Send + 'static> Session<T> {
     pub fn start(
         options: &SamplerOptions,
         symbolizer: SymbolizerOptions,
+        capabilities: Capabilities,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
         let mut sampler = Sampler::start(options)?;
+        if capabilities == Capabilities::DropAfterSetup {
+            // Before any thread below exists: capabilities are per thread,
+            // and new threads inherit the creator's reduced set.
+            match crate::privileges::drop_after_setup() {
+                Ok(kept) => tracing::info!(
+                    "setup done; capabilities kept: {}",
+                    kept.iter()
+                        .map(|cap| cap.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                Err(err) => tracing::warn!(
+                    "cannot drop capabilities after setup ({err}); running with all of them"
+                ),
+            }
+        }
         let ring = sampler.take_ring()?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
