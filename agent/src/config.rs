@@ -182,7 +182,7 @@ pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_EXPORT_QUEUE_MIB: u64 = 64;
 pub const DEFAULT_OFF_CPU_THRESHOLD: Duration = Duration::from_millis(1);
-pub const DEFAULT_SYMBOL_CACHE_MIB: u64 = 64;
+pub const DEFAULT_SYMBOL_CACHE_MIB: u64 = 256;
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4317";
 

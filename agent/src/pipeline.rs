@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         mpsc::{self, Receiver},
     },
     time::Instant,
@@ -73,14 +73,15 @@ const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
 /// /proc while the process still exists; symbolization may take its time
 /// (its first look at a large binary can take a second).
 ///
-/// Once `hurry` is set, the rest is passed on unsymbolized (addresses and
-/// mappings only, which OTLP backends can symbolize): a bounded shutdown
+/// Once `state.hurry` is set, the rest is passed on unsymbolized (addresses
+/// and mappings only, which OTLP backends can symbolize): a bounded shutdown
 /// that loses no sample.
 pub fn spawn(
     batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
-    hurry: Arc<AtomicBool>,
+    state: Arc<PipelineState>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
+    let symbols_state = state.clone();
     let (attributed_tx, attributed_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
     let (done_tx, done_rx) = mpsc::sync_channel(SYMBOLIZE_BACKLOG_BATCHES);
     std::thread::Builder::new()
@@ -92,9 +93,13 @@ pub fn spawn(
                     .iter()
                     .map(|sample| attributor.attribute(sample))
                     .collect();
+                state
+                    .tracked_processes
+                    .store(attributor.cached_processes() as u64, Ordering::Relaxed);
                 if attributed_tx.send(attributed).is_err() {
                     break;
                 }
+                state.waiting_batches.fetch_add(1, Ordering::Relaxed);
             }
         })?;
     std::thread::Builder::new()
@@ -102,19 +107,51 @@ pub fn spawn(
         .spawn(move || {
             let mut enricher = MappingEnricher::default();
             for mut batch in attributed_rx {
+                symbols_state
+                    .waiting_batches
+                    .fetch_sub(1, Ordering::Relaxed);
                 for sample in &mut batch {
-                    if hurry.load(Ordering::Relaxed) {
+                    // Behind (a first look at huge binaries, a CPU-starved
+                    // host): pass samples on with addresses rather than let
+                    // the reader drop them.
+                    let behind = symbols_state.waiting_batches.load(Ordering::Relaxed)
+                        > SYMBOLIZE_BACKLOG_BATCHES / 2;
+                    if behind || symbols_state.hurry.load(Ordering::Relaxed) {
+                        symbols_state
+                            .unsymbolized_samples
+                            .fetch_add(1, Ordering::Relaxed);
                         enrich_from_cache(&symbolizer, sample);
                     } else {
                         symbolize_sample(&symbolizer, &mut enricher, sample);
                     }
                 }
+                let (modules, results) = symbolizer.cache_usage();
+                symbols_state
+                    .symbol_cache_bytes
+                    .store((modules + results) as u64, Ordering::Relaxed);
                 if done_tx.send(batch).is_err() {
                     break;
                 }
             }
         })?;
     Ok(done_rx)
+}
+
+/// Shared with the pipeline's threads: a shutdown request, and gauges for
+/// status lines and metrics.
+#[derive(Debug, Default)]
+pub struct PipelineState {
+    /// Stop symbolizing (see [`spawn`]).
+    pub hurry: AtomicBool,
+    /// Processes whose metadata is cached.
+    pub tracked_processes: AtomicU64,
+    /// Estimated bytes of the symbolizer's caches.
+    pub symbol_cache_bytes: AtomicU64,
+    /// Samples passed on without names because symbolization was behind or
+    /// the agent was stopping.
+    pub unsymbolized_samples: AtomicU64,
+    /// Batches attributed and not yet symbolized.
+    waiting_batches: AtomicUsize,
 }
 
 /// Attributes raw samples to processes and mappings (the fast stage).

@@ -5,6 +5,8 @@
 //! where a skipped eBPF test would hide a broken product.
 #![allow(dead_code)]
 
+pub mod running;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},

@@ -7,7 +7,10 @@
 //! owns the byte-bounded retry queue, so a slow or absent collector never
 //! holds up sampling.
 use std::{
-    sync::mpsc::{Receiver, RecvTimeoutError},
+    sync::{
+        atomic::Ordering,
+        mpsc::{Receiver, RecvTimeoutError},
+    },
     time::{Duration, Instant},
 };
 
@@ -177,6 +180,9 @@ async fn watch_until_end<T: Send + 'static>(
                     export: *export.borrow(),
                     rss_bytes,
                     cpu_ns,
+                    tracked_processes: session.pipeline.tracked_processes.load(Ordering::Relaxed),
+                    symbol_cache_bytes: session.pipeline.symbol_cache_bytes.load(Ordering::Relaxed),
+                    unsymbolized: session.pipeline.unsymbolized_samples.load(Ordering::Relaxed),
                 };
                 snapshots.send_replace(snapshot);
                 if !status_interval.is_zero() && last_status.elapsed() >= status_interval {

@@ -67,7 +67,7 @@ pub struct AgentArgs {
     /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
     #[arg(long = "service-name", value_name = "NAME")]
     pub service_name: Option<String>,
-    /// MiB of parsed symbol tables and results to keep [default: 64].
+    /// MiB of parsed symbol tables and results to keep [default: 256].
     #[arg(long = "symbol-cache-mib", value_name = "MIB", value_parser = config::parse_u64)]
     pub symbol_cache_mib: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics: `PORT` or `:PORT`

@@ -5,11 +5,7 @@
 //! Commands differ only in what the worker does with the resolved batches
 //! (`work`): `record` feeds its outputs, `agent` also cuts export windows.
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    sync::{Arc, atomic::Ordering, mpsc},
     thread::JoinHandle,
     time::Duration,
 };
@@ -19,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::{
     model::ResolvedSample,
-    pipeline,
+    pipeline::{self, PipelineState},
     sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
     symbolize::{Symbolizer, SymbolizerOptions},
 };
@@ -45,8 +41,8 @@ pub(super) struct Session<T> {
     pub reader_progress: watch::Receiver<ReaderStats>,
     reader: tokio::task::JoinHandle<std::io::Result<ReaderStats>>,
     worker: JoinHandle<T>,
-    /// Tells the pipeline to stop symbolizing (see [`pipeline::spawn`]).
-    hurry: Arc<AtomicBool>,
+    /// The pipeline's gauges and shutdown flag.
+    pub pipeline: Arc<PipelineState>,
 }
 
 /// What a session left when it stopped.
@@ -93,8 +89,8 @@ impl<T: Send + 'static> Session<T> {
         // After the sampler: a failure to load says only that, and kallsyms
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
-        let hurry = Arc::new(AtomicBool::new(false));
-        let resolved = pipeline::spawn(batch_rx, symbolizer, hurry.clone())
+        let pipeline_state = Arc::new(PipelineState::default());
+        let resolved = pipeline::spawn(batch_rx, symbolizer, pipeline_state.clone())
             .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
             .name("hostprof-work".into())
@@ -106,7 +102,7 @@ impl<T: Send + 'static> Session<T> {
             reader_progress,
             reader,
             worker,
-            hurry,
+            pipeline: pipeline_state,
         })
     }
 
@@ -126,7 +122,7 @@ impl<T: Send + 'static> Session<T> {
                     tracing::info!(
                         "stopping: the samples still queued go out without symbols (addresses and build ids only)"
                     );
-                    self.hurry.store(true, Ordering::Relaxed);
+                    self.pipeline.hurry.store(true, Ordering::Relaxed);
                     join.await
                 }
             },

@@ -20,6 +20,12 @@ pub struct Snapshot {
     pub rss_bytes: u64,
     /// User + system CPU time of the agent, in clock ticks' worth of nanoseconds.
     pub cpu_ns: u64,
+    /// Processes whose metadata the pipeline caches.
+    pub tracked_processes: u64,
+    /// Estimated bytes of the symbolizer's caches.
+    pub symbol_cache_bytes: u64,
+    /// Samples passed on without names (symbolization behind, or stopping).
+    pub unsymbolized: u64,
 }
 
 impl Snapshot {
@@ -38,15 +44,18 @@ impl Snapshot {
     /// The periodic status line (logfmt-style, so it reads and greps well).
     pub fn status_line(&self) -> String {
         format!(
-            "samples={} lost={} stack_errors={} exported={} export_failures={} export_dropped={} \
-             queue_bytes={} rss_mib={:.1} cpu_s={:.2}",
+            "samples={} lost={} unsymbolized={} stack_errors={} exported={} export_failures={} export_dropped={} \
+             queue_bytes={} processes={} symbol_cache_mib={:.1} rss_mib={:.1} cpu_s={:.2}",
             self.reader.samples,
             self.lost(),
+            self.unsymbolized,
             self.stack_errors(),
             self.export.sent,
             self.export.failed_calls,
             self.export.dropped,
             self.export.queue_bytes,
+            self.tracked_processes,
+            self.symbol_cache_bytes as f64 / (1 << 20) as f64,
             self.rss_bytes as f64 / (1 << 20) as f64,
             self.cpu_ns as f64 / 1e9,
         )
@@ -113,6 +122,24 @@ impl Snapshot {
             "gauge",
             "Bytes of export requests waiting for the collector.",
             &[("", self.export.queue_bytes)],
+        );
+        metric(
+            "hostprof_samples_unsymbolized_total",
+            "counter",
+            "Samples exported with addresses only: symbolization was behind, or the agent stopping.",
+            &[("", self.unsymbolized)],
+        );
+        metric(
+            "hostprof_tracked_processes",
+            "gauge",
+            "Processes whose metadata (maps, container) is cached.",
+            &[("", self.tracked_processes)],
+        );
+        metric(
+            "hostprof_symbol_cache_bytes",
+            "gauge",
+            "Estimated bytes of parsed symbols and cached results.",
+            &[("", self.symbol_cache_bytes)],
         );
         metric(
             "process_resident_memory_bytes",
