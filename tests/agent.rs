@@ -3,7 +3,6 @@
 //! behind; a second agent on the host does not disturb the first).
 mod common;
 
-
 use common::{
     hostprof,
     running::{Agent, Spinner},

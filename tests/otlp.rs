@@ -397,3 +397,186 @@ fn record_otlp_file_obeys_the_dictionary_rules() {
     let text = std::fs::read_to_string(&json).unwrap();
     assert!(text.starts_with("{\"resourceProfiles\":[") && text.contains("\"stringTable\":[\"\","));
 }
+
+/// A CA and a `localhost` certificate it signed, made with openssl in `dir`:
+/// (CA certificate, server certificate, server key).
+fn make_certificates(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = |name: &str| dir.join(name);
+    let openssl = |args: &[&str]| {
+        common::run_ok(Command::new("openssl").args(args).current_dir(dir));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hostprof test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        path("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    (path("ca.pem"), path("server.pem"), path("server.key"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_verified_against_the_given_ca_only() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    if !common::require_tool("openssl") {
+        return;
+    }
+    let (ca, cert, key) = make_certificates(&common::work_dir().join("tls"));
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(&cert).unwrap(),
+        std::fs::read(&key).unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!(
+        "https://localhost:{}",
+        listener.local_addr().unwrap().port()
+    );
+    let collector = Collector::default();
+    let service =
+        ProfilesServiceServer::new(collector.clone()).accept_compressed(CompressionEncoding::Gzip);
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .expect("server TLS")
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .expect("serve");
+    });
+    let mut workload = std::process::Command::new(spin_program())
+        .arg("12")
+        .spawn()
+        .expect("start the workload");
+
+    // Verification is on by default: a certificate from an unknown CA is refused.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", "4", "--report-interval", "1s"])
+        .args(["--otlp-endpoint", &endpoint])
+        .output()
+        .await
+        .expect("run hostprof agent");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        collector.requests().is_empty(),
+        "an unverified collector got data"
+    );
+    assert!(stderr.contains("cannot export profiles"), "{stderr}");
+
+    // With the CA that signed it, the same collector receives valid profiles.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", "4", "--report-interval", "1s"])
+        .args(["--otlp-endpoint", &endpoint, "--otlp-ca"])
+        .arg(&ca)
+        .output()
+        .await
+        .expect("run hostprof agent");
+    let _ = (workload.kill(), workload.wait());
+    server.abort();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_valid(&collector.requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_queue_cannot_hold_is_counted_as_dropped() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    // The collector stays down for the whole run and the queue holds nothing
+    // but the newest window: every older window is dropped, and said so.
+    let mut workload = std::process::Command::new(spin_program())
+        .arg("10")
+        .spawn()
+        .expect("start the workload");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", "5", "--report-interval", "1s"])
+        .args([
+            "--otlp-endpoint",
+            "http://127.0.0.1:1",
+            "--export-queue-mib",
+            "0",
+        ])
+        .output()
+        .await
+        .expect("run hostprof agent");
+    let _ = (workload.kill(), workload.wait());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let summary = stderr
+        .lines()
+        .find(|line| line.contains("hostprof agent stopped"))
+        .unwrap_or_else(|| panic!("no summary:\n{stderr}"));
+    let count = |label: &str| -> u64 {
+        summary
+            .split(label)
+            .nth(1)
+            .and_then(|rest| {
+                rest.trim_start()
+                    .split([' ', ';', ','])
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no `{label}` in: {summary}"))
+    };
+    let windows = summary
+        .split(" samples in ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+        .unwrap();
+    assert!(windows >= 3, "{summary}");
+    assert_eq!(count("exported"), 0, "{summary}");
+    // Every non-empty window was dropped: while the collector was down, or
+    // still unsent at shutdown.
+    assert!(count("dropped") >= 2, "{summary}");
+}

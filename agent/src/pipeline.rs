@@ -7,10 +7,10 @@ use std::{
     collections::HashMap,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc::{self, Receiver},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use agent_ebpf::Sample;
@@ -96,26 +96,23 @@ pub fn spawn(
                 state
                     .tracked_processes
                     .store(attributor.cached_processes() as u64, Ordering::Relaxed);
-                if attributed_tx.send(attributed).is_err() {
+                if attributed_tx.send((Instant::now(), attributed)).is_err() {
                     break;
                 }
-                state.waiting_batches.fetch_add(1, Ordering::Relaxed);
             }
         })?;
     std::thread::Builder::new()
         .name("hostprof-symbols".into())
         .spawn(move || {
             let mut enricher = MappingEnricher::default();
-            for mut batch in attributed_rx {
-                symbols_state
-                    .waiting_batches
-                    .fetch_sub(1, Ordering::Relaxed);
+            for (attributed_at, mut batch) in attributed_rx {
                 for sample in &mut batch {
                     // Behind (a first look at huge binaries, a CPU-starved
-                    // host): pass samples on with addresses rather than let
-                    // the reader drop them.
-                    let behind = symbols_state.waiting_batches.load(Ordering::Relaxed)
-                        > SYMBOLIZE_BACKLOG_BATCHES / 2;
+                    // host): pass samples on with addresses rather than
+                    // delay every window, or let the reader drop them.
+                    let behind = symbols_state
+                        .max_symbolize_lag
+                        .is_some_and(|lag| attributed_at.elapsed() > lag);
                     if behind || symbols_state.hurry.load(Ordering::Relaxed) {
                         symbols_state
                             .unsymbolized_samples
@@ -147,11 +144,12 @@ pub struct PipelineState {
     pub tracked_processes: AtomicU64,
     /// Estimated bytes of the symbolizer's caches.
     pub symbol_cache_bytes: AtomicU64,
+    /// Samples attributed longer ago than this go on without names; `None`:
+    /// always symbolize.
+    pub max_symbolize_lag: Option<Duration>,
     /// Samples passed on without names because symbolization was behind or
     /// the agent was stopping.
     pub unsymbolized_samples: AtomicU64,
-    /// Batches attributed and not yet symbolized.
-    waiting_batches: AtomicUsize,
 }
 
 /// Attributes raw samples to processes and mappings (the fast stage).

@@ -21,6 +21,7 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("python3-pip", "pip3"),
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
+    ("openssl", "openssl"),
 ];
 
 /// Python tools from PyPI and the command each provides.

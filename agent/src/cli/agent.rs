@@ -23,7 +23,7 @@ use tokio::sync::{
 use super::{
     AgentArgs,
     record::unix_nanos_now,
-    session::{Capabilities, Session},
+    session::{Mode, Session},
 };
 use crate::{
     config::AgentConfig,
@@ -82,15 +82,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         cache_bytes: usize::try_from(config.symbol_cache_mib << 20).unwrap_or(usize::MAX),
     };
     let (frequency, interval) = (config.frequency, config.report_interval);
-    let session = Session::start(
-        &options,
-        symbolizer,
-        Capabilities::DropAfterSetup,
-        move |batches| {
-            let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
-            cut_windows(batches, builder, interval, requests_tx)
-        },
-    )?;
+    let session = Session::start(&options, symbolizer, Mode::Agent, move |batches| {
+        let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
+        cut_windows(batches, builder, interval, requests_tx)
+    })?;
     let (snapshot_tx, snapshots) = watch::channel(Snapshot::default());
     let server = metrics.map(|listener| {
         if let Ok(addr) = listener.local_addr() {

@@ -13,7 +13,7 @@ use hostprof_proto::Message;
 
 use super::{
     OutputFormat, RecordArgs,
-    session::{Capabilities, Session},
+    session::{Mode, Session},
 };
 use crate::{
     output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
@@ -155,7 +155,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     let mut session = Session::start(
         &options,
         args.symbols.options(),
-        Capabilities::Keep,
+        Mode::Record,
         move |batches| {
             let mut summary = Summary::new();
             for batch in batches {

@@ -23,14 +23,20 @@ use crate::{
 /// Batches of samples waiting for the resolver; beyond this the reader drops
 /// (and counts) rather than letting memory grow.
 const BACKLOG_BATCHES: usize = 256;
+/// How far behind the agent's symbolization may fall before it sends
+/// addresses instead of names.
+const AGENT_MAX_SYMBOLIZE_LAG: Duration = Duration::from_secs(2);
 
-/// What happens to the process's capabilities once the sampler is loaded.
+/// What the session serves, which decides two trade-offs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Capabilities {
-    /// `record`: the command it starts keeps its user's privileges.
-    Keep,
-    /// `agent`: only [`crate::privileges::KEPT`] remain.
-    DropAfterSetup,
+pub(super) enum Mode {
+    /// `record`: every sample gets names however long that takes, and the
+    /// command it starts keeps its user's privileges.
+    Record,
+    /// `agent`: windows go out on time (samples more than 2 s behind go
+    /// without names), and only [`crate::privileges::KEPT`] capabilities
+    /// remain after setup.
+    Agent,
 }
 
 /// A started sampler with its reader and resolver thread.
@@ -61,11 +67,11 @@ impl<T: Send + 'static> Session<T> {
     pub fn start(
         options: &SamplerOptions,
         symbolizer: SymbolizerOptions,
-        capabilities: Capabilities,
+        mode: Mode,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
         let mut sampler = Sampler::start(options)?;
-        if capabilities == Capabilities::DropAfterSetup {
+        if mode == Mode::Agent {
             // Before any thread below exists: capabilities are per thread,
             // and new threads inherit the creator's reduced set.
             match crate::privileges::drop_after_setup() {
@@ -89,7 +95,10 @@ impl<T: Send + 'static> Session<T> {
         // After the sampler: a failure to load says only that, and kallsyms
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
-        let pipeline_state = Arc::new(PipelineState::default());
+        let pipeline_state = Arc::new(PipelineState {
+            max_symbolize_lag: (mode == Mode::Agent).then_some(AGENT_MAX_SYMBOLIZE_LAG),
+            ..Default::default()
+        });
         let resolved = pipeline::spawn(batch_rx, symbolizer, pipeline_state.clone())
             .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
