@@ -10,6 +10,11 @@ use common::{
 
 /// Ids of the BPF programs `pid` holds open (`prog_id:` in its fds' fdinfo).
 fn held_program_ids(pid: u32) -> Vec<u32> {
+    held_ids(pid, "prog_id:")
+}
+
+/// Ids of the BPF objects `pid` holds open, by their fdinfo field.
+fn held_ids(pid: u32, field: &str) -> Vec<u32> {
     let mut ids = Vec::new();
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
         return ids;
@@ -18,7 +23,7 @@ fn held_program_ids(pid: u32) -> Vec<u32> {
         let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
         ids.extend(
             info.lines()
-                .filter_map(|line| line.strip_prefix("prog_id:"))
+                .filter_map(|line| line.strip_prefix(field))
                 .filter_map(|id| id.trim().parse::<u32>().ok()),
         );
     }
@@ -239,4 +244,38 @@ fn bad_configuration_is_one_line_naming_the_key() {
         printed.contains("metrics-addr = \"127.0.0.1:9999\""),
         "{printed}"
     );
+}
+
+#[test]
+fn unprivileged_users_cannot_open_the_agents_maps() {
+    let Some(_guard) = common::require_ebpf() else {
+        return;
+    };
+    let probe = common::build_c("bpf_map_by_id.c", "bpf_map_by_id", &["-O1"]);
+    let agent = Agent::start(false, &[]);
+    agent.wait_for_samples_above(0);
+    let maps = held_ids(agent.pid(), "map_id:");
+    assert!(maps.len() >= 3, "maps held: {maps:?}");
+    let ids: Vec<String> = maps.iter().map(u32::to_string).collect();
+    let opened = |uid: Option<u32>| {
+        let mut command = std::process::Command::new(&probe);
+        command.args(&ids);
+        if let Some(uid) = uid {
+            std::os::unix::process::CommandExt::uid(&mut command, uid);
+            std::os::unix::process::CommandExt::gid(&mut command, uid);
+        }
+        let output = common::run_ok(&mut command);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    // The control: root can, so the ids and the probe are right.
+    let as_root = opened(None);
+    assert_eq!(as_root.matches(" ok").count(), ids.len(), "{as_root}");
+    // nobody gets EPERM (1) for every one of them.
+    let as_nobody = opened(Some(65534));
+    for line in as_nobody.lines() {
+        assert!(line.ends_with(" 1"), "nobody opened a map: {line}");
+    }
+    assert_eq!(as_nobody.lines().count(), ids.len());
+    let (status, stderr) = agent.terminate();
+    assert!(status.success(), "{stderr}");
 }
