@@ -132,10 +132,17 @@ fn spin_program() -> PathBuf {
     )
 }
 
-async fn run_agent(endpoint: &str, seconds: &str) -> std::process::Output {
+/// Runs the agent for `seconds` with 1 s windows, `extra` arguments added;
+/// it must succeed.
+async fn run_agent(
+    endpoint: &str,
+    seconds: &str,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Output {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
         .args(["agent", "--duration", seconds, "--report-interval", "1s"])
         .args(["--otlp-endpoint", endpoint, "--service-name", "otlp-test"])
+        .args(extra)
         .output()
         .await
         .expect("run hostprof agent");
@@ -198,7 +205,7 @@ async fn agent_exports_valid_profiles_one_resource_per_container() {
     let mut boxed = Command::new(&program).arg("6").spawn().unwrap();
     cgroup.add(boxed.id());
     let mut host = Command::new(&program).arg("6").spawn().unwrap();
-    let stderr = run_agent(&endpoint, "4").await.stderr;
+    let stderr = run_agent(&endpoint, "4", &[]).await.stderr;
     boxed.wait().unwrap();
     host.wait().unwrap();
     let container_id = cgroup.id.clone();
@@ -498,14 +505,8 @@ async fn tls_is_verified_against_the_given_ca_only() {
         .expect("start the workload");
 
     // Verification is on by default: a certificate from an unknown CA is refused.
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
-        .args(["agent", "--duration", "4", "--report-interval", "1s"])
-        .args(["--otlp-endpoint", &endpoint])
-        .output()
-        .await
-        .expect("run hostprof agent");
+    let output = run_agent(&endpoint, "4", &[]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
     assert!(
         collector.requests().is_empty(),
         "an unverified collector got data"
@@ -513,17 +514,9 @@ async fn tls_is_verified_against_the_given_ca_only() {
     assert!(stderr.contains("cannot export profiles"), "{stderr}");
 
     // With the CA that signed it, the same collector receives valid profiles.
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
-        .args(["agent", "--duration", "4", "--report-interval", "1s"])
-        .args(["--otlp-endpoint", &endpoint, "--otlp-ca"])
-        .arg(&ca)
-        .output()
-        .await
-        .expect("run hostprof agent");
+    run_agent(&endpoint, "4", &["--otlp-ca".as_ref(), ca.as_os_str()]).await;
     let _ = (workload.kill(), workload.wait());
     server.abort();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
     assert_valid(&collector.requests());
 }
 
@@ -538,20 +531,14 @@ async fn what_the_queue_cannot_hold_is_counted_as_dropped() {
         .arg("10")
         .spawn()
         .expect("start the workload");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
-        .args(["agent", "--duration", "5", "--report-interval", "1s"])
-        .args([
-            "--otlp-endpoint",
-            "http://127.0.0.1:1",
-            "--export-queue-mib",
-            "0",
-        ])
-        .output()
-        .await
-        .expect("run hostprof agent");
+    let output = run_agent(
+        "http://127.0.0.1:1",
+        "5",
+        &["--export-queue-mib".as_ref(), "0".as_ref()],
+    )
+    .await;
     let _ = (workload.kill(), workload.wait());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
     let summary = stderr
         .lines()
         .find(|line| line.contains("hostprof agent stopped"))
