@@ -14,3 +14,4 @@ pub mod procs;
 pub mod profile;
 pub mod sampler;
 pub mod symbolize;
+pub mod unwind;

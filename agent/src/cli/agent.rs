@@ -43,7 +43,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (requests_tx, requests_rx) = unbounded_channel();
     let exporter = tokio::spawn(run_exporter(config, requests_rx));
 
+    let (unwind, unwind_chunks) = args.unwind.options();
     let options = SamplerOptions {
+        unwind,
+        unwind_chunks,
         frequency_hz: args.frequency,
         pids: None,
         off_cpu: args.off_cpu.options(),
@@ -72,6 +75,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         stats.sent_bytes / 1024,
         stats.dropped,
         finished.counters.lost() + finished.reader.dropped_backlog,
+    );
+    eprint!(
+        "{}",
+        super::record::unwind_report(&finished.counters, finished.unwind)
     );
     Ok(())
 }

@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use crate::{
     model::ResolvedSample,
     pipeline,
-    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
+    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, UnwindMode, read_ring},
     symbolize::{Symbolizer, SymbolizerOptions},
+    unwind::{LoaderStats, SharedStats},
 };
 
 /// Batches of samples waiting for the resolver; beyond this the reader drops
@@ -29,6 +30,7 @@ pub(super) struct Session<T> {
     stop_tx: watch::Sender<bool>,
     reader: tokio::task::JoinHandle<std::io::Result<ReaderStats>>,
     worker: JoinHandle<T>,
+    unwind: Option<SharedStats>,
 }
 
 /// What a session left when it stopped.
@@ -39,6 +41,8 @@ pub(super) struct Finished<T> {
     pub counters: Counters,
     /// The sampler program's run time and run count (zero without BPF stats).
     pub program_stats: (std::time::Duration, u64),
+    /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
+    pub unwind: Option<LoaderStats>,
 }
 
 impl<T: Send + 'static> Session<T> {
@@ -51,14 +55,25 @@ impl<T: Send + 'static> Session<T> {
     ) -> anyhow::Result<Self> {
         let mut sampler = Sampler::start(options)?;
         let ring = sampler.take_ring()?;
+        let (requests, unwind) = match options.unwind {
+            UnwindMode::Tables => {
+                let maps = sampler.take_unwind_maps()?;
+                let preload = options.pids.clone().unwrap_or_default();
+                let (requests, stats) =
+                    crate::unwind::spawn_service(maps, options.unwind_chunks, preload)
+                        .context("cannot start the unwind table thread")?;
+                (Some(requests), Some(stats))
+            }
+            UnwindMode::FramePointers => (None, None),
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
         let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx));
         // After the sampler: a failure to load says only that, and kallsyms
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
-        let resolved =
-            pipeline::spawn(batch_rx, symbolizer).context("cannot start the pipeline threads")?;
+        let resolved = pipeline::spawn(batch_rx, symbolizer, requests)
+            .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
             .name("hostprof-work".into())
             .spawn(move || work(resolved))
@@ -68,6 +83,7 @@ impl<T: Send + 'static> Session<T> {
             stop_tx,
             reader,
             worker,
+            unwind,
         })
     }
 
@@ -83,11 +99,16 @@ impl<T: Send + 'static> Session<T> {
             .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
         let counters = self.sampler.counters()?;
         let program_stats = self.sampler.program_stats()?;
+        let unwind = self
+            .unwind
+            .as_ref()
+            .map(|stats| *stats.lock().unwrap_or_else(|e| e.into_inner()));
         Ok(Finished {
             output,
             reader,
             counters,
             program_stats,
+            unwind,
         })
     }
 }
