@@ -401,12 +401,15 @@ mod sampler {
     /// drains on a timer, so a quiet ring never strands samples.
     #[inline(always)]
     fn submit(mut entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
-        // A process the unwinder does not know yet: wake the agent now, so
-        // its tables load within a few samples rather than a drain interval.
+        // A selected process the unwinder does not know yet (just started or
+        // exec'd): wake the agent now, so its tables load within a few
+        // samples rather than a drain interval. Host-wide, where unknown
+        // processes are many, the usual batching stays.
         let flags = unsafe { (*entry.as_mut_ptr()).flags };
-        let unknown = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
-        let urgent =
-            unknown == unwind::reason::UNKNOWN_PROCESS || unknown == unwind::reason::NO_MAPPING;
+        let why = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+        let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
+        let urgent = filtering
+            && (why == unwind::reason::UNKNOWN_PROCESS || why == unwind::reason::NO_MAPPING);
         let wakeup = if urgent || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
             BPF_RB_FORCE_WAKEUP
         } else {

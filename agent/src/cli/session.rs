@@ -59,9 +59,13 @@ impl<T: Send + 'static> Session<T> {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;
                 let preload = options.pids.clone().unwrap_or_default();
-                let (requests, stats) =
-                    crate::unwind::spawn_service(maps, options.unwind_chunks, preload)
-                        .context("cannot start the unwind table thread")?;
+                let (requests, stats) = crate::unwind::spawn_service(
+                    maps,
+                    options.unwind_chunks,
+                    preload,
+                    options.pids.is_none(),
+                )
+                .context("cannot start the unwind table thread")?;
                 (Some(requests), Some(stats))
             }
             UnwindMode::FramePointers => (None, None),

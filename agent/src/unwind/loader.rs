@@ -20,10 +20,9 @@ use agent_ebpf::{
     },
 };
 
-use super::{
-    FileData, UnwindError,
-    table::{self, TableKind, UnwindTable},
-};
+use agent_ebpf::unwind::table::{self, TableKind, UnwindTable};
+
+use super::{FileData, UnwindError};
 
 /// Writes to the kernel's unwind maps; tests swap in a fake.
 pub trait TableMaps {

@@ -1,7 +1,8 @@
 //! Unwind tables for the in-kernel unwinder, and replay of recorded stacks
 //! through the same unwinder on the host.
 //!
-//! - [`table`]: `.eh_frame`/`.debug_frame` → sorted [`UnwindRow`]s (gimli).
+//! - `agent_ebpf::unwind::table`: `.eh_frame`/`.debug_frame` → sorted
+//!   [`UnwindRow`]s (gimli).
 //! - [`TableLoader`]: shares tables between processes in the kernel's maps,
 //!   frees them with their last process, bounds their memory.
 //! - [`spawn_service`]: the thread that loads a process's tables when the
@@ -13,10 +14,9 @@
 //! [`UnwindRow`]: agent_ebpf::unwind::UnwindRow
 mod loader;
 pub mod replay;
-pub mod table;
 
 use std::{
-    collections::HashMap,
+    collections::HashSet,
     path::Path,
     sync::{
         Arc, Mutex,
@@ -32,12 +32,8 @@ pub use loader::{FileKey, FileSource, LoaderStats, MappedFile, TableLoader, Tabl
 /// Why a table could not be built or loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum UnwindError {
-    #[error("cannot parse the ELF file")]
-    Parse(#[source] object::Error),
-    #[error("unsupported architecture")]
-    UnsupportedArch,
-    #[error("no .eh_frame or .debug_frame")]
-    NoCfi,
+    #[error(transparent)]
+    Table(#[from] agent_ebpf::unwind::table::TableError),
     #[error("cannot update the eBPF map {map}")]
     Map {
         map: &'static str,
@@ -174,39 +170,30 @@ pub fn process_mappings(pid: u32) -> Option<Vec<MappedFile>> {
 }
 
 /// Asks the unwind service to load processes' tables; cheap to call per
-/// sample (asks at most once per process per interval).
+/// sample (a process already waiting is not asked for again).
 #[derive(Clone)]
 pub struct Requests {
     tx: SyncSender<u32>,
-    asked: Arc<Mutex<HashMap<u32, Instant>>>,
+    pending: Arc<Mutex<HashSet<u32>>>,
 }
 
 impl Requests {
-    /// Asks for `pid`'s tables, unless asked recently.
+    /// Asks for `pid`'s tables, unless already waiting.
     pub fn request(&self, pid: u32) {
-        let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
-        if asked
-            .get(&pid)
-            .is_some_and(|at| at.elapsed() < ASK_INTERVAL)
-        {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !pending.insert(pid) {
             return;
         }
-        if asked.len() > 65_536 {
-            asked.clear();
-        }
-        asked.insert(pid, Instant::now());
         match self.tx.try_send(pid) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             // The service is behind: the next sample asks again.
             Err(TrySendError::Full(_)) => {
-                asked.remove(&pid);
+                pending.remove(&pid);
             }
         }
     }
 }
 
-/// How often one process may be asked for.
-const ASK_INTERVAL: Duration = Duration::from_millis(20);
 /// How often exited processes are dropped from the kernel.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -215,17 +202,28 @@ pub type SharedStats = Arc<Mutex<LoaderStats>>;
 
 /// Starts the thread that loads tables for the processes asked for (and
 /// `preload` right away); it ends when every [`Requests`] is dropped.
+///
+/// `background`: host-wide profiling, where building tables for many large
+/// binaries must not starve the pipeline; the thread then runs at a lower
+/// priority. A targeted recording wants its few tables at once.
 pub fn spawn_service(
     maps: KernelMaps,
     capacity_chunks: u32,
     preload: Vec<u32>,
+    background: bool,
 ) -> std::io::Result<(Requests, SharedStats)> {
     let (tx, rx) = mpsc::sync_channel::<u32>(1024);
     let stats: SharedStats = Arc::default();
     let shared = stats.clone();
+    let pending: Arc<Mutex<HashSet<u32>>> = Arc::default();
+    let served = pending.clone();
     std::thread::Builder::new()
         .name("hostprof-unwind".into())
         .spawn(move || {
+            if background {
+                // SAFETY: setpriority on our own thread id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+            }
             let mut loader = TableLoader::new(maps, capacity_chunks);
             let mut files = ProcFiles::default();
             let own_exe = std::env::current_exe().unwrap_or_default();
@@ -265,7 +263,14 @@ pub fn spawn_service(
             let mut last_sweep = Instant::now();
             loop {
                 match rx.recv_timeout(SWEEP_INTERVAL) {
-                    Ok(pid) => load(&mut loader, pid),
+                    Ok(pid) => {
+                        // Taken off first: samples from now on may ask again.
+                        served
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&pid);
+                        load(&mut loader, pid);
+                    }
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
@@ -280,11 +285,50 @@ pub fn spawn_service(
                 *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
             }
         })?;
-    Ok((
-        Requests {
-            tx,
-            asked: Arc::default(),
-        },
-        stats,
-    ))
+    Ok((Requests { tx, pending }, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_ebpf::unwind::{
+        cfa, reg,
+        table::{build, plt_expression},
+    };
+
+    #[test]
+    fn recognises_the_binutils_plt_expression() {
+        let bytes = [
+            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+        ];
+        assert_eq!(plt_expression(&bytes), Some((8, 11)));
+        assert_eq!(plt_expression(&bytes[1..]), None);
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn own_executable_has_a_sorted_table_covering_this_function() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let table = build(&exe).unwrap();
+        let rows = table.rows();
+        assert!(rows.len() > 1000, "{} rows", rows.len());
+        assert!(rows.windows(2).all(|pair| pair[0].pc < pair[1].pc));
+        // The row for this very function says how to find its caller.
+        let file = object::File::parse(&*exe).unwrap();
+        let here =
+            object::ObjectSymbolTable::symbols(&object::Object::symbol_table(&file).unwrap())
+                .find(|symbol| {
+                    object::ObjectSymbol::name(symbol).is_ok_and(|name| {
+                        name.contains("own_executable_has_a_sorted_table_covering_this_function")
+                    })
+                })
+                .map(|symbol| object::ObjectSymbol::address(&symbol))
+                .expect("test function symbol");
+        let index = rows.partition_point(|row| row.pc as u64 <= here) - 1;
+        let row = rows[index];
+        assert_eq!(row.cfa_rule, cfa::SP, "{row:?}");
+        assert_eq!(
+            (row.cfa_offset, row.ra_rule, row.ra_offset),
+            (8, reg::AT_CFA, -8)
+        );
+    }
 }

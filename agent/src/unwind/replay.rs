@@ -17,7 +17,7 @@ use agent_ebpf::unwind::{
 };
 use object::{Object, ObjectSegment};
 
-use super::table::{self, TableKind};
+use agent_ebpf::unwind::table::{self, TableKind};
 
 /// A mapped executable file of a snapshot.
 #[derive(Clone, Debug)]

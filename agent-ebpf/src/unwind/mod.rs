@@ -11,6 +11,9 @@
 //! by a constant, small values on the stack, `#[inline(always)]` so the eBPF
 //! program has a single function to verify per callback.
 
+#[cfg(feature = "user")]
+pub mod table;
+
 /// Target architecture of the unwound code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {

@@ -5,14 +5,44 @@
 //! of the function. Gaps between FDEs get a [`cfa::NOT_COVERED`] row so a
 //! lookup never borrows the previous function's rule. Consecutive identical
 //! rules merge into one row.
-use agent_ebpf::unwind::{Arch, UnwindRow, cfa, reg};
+//!
+//! Host only (the `user` feature). It lives here, next to the row format,
+//! and is built optimized in dev builds too: gimli's generic CFI evaluation
+//! is instantiated in this crate, and unoptimized it is ~8x slower, which
+//! delays a new process's tables.
+extern crate std;
+
+use std::{boxed::Box, vec::Vec};
+
+use super::{Arch, UnwindRow, cfa, reg};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, Register, RegisterRule,
     RunTimeEndian, UnwindContext, UnwindSection,
 };
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::UnwindError;
+/// Why a file has no table.
+#[derive(Debug)]
+pub enum TableError {
+    /// Not an ELF file this crate's `object` can parse.
+    Parse(object::Error),
+    /// Neither x86_64 nor aarch64.
+    UnsupportedArch,
+    /// No `.eh_frame` or `.debug_frame` rows.
+    NoCfi,
+}
+
+impl core::fmt::Display for TableError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TableError::Parse(err) => write!(f, "cannot parse the ELF file: {err}"),
+            TableError::UnsupportedArch => f.write_str("unsupported architecture"),
+            TableError::NoCfi => f.write_str("no .eh_frame or .debug_frame"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {}
 
 /// How a file's frames are walked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,9 +90,9 @@ pub fn arch_of(file: &object::File) -> Option<Arch> {
 }
 
 /// Builds the unwind table of an ELF image.
-pub fn build(data: &[u8]) -> Result<UnwindTable, UnwindError> {
-    let file = object::File::parse(data).map_err(UnwindError::Parse)?;
-    let arch = arch_of(&file).ok_or(UnwindError::UnsupportedArch)?;
+pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
+    let file = object::File::parse(data).map_err(TableError::Parse)?;
+    let arch = arch_of(&file).ok_or(TableError::UnsupportedArch)?;
     let text_bytes = file
         .sections()
         .filter(|section| section.kind() == object::SectionKind::Text)
@@ -110,7 +140,7 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, UnwindError> {
     }
     add_plt_rows(arch, &file, &mut rows);
     if rows.is_empty() {
-        return Err(UnwindError::NoCfi);
+        return Err(TableError::NoCfi);
     }
     Ok(UnwindTable {
         arch,
@@ -125,7 +155,7 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
     section: &S,
     bases: &BaseAddresses,
     rows: &mut Vec<UnwindRow>,
-) -> Result<(), UnwindError> {
+) -> Result<(), TableError> {
     let mut ctx = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
     loop {
@@ -133,10 +163,7 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
             Ok(Some(entry)) => entry,
             Ok(None) => break,
             // A damaged entry ends the walk; what came before stays useful.
-            Err(err) => {
-                tracing::debug!("unwind info: stopping at a bad CFI entry: {err}");
-                break;
-            }
+            Err(_) => break,
         };
         let CieOrFde::Fde(partial) = entry else {
             continue;
@@ -234,7 +261,7 @@ fn register_rule(rule: Option<RegisterRule<usize>>) -> (u8, i16) {
 
 /// The CFA expression binutils writes for x86_64 `.plt` entries:
 /// `rsp + N + ((rip & 15) >= T) << 3`. Returns (N, T).
-fn plt_expression(bytes: &[u8]) -> Option<(i32, u8)> {
+pub fn plt_expression(bytes: &[u8]) -> Option<(i32, u8)> {
     // DW_OP_breg7 N; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_litT;
     // DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus
     match bytes {
@@ -320,52 +347,29 @@ fn finish(mut rows: Vec<UnwindRow>) -> Vec<UnwindRow> {
 /// The ELF virtual address mapped at `file_offset`, from the loadable
 /// segments: `address - (start - this)` is then the ELF address of any
 /// address of a mapping that starts at `file_offset`.
+///
+/// The kernel maps segments from page boundaries, so a mapping's offset can
+/// lie before its segment's `p_offset` (inside the previous segment's
+/// bytes): executable segments win.
 pub fn vaddr_of_offset(data: &[u8], file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
     let file = object::File::parse(data).ok()?;
-    file.segments().find_map(|segment| {
+    let mut best = None;
+    for segment in file.segments() {
         let (offset, size) = segment.file_range();
-        (offset <= file_offset && file_offset < offset + size.max(1))
-            .then(|| segment.address() + (file_offset - offset))
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recognises_the_binutils_plt_expression() {
-        let bytes = [
-            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
-        ];
-        assert_eq!(plt_expression(&bytes), Some((8, 11)));
-        assert_eq!(plt_expression(&bytes[1..]), None);
-    }
-
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn own_executable_has_a_sorted_table_covering_this_function() {
-        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        let table = build(&exe).unwrap();
-        let rows = table.rows();
-        assert!(rows.len() > 1000, "{} rows", rows.len());
-        assert!(rows.windows(2).all(|pair| pair[0].pc < pair[1].pc));
-        // The row for this very function says how to find its caller.
-        let file = object::File::parse(&*exe).unwrap();
-        let here = object::ObjectSymbolTable::symbols(&file.symbol_table().unwrap())
-            .find(|symbol| {
-                object::ObjectSymbol::name(symbol).is_ok_and(|name| {
-                    name.contains("own_executable_has_a_sorted_table_covering_this_function")
-                })
-            })
-            .map(|symbol| object::ObjectSymbol::address(&symbol))
-            .expect("test function symbol");
-        let index = rows.partition_point(|row| row.pc as u64 <= here) - 1;
-        let row = rows[index];
-        assert_eq!(row.cfa_rule, cfa::SP, "{row:?}");
-        assert_eq!(
-            (row.cfa_offset, row.ra_rule, row.ra_offset),
-            (8, reg::AT_CFA, -8)
+        let aligned = offset & !(PAGE - 1);
+        if !(aligned <= file_offset && file_offset < offset + size.max(1)) {
+            continue;
+        }
+        let vaddr = (segment.address() & !(PAGE - 1)) + (file_offset - aligned);
+        let executable = matches!(
+            segment.flags(),
+            object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
         );
+        if executable {
+            return Some(vaddr);
+        }
+        best.get_or_insert(vaddr);
     }
+    best
 }
