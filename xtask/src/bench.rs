@@ -308,6 +308,9 @@ fn bench_hostprof_with(
     ))
 }
 
+/// One measurement with the workload's pids: the row and hostprof's stderr.
+type Measure<'a> = dyn FnMut(&[String]) -> Result<(Row, String)> + 'a;
+
 /// Issue 5: in-kernel unwinding of code without frame pointers, next to
 /// frame pointers and to perf's stack copies (`--call-graph dwarf`).
 fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
@@ -318,10 +321,13 @@ fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
             .arg(&workload)
             .arg(root().join("tests/programs/unwind_c.c")),
     )?;
+    // Only the workload's processes (-p): host-wide, perf script would also
+    // expand inlines of whatever else runs (addr2line on a busy build host
+    // can take minutes), which says nothing about unwinding.
     println!(
-        "unwinding: 2 x unwind_c split (-O2 -fomit-frame-pointer); {seconds} s host-wide at 999 Hz"
+        "unwinding: 2 x unwind_c split (-O2 -fomit-frame-pointer), both profiled with -p; {seconds} s at 999 Hz"
     );
-    let busy = |measure: &mut dyn FnMut() -> Result<(Row, String)>| {
+    let busy = |measure: &mut Measure| {
         let children: Vec<Child> = (0..2)
             .map(|_| {
                 Command::new(&workload)
@@ -331,25 +337,36 @@ fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
             .collect::<Result<_, _>>()
             .context("cannot start the workload")?;
         std::thread::sleep(Duration::from_millis(300));
-        let row = measure();
+        let pids: Vec<String> = children
+            .iter()
+            .map(|child| child.id().to_string())
+            .collect();
+        let row = measure(&pids);
         for mut child in children {
             let _ = child.kill();
             let _ = child.wait();
         }
         row
     };
-    let (tables, text) =
-        busy(&mut || bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind dwarf", &[]))?;
-    let (frame_pointers, _) = busy(&mut || {
-        bench_hostprof_with(
-            hostprof,
-            dir,
-            seconds,
-            "hostprof --unwind fp",
-            &["--unwind", "fp"],
-        )
+    let select = |pids: &[String], extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = pids
+            .iter()
+            .flat_map(|pid| ["-p".to_string(), pid.clone()])
+            .collect();
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        args
+    };
+    let (tables, text) = busy(&mut |pids| {
+        let args = select(pids, &[]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind dwarf", &args)
     })?;
-    let (perf, _) = busy(&mut || Ok((bench_perf_dwarf(dir, seconds)?, String::new())))?;
+    let (frame_pointers, _) = busy(&mut |pids| {
+        let args = select(pids, &["--unwind", "fp"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind fp", &args)
+    })?;
+    let (perf, _) = busy(&mut |pids| Ok((bench_perf_dwarf(dir, seconds, pids)?, String::new())))?;
     println!(
         "{:<36} {:>9} {:>8} {:>16} {:>16}",
         "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
@@ -395,20 +412,15 @@ fn number_after(text: &str, marker: &str) -> Option<f64> {
     digits.parse().ok()
 }
 
-/// perf with DWARF stack copies (8 KiB per sample), then perf script.
-fn bench_perf_dwarf(dir: &Path, seconds: u64) -> Result<Row> {
+/// perf with DWARF stack copies (8 KiB per sample), then perf script
+/// (`--no-inline`: perf would run addr2line for inlines; hostprof's own
+/// symbolizer does that in-process).
+fn bench_perf_dwarf(dir: &Path, seconds: u64, pids: &[String]) -> Result<Row> {
     let data = dir.join("perf-dwarf.data");
     let record = Command::new("perf")
-        .args([
-            "record",
-            "-F",
-            "999",
-            "--call-graph",
-            "dwarf",
-            "-a",
-            "-q",
-            "-o",
-        ])
+        .args(["record", "-F", "999", "--call-graph", "dwarf", "-q", "-p"])
+        .arg(pids.join(","))
+        .arg("-o")
         .arg(&data)
         .args(["--", "sleep", &seconds.to_string()])
         .stdout(Stdio::null())
@@ -417,8 +429,7 @@ fn bench_perf_dwarf(dir: &Path, seconds: u64) -> Result<Row> {
     let recording = wait_usage(record)?;
     let script_path = dir.join("perf-dwarf.script");
     let script = Command::new("perf")
-        .arg("script")
-        .arg("-i")
+        .args(["script", "--no-inline", "-i"])
         .arg(&data)
         .stdout(fs::File::create(&script_path)?)
         .stderr(Stdio::null())
@@ -430,7 +441,7 @@ fn bench_perf_dwarf(dir: &Path, seconds: u64) -> Result<Row> {
         .filter(|line| !line.is_empty() && !line.starts_with(['\t', ' ']))
         .count() as u64;
     Ok(Row {
-        name: "perf --call-graph dwarf -a + script",
+        name: "perf --call-graph dwarf + script",
         samples,
         usage: recording.plus(scripting),
         kernel_ns_per_sample: None,
