@@ -10,9 +10,16 @@
 //! them from maps.
 #![no_std]
 
-/// Frames kept per stack; the kernel's `bpf_get_stack` limit for the default
-/// `kernel.perf_event_max_stack` (127).
+pub mod unwind;
+
+/// Frames kept per kernel stack; the kernel's `bpf_get_stack` limit for the
+/// default `kernel.perf_event_max_stack` (127).
 pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Frames kept per user stack. The table-driven unwinder walks up to this
+/// many; `bpf_get_stack` (frame pointers) stops at 127.
+pub const MAX_USER_STACK_DEPTH: usize = 128;
+const _: () = assert!(MAX_USER_STACK_DEPTH.is_power_of_two());
 
 /// Length of `task_struct::comm`.
 pub const COMM_LEN: usize = 16;
@@ -52,6 +59,46 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_FILTER_TGIDS: &str = "FILTER_TGIDS";
 /// Global `u8`: when non-zero only tgids present in [`MAP_FILTER_TGIDS`] are sampled.
 pub const GLOBAL_FILTER_BY_TGID: &str = "FILTER_BY_TGID";
+
+/// Global `u8`: [`UNWIND_FP`] or [`UNWIND_DWARF`].
+pub const GLOBAL_UNWIND_MODE: &str = "UNWIND_MODE";
+/// User stacks through frame pointers only (`bpf_get_stack`).
+pub const UNWIND_FP: u8 = 0;
+/// User stacks through unwind tables ([`unwind`]), frame pointers where a
+/// process or mapping has none.
+pub const UNWIND_DWARF: u8 = 1;
+/// Array of `[unwind::UnwindRow; unwind::ROW_CHUNK]`: every loaded unwind
+/// table, each starting on a chunk.
+pub const MAP_UNWIND_ROWS: &str = "UNWIND_ROWS";
+/// Default number of chunks in [`MAP_UNWIND_ROWS`] (4 KiB each: 32 MiB).
+pub const DEFAULT_UNWIND_CHUNKS: u32 = 8192;
+/// tgid -> [`unwind::ProcessMappings`]: executable mappings and their tables.
+pub const MAP_PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
+/// Capacity of [`MAP_PROCESS_MAPPINGS`] (~2.6 KiB of kernel memory each).
+pub const MAX_UNWIND_PROCESSES: u32 = 1024;
+/// Per-CPU [`UnwindState`] scratch: one slot for the sampler, one for the
+/// off-CPU tracepoint.
+pub const MAP_UNWIND_STATE: &str = "UNWIND_STATE";
+/// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
+/// that replaced its image, so its next samples ask the agent for new ones.
+pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
+
+/// One element of [`MAP_UNWIND_ROWS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RowChunk(pub [unwind::UnwindRow; unwind::ROW_CHUNK]);
+
+/// Scratch state of one in-kernel unwind (too large for the BPF stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindState {
+    pub regs: unwind::Regs,
+    pub tgid: u32,
+    pub len: u32,
+    pub reason: u32,
+    pub _pad: u32,
+    pub frames: [u64; MAX_USER_STACK_DEPTH],
+}
 
 /// Global `u32`: byte offset of `tgid` in the running kernel's `task_struct`
 /// (from its BTF); [`PROGRAM_FOLLOW_FORK`] reads the child's tgid with it.
@@ -100,7 +147,7 @@ pub struct Sample {
     /// Valid entries of `user_stack`.
     pub user_stack_len: u32,
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
-    pub user_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_USER_STACK_DEPTH],
 }
 
 /// A cpu-clock sample: the thread was running.
@@ -116,6 +163,11 @@ pub const SAMPLE_FLAG_USER_TRUNCATED: u32 = 1 << 1;
 pub const SAMPLE_FLAG_KERNEL_ERROR: u32 = 1 << 2;
 /// `bpf_get_stack` failed for the user stack.
 pub const SAMPLE_FLAG_USER_ERROR: u32 = 1 << 3;
+/// The user stack was walked with unwind tables.
+pub const SAMPLE_FLAG_USER_TABLES: u32 = 1 << 4;
+/// Bits 8..16 of the flags: why the table-driven unwind of the user stack
+/// stopped (an `unwind::reason`).
+pub const SAMPLE_UNWIND_SHIFT: u32 = 8;
 
 /// Indices into the per-CPU [`MAP_COUNTERS`] array: every way a sample can be
 /// taken, skipped, lost or damaged.
@@ -144,11 +196,32 @@ pub enum Counter {
     OffCpuEmitted = 9,
     /// Lost: an off-CPU start could not be recorded (map update failed).
     OffCpuMapFull = 10,
+    /// User stacks walked with unwind tables.
+    UnwindTables = 11,
+    /// Table-driven unwinds that ended at the end of the stack.
+    UnwindComplete = 12,
+    /// Unwinds stopped in a mapping without a table (frame pointers failed).
+    UnwindNoTable = 13,
+    /// Unwinds stopped at an address no table row covers.
+    UnwindPcNotCovered = 14,
+    /// Unwinds stopped at a rule the unwinder does not evaluate.
+    UnwindUnsupportedRule = 15,
+    /// Unwinds stopped when reading the stack failed.
+    UnwindReadFault = 16,
+    /// Unwinds stopped at [`MAX_USER_STACK_DEPTH`] frames.
+    UnwindDepthLimit = 17,
+    /// Unwinds stopped at an implausible frame.
+    UnwindBadFrame = 18,
+    /// Samples of processes whose mappings were not loaded yet (frame
+    /// pointers used instead).
+    UnwindUnknownProcess = 19,
+    /// Unwinds stopped at an address outside the known mappings.
+    UnwindNoMapping = 20,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 21] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -160,6 +233,16 @@ impl Counter {
         Counter::FilterFull,
         Counter::OffCpuEmitted,
         Counter::OffCpuMapFull,
+        Counter::UnwindTables,
+        Counter::UnwindComplete,
+        Counter::UnwindNoTable,
+        Counter::UnwindPcNotCovered,
+        Counter::UnwindUnsupportedRule,
+        Counter::UnwindReadFault,
+        Counter::UnwindDepthLimit,
+        Counter::UnwindBadFrame,
+        Counter::UnwindUnknownProcess,
+        Counter::UnwindNoMapping,
     ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -178,6 +261,31 @@ impl Counter {
             Counter::FilterFull => "filter_full",
             Counter::OffCpuEmitted => "off_cpu_emitted",
             Counter::OffCpuMapFull => "off_cpu_map_full",
+            Counter::UnwindTables => "unwind_tables",
+            Counter::UnwindComplete => "unwind_complete",
+            Counter::UnwindNoTable => "unwind_no_table",
+            Counter::UnwindPcNotCovered => "unwind_pc_not_covered",
+            Counter::UnwindUnsupportedRule => "unwind_unsupported_rule",
+            Counter::UnwindReadFault => "unwind_read_fault",
+            Counter::UnwindDepthLimit => "unwind_depth_limit",
+            Counter::UnwindBadFrame => "unwind_bad_frame",
+            Counter::UnwindUnknownProcess => "unwind_unknown_process",
+            Counter::UnwindNoMapping => "unwind_no_mapping",
+        }
+    }
+
+    /// The counter of an `unwind::reason`.
+    pub const fn for_unwind_reason(reason: u32) -> Counter {
+        match reason {
+            unwind::reason::COMPLETE => Counter::UnwindComplete,
+            unwind::reason::NO_TABLE => Counter::UnwindNoTable,
+            unwind::reason::PC_NOT_COVERED => Counter::UnwindPcNotCovered,
+            unwind::reason::UNSUPPORTED_RULE => Counter::UnwindUnsupportedRule,
+            unwind::reason::READ_FAULT => Counter::UnwindReadFault,
+            unwind::reason::DEPTH_LIMIT => Counter::UnwindDepthLimit,
+            unwind::reason::UNKNOWN_PROCESS => Counter::UnwindUnknownProcess,
+            unwind::reason::NO_MAPPING => Counter::UnwindNoMapping,
+            _ => Counter::UnwindBadFrame,
         }
     }
 }
@@ -187,9 +295,23 @@ mod user {
     // SAFETY: `Sample` is `repr(C)`, `Copy`, made only of integers and arrays of
     // integers, with no padding (checked by the size assertion below).
     unsafe impl aya::Pod for super::Sample {}
+    // SAFETY: as above, integers only, no padding (asserted below).
+    unsafe impl aya::Pod for super::unwind::ProcessMappings {}
+    // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
+    unsafe impl aya::Pod for super::RowChunk {}
 
     const _: () = assert!(
         core::mem::size_of::<super::Sample>()
-            == 4 * 4 + 8 * 2 + 4 * 2 + super::COMM_LEN + 4 * 2 + 8 * 2 * super::MAX_STACK_DEPTH
+            == 4 * 4
+                + 8 * 2
+                + 4 * 2
+                + super::COMM_LEN
+                + 4 * 2
+                + 8 * (super::MAX_STACK_DEPTH + super::MAX_USER_STACK_DEPTH)
+    );
+    const _: () = assert!(core::mem::size_of::<super::unwind::UnwindRow>() == 16);
+    const _: () = assert!(
+        core::mem::size_of::<super::unwind::ProcessMappings>()
+            == 8 + 32 * super::unwind::MAX_PROCESS_MAPPINGS
     );
 }

@@ -16,22 +16,29 @@ mod sampler {
     use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
 
     use agent_ebpf::{
-        COMM_LEN, Counter, DEFAULT_RING_BYTES, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS,
-        MAX_STACK_DEPTH, RING_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
-        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
-        Sample,
+        COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_UNWIND_CHUNKS, MAX_FILTER_TGIDS,
+        MAX_OFF_CPU_THREADS, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES, MAX_USER_STACK_DEPTH,
+        RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
+        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED,
+        SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT, Sample, UNWIND_DWARF,
+        UnwindState,
+        unwind::{
+            self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
+        },
     };
     use aya_ebpf::{
         EbpfContext,
         bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
             bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+            bpf_probe_read_user,
             generated::{
-                bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns,
+                bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_get_smp_processor_id,
+                bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_task_pt_regs,
             },
         },
         macros::{map, perf_event, raw_tracepoint},
-        maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+        maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
         programs::{PerfEventContext, RawTracePointContext},
     };
 
@@ -75,7 +82,211 @@ mod sampler {
     #[map(name = "FILTER_TGIDS")]
     static FILTER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
 
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_UNWIND_MODE`).
+    #[unsafe(no_mangle)]
+    static UNWIND_MODE: u8 = 0;
+
+    #[map(name = "UNWIND_ROWS")]
+    static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
+
+    #[map(name = "PROCESS_MAPPINGS")]
+    static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
+        HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+    #[map(name = "UNWIND_STATE")]
+    static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
+
     const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+    const USER_STACK_BYTES: u32 = (MAX_USER_STACK_DEPTH * size_of::<u64>()) as u32;
+
+    #[cfg(bpf_target_arch = "aarch64")]
+    const ARCH: Arch = Arch::Aarch64;
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    const ARCH: Arch = Arch::X86_64;
+
+    /// Byte offsets of pc, sp, frame pointer and link register in the
+    /// architecture's `struct pt_regs` (a stable kernel ABI).
+    #[cfg(bpf_target_arch = "aarch64")]
+    const PT_REGS: [usize; 4] = [32 * 8, 31 * 8, 29 * 8, 30 * 8];
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    const PT_REGS: [usize; 4] = [16 * 8, 19 * 8, 4 * 8, 16 * 8];
+
+    /// `UnwindState::reason` while the unwind is still going.
+    const RUNNING: u32 = u32::MAX;
+
+    /// The unwinder's view of the current process: user memory and the
+    /// tables the agent loaded.
+    struct KernelProcess {
+        mappings: *const ProcessMappings,
+        tgid: u32,
+    }
+
+    impl unwind::Process for KernelProcess {
+        #[inline(always)]
+        fn read_u64(&mut self, address: u64) -> Option<u64> {
+            unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+        }
+
+        #[inline(always)]
+        fn lookup(&mut self, pc: u64) -> Lookup {
+            // SAFETY: a value of PROCESS_MAPPINGS, valid during this program run.
+            let mappings = unsafe { &*self.mappings };
+            let tgid = self.tgid;
+            let search = |what: Sorted, len: u32, target: u64| {
+                let mut ctx = SearchCtx {
+                    search: Search::new(len, target),
+                    tgid,
+                    table_start: match what {
+                        Sorted::Mappings => SEARCH_MAPPINGS,
+                        Sorted::Rows { start } => start,
+                    },
+                };
+                unsafe {
+                    bpf_loop(
+                        unwind::MAX_SEARCH_STEPS,
+                        search_probe as *mut c_void,
+                        (&mut ctx as *mut SearchCtx).cast(),
+                        0,
+                    )
+                };
+                ctx.search.result()
+            };
+            unwind::lookup_in(mappings, pc, search, row)
+        }
+    }
+
+    /// Row `index` of the rows map.
+    #[inline(always)]
+    fn row(index: u32) -> Option<UnwindRow> {
+        let chunk = UNWIND_ROWS.get(index / ROW_CHUNK as u32)?;
+        chunk.0.get((index % ROW_CHUNK as u32) as usize).copied()
+    }
+
+    /// `SearchCtx::table_start` of a search over the process's mappings.
+    const SEARCH_MAPPINGS: u32 = u32::MAX;
+
+    /// A binary search run by `bpf_loop`, one probe per call.
+    #[repr(C)]
+    struct SearchCtx {
+        search: Search,
+        tgid: u32,
+        /// First row of the table searched, or SEARCH_MAPPINGS.
+        table_start: u32,
+    }
+
+    extern "C" fn search_probe(_index: u64, ctx: *mut c_void) -> i64 {
+        // SAFETY: bpf_loop passes the SearchCtx on the caller's stack.
+        let ctx = unsafe { &mut *(ctx as *mut SearchCtx) };
+        let (tgid, start) = (ctx.tgid, ctx.table_start);
+        let more = ctx.search.probe(|index| {
+            if start == SEARCH_MAPPINGS {
+                let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+                let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+                Some(mappings.mappings[index].start)
+            } else {
+                row(start.wrapping_add(index)).map(|row| row.pc as u64)
+            }
+        });
+        if more { 0 } else { 1 }
+    }
+
+    /// One frame per call, from `bpf_loop`; `ctx` points at the
+    /// UNWIND_STATE slot. Returns 1 to stop.
+    extern "C" fn unwind_frame(_index: u64, ctx: *mut c_void) -> i64 {
+        let slot = unsafe { *(ctx as *const u32) };
+        let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+            return 1;
+        };
+        // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
+        let state = unsafe { &mut *state };
+        let Some(mappings) = (unsafe { PROCESS_MAPPINGS.get(&state.tgid) }) else {
+            state.reason = unwind::reason::UNKNOWN_PROCESS;
+            return 1;
+        };
+        let mut process = KernelProcess {
+            mappings,
+            tgid: state.tgid,
+        };
+        match unwind::step(ARCH, &mut state.regs, &mut process) {
+            Step::Caller => {
+                let len = state.len as usize;
+                if len >= MAX_USER_STACK_DEPTH {
+                    state.reason = unwind::reason::DEPTH_LIMIT;
+                    return 1;
+                }
+                // Masked for the verifier (the depth is a power of two).
+                state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = state.regs.pc;
+                state.len += 1;
+                0
+            }
+            Step::Stop(reason) => {
+                state.reason = reason;
+                1
+            }
+        }
+    }
+
+    /// Walks the current task's user stack with the unwind tables into
+    /// `dst`; `None` when the process has none loaded (the caller then uses
+    /// frame pointers).
+    #[inline(always)]
+    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+        unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+        let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
+        // The user registers, saved on kernel entry: right whether the
+        // sample hit user or kernel code.
+        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+        let read = |offset: usize| unsafe { bpf_probe_read_kernel(regs.add(offset).cast::<u64>()) };
+        let (Ok(pc), Ok(sp), Ok(fp), Ok(lr)) = (
+            read(PT_REGS[0]),
+            read(PT_REGS[1]),
+            read(PT_REGS[2]),
+            read(PT_REGS[3]),
+        ) else {
+            return None;
+        };
+        state.regs = Regs {
+            pc,
+            sp,
+            fp,
+            lr,
+            interrupted: 1,
+            fp_valid: 1,
+        };
+        state.tgid = tgid;
+        state.frames[0] = pc;
+        state.len = 1;
+        state.reason = RUNNING;
+        let mut ctx_slot = slot;
+        unsafe {
+            bpf_loop(
+                MAX_USER_STACK_DEPTH as u32,
+                unwind_frame as *mut c_void,
+                (&mut ctx_slot as *mut u32).cast(),
+                0,
+            )
+        };
+        if state.reason == RUNNING {
+            state.reason = unwind::reason::DEPTH_LIMIT;
+        }
+        let reason = state.reason;
+        // SAFETY: both hold MAX_USER_STACK_DEPTH frames.
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                dst.cast(),
+                USER_STACK_BYTES,
+                state.frames.as_ptr().cast(),
+            )
+        };
+        bump(Counter::UnwindTables);
+        bump(Counter::for_unwind_reason(reason));
+        let mut flags = SAMPLE_FLAG_USER_TABLES | ((reason & 0xff) << SAMPLE_UNWIND_SHIFT);
+        if reason == unwind::reason::DEPTH_LIMIT {
+            bump(Counter::Truncated);
+            flags |= SAMPLE_FLAG_USER_TRUNCATED;
+        }
+        Some((state.len, flags))
+    }
 
     #[perf_event]
     pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
@@ -95,9 +306,12 @@ mod sampler {
     /// Reads one stack into `dst`; returns (frames, flags to set).
     #[inline(always)]
     fn read_stack<C: EbpfContext>(ctx: &C, dst: *mut u64, user: bool) -> (u32, u32) {
-        let flags = if user { BPF_F_USER_STACK as u64 } else { 0 };
-        let written =
-            unsafe { bpf_get_stack(ctx.as_ptr(), dst as *mut c_void, STACK_BYTES, flags) };
+        let (flags, bytes) = if user {
+            (BPF_F_USER_STACK as u64, USER_STACK_BYTES)
+        } else {
+            (0, STACK_BYTES)
+        };
+        let written = unsafe { bpf_get_stack(ctx.as_ptr(), dst as *mut c_void, bytes, flags) };
         let (error_flag, truncated_flag, error_counter) = if user {
             (
                 SAMPLE_FLAG_USER_ERROR,
@@ -152,7 +366,31 @@ mod sampler {
             (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
             let (kernel_len, kernel_flags) =
                 read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
-            let (user_len, user_flags) = read_stack(ctx, (*sample).user_stack.as_mut_ptr(), true);
+            let tgid = (pid_tgid >> 32) as u32;
+            let user = (*sample).user_stack.as_mut_ptr();
+            let dwarf = read_volatile(&UNWIND_MODE) == UNWIND_DWARF;
+            // One scratch slot per program: the sampler and the off-CPU
+            // tracepoint never share one.
+            let slot = if kind == SAMPLE_KIND_CPU { 0 } else { 1 };
+            let tables = if dwarf {
+                unwind_user(slot, tgid, user)
+            } else {
+                None
+            };
+            let (user_len, user_flags) = match tables {
+                Some(unwound) => unwound,
+                None => {
+                    let (len, flags) = read_stack(ctx, user, true);
+                    // Kernel threads have no user stack: nothing to load.
+                    if dwarf && len > 0 {
+                        bump(Counter::UnwindUnknownProcess);
+                        let why = unwind::reason::UNKNOWN_PROCESS << SAMPLE_UNWIND_SHIFT;
+                        (len, flags | why)
+                    } else {
+                        (len, flags)
+                    }
+                }
+            };
             (*sample).kernel_stack_len = kernel_len;
             (*sample).user_stack_len = user_len;
             (*sample).flags = kernel_flags | user_flags;
@@ -162,8 +400,17 @@ mod sampler {
     /// Submits a reserved ring entry, batching wakeups: the reader also
     /// drains on a timer, so a quiet ring never strands samples.
     #[inline(always)]
-    fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
-        let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
+    fn submit(mut entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
+        // A selected process the unwinder does not know yet (just started or
+        // exec'd): wake the agent now, so its tables load within a few
+        // samples rather than a drain interval. Host-wide, where unknown
+        // processes are many, the usual batching stays.
+        let flags = unsafe { (*entry.as_mut_ptr()).flags };
+        let why = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+        let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
+        let urgent = filtering
+            && (why == unwind::reason::UNKNOWN_PROCESS || why == unwind::reason::NO_MAPPING);
+        let wakeup = if urgent || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
             BPF_RB_FORCE_WAKEUP
         } else {
             BPF_RB_NO_WAKEUP
@@ -290,6 +537,15 @@ mod sampler {
         if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
             bump(Counter::OffCpuMapFull);
         }
+    }
+
+    /// `sched_process_exec`: the process replaced its image, its mappings
+    /// are gone; until the agent loads the new ones, frame pointers serve.
+    #[raw_tracepoint(tracepoint = "sched_process_exec")]
+    pub fn forget_exec(_ctx: RawTracePointContext) -> i32 {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = PROCESS_MAPPINGS.remove(&tgid);
+        0
     }
 
     /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`

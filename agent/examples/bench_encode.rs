@@ -99,9 +99,12 @@ async fn record(duration: Duration, frequency: u64) -> anyhow::Result<Vec<Resolv
     let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx, progress));
     let worker = std::thread::spawn(move || {
         let mut resolved = Vec::new();
-        let Ok(batches) =
-            pipeline::spawn(batch_rx, Arc::new(Symbolizer::new()), Default::default())
-        else {
+        let Ok(batches) = pipeline::spawn(
+            batch_rx,
+            Arc::new(Symbolizer::new()),
+            None,
+            Default::default(),
+        ) else {
             return resolved;
         };
         for batch in batches {

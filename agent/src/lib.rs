@@ -18,3 +18,4 @@ pub mod profile;
 pub mod sampler;
 pub mod status;
 pub mod symbolize;
+pub mod unwind;

@@ -19,6 +19,7 @@ use crate::{
     model::{Frame, FrameKind, Mapping, OffCpu, ResolvedSample, ThreadState},
     procs::ProcessTable,
     symbolize::Symbolizer,
+    unwind,
 };
 
 /// Where resolved samples go: a file format, an exporter, a summary.
@@ -79,6 +80,7 @@ const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
 pub fn spawn(
     batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
+    unwind: Option<unwind::Requests>,
     state: Arc<PipelineState>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
     let symbols_state = state.clone();
@@ -88,6 +90,7 @@ pub fn spawn(
         .name("hostprof-procs".into())
         .spawn(move || {
             let mut attributor = Attributor::new();
+            attributor.unwind = unwind;
             for batch in batches {
                 let attributed: Vec<ResolvedSample> = batch
                     .iter()
@@ -157,6 +160,8 @@ pub struct Attributor {
     procs: ProcessTable,
     clock: KernelClock,
     last_sweep: Instant,
+    /// Where to ask for unwind tables of processes the kernel did not know.
+    unwind: Option<unwind::Requests>,
 }
 
 impl Default for Attributor {
@@ -171,6 +176,7 @@ impl Attributor {
             procs: ProcessTable::new(),
             clock: KernelClock::now(),
             last_sweep: Instant::now(),
+            unwind: None,
         }
     }
 
@@ -182,6 +188,11 @@ impl Attributor {
     /// The sample with its process, wall-clock time, and one frame per
     /// address (mapping and file offset for user frames); no names yet.
     pub fn attribute(&mut self, sample: &Sample) -> ResolvedSample {
+        if let Some(requests) = &self.unwind
+            && needs_tables(sample.flags)
+        {
+            requests.request(sample.tgid);
+        }
         let comm = comm_str(&sample.comm);
         let process = self.procs.info(sample.tgid, &comm);
         let kernel = &sample.kernel_stack
@@ -226,6 +237,14 @@ impl Attributor {
             }),
         }
     }
+}
+
+/// True when the kernel had no (current) mappings for the sample's process:
+/// unknown to it, or an address outside them (an exec or dlopen since).
+fn needs_tables(flags: u32) -> bool {
+    use agent_ebpf::unwind::reason;
+    let why = (flags >> agent_ebpf::SAMPLE_UNWIND_SHIFT) & 0xff;
+    why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
 }
 
 /// Names every frame of an attributed sample and gives its mappings their

@@ -95,6 +95,8 @@ pub fn run(seconds: u64) -> Result<()> {
         "\nkernel ns/sample: the eBPF program's run_time_ns / run_cnt (BPF stats); perf has no equivalent figure."
     );
     println!();
+    bench_unwinding(&hostprof, &dir, seconds)?;
+    println!();
     bench_off_cpu(&hostprof, &dir)?;
     println!();
     bench_symbolize()?;
@@ -257,6 +259,18 @@ fn with_workload<T>(
 }
 
 fn bench_hostprof(hostprof: &Path, dir: &Path, seconds: u64) -> Result<Row> {
+    let (row, _) = bench_hostprof_with(hostprof, dir, seconds, "hostprof record", &[])?;
+    Ok(row)
+}
+
+/// hostprof record host-wide with `extra` options; the row and its stderr.
+fn bench_hostprof_with(
+    hostprof: &Path,
+    dir: &Path,
+    seconds: u64,
+    name: &'static str,
+    extra: &[&str],
+) -> Result<(Row, String)> {
     let mut child = Command::new(hostprof)
         .args([
             "record",
@@ -265,8 +279,9 @@ fn bench_hostprof(hostprof: &Path, dir: &Path, seconds: u64) -> Result<Row> {
             "-d",
             &seconds.to_string(),
             "--bpf-stats",
-            "-o",
         ])
+        .args(extra)
+        .arg("-o")
         .arg(dir.join("hostprof.folded"))
         .stderr(Stdio::piped())
         .spawn()
@@ -282,11 +297,154 @@ fn bench_hostprof(hostprof: &Path, dir: &Path, seconds: u64) -> Result<Row> {
     let samples =
         number_before(&text, " samples from").context("hostprof printed no sample count")?;
     let kernel = number_before(&text, " ns per run").map(|ns| ns as f64);
+    Ok((
+        Row {
+            name,
+            samples,
+            usage,
+            kernel_ns_per_sample: kernel,
+        },
+        text,
+    ))
+}
+
+/// One measurement with the workload's pids: the row and hostprof's stderr.
+type Measure<'a> = dyn FnMut(&[String]) -> Result<(Row, String)> + 'a;
+
+/// Issue 5: in-kernel unwinding of code without frame pointers, next to
+/// frame pointers and to perf's stack copies (`--call-graph dwarf`).
+fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
+    let workload = dir.join("unwind_c");
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+            .arg(&workload)
+            .arg(root().join("tests/programs/unwind_c.c")),
+    )?;
+    // Only the workload's processes (-p): host-wide, perf script would also
+    // expand inlines of whatever else runs (addr2line on a busy build host
+    // can take minutes), which says nothing about unwinding.
+    println!(
+        "unwinding: 2 x unwind_c split (-O2 -fomit-frame-pointer), both profiled with -p; {seconds} s at 999 Hz"
+    );
+    let busy = |measure: &mut Measure| {
+        let children: Vec<Child> = (0..2)
+            .map(|_| {
+                Command::new(&workload)
+                    .args(["split", &(seconds + 3).to_string()])
+                    .spawn()
+            })
+            .collect::<Result<_, _>>()
+            .context("cannot start the workload")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let pids: Vec<String> = children
+            .iter()
+            .map(|child| child.id().to_string())
+            .collect();
+        let row = measure(&pids);
+        for mut child in children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        row
+    };
+    let select = |pids: &[String], extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = pids
+            .iter()
+            .flat_map(|pid| ["-p".to_string(), pid.clone()])
+            .collect();
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        args
+    };
+    let (tables, text) = busy(&mut |pids| {
+        let args = select(pids, &[]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind dwarf", &args)
+    })?;
+    let (frame_pointers, _) = busy(&mut |pids| {
+        let args = select(pids, &["--unwind", "fp"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind fp", &args)
+    })?;
+    let (perf, _) = busy(&mut |pids| Ok((bench_perf_dwarf(dir, seconds, pids)?, String::new())))?;
+    println!(
+        "{:<36} {:>9} {:>8} {:>16} {:>16}",
+        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
+    );
+    for row in [tables, frame_pointers, perf] {
+        let per_1k = row.usage.cpu.as_secs_f64() * 1000.0 / row.samples.max(1) as f64;
+        let kernel = row
+            .kernel_ns_per_sample
+            .map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
+        println!(
+            "{:<36} {:>9} {:>8.3} {:>16.4} {:>16}",
+            row.name,
+            row.samples,
+            row.usage.cpu.as_secs_f64(),
+            per_1k,
+            kernel
+        );
+    }
+    if let Some(line) = text.lines().find(|line| line.contains("unwind tables:")) {
+        let used = number_after(line, " rows, ");
+        let code = number_after(line, "(for ");
+        if let (Some(used), Some(code)) = (used, code) {
+            println!(
+                "unwind table memory: {used:.1} MiB for {code:.1} MiB of code = {:.3} MiB per MiB of text",
+                used / code.max(0.001)
+            );
+        }
+        println!("{}", line.trim_start_matches("hostprof: "));
+    }
+    if let Some(line) = text.lines().find(|line| line.contains("user stacks:")) {
+        println!("{}", line.trim_start_matches("hostprof: "));
+    }
+    Ok(())
+}
+
+/// The number right after `marker` in `text` (`"(for 2.0 MiB"`).
+fn number_after(text: &str, marker: &str) -> Option<f64> {
+    let start = text.find(marker)? + marker.len();
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse().ok()
+}
+
+/// perf with DWARF stack copies (8 KiB per sample), then perf script
+/// (`--no-inline`: perf would run addr2line for inlines; hostprof's own
+/// symbolizer does that in-process).
+fn bench_perf_dwarf(dir: &Path, seconds: u64, pids: &[String]) -> Result<Row> {
+    let data = dir.join("perf-dwarf.data");
+    let record = Command::new("perf")
+        .args(["record", "-F", "999", "--call-graph", "dwarf", "-q", "-p"])
+        .arg(pids.join(","))
+        .arg("-o")
+        .arg(&data)
+        .args(["--", "sleep", &seconds.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start perf (install linux-perf)")?;
+    let recording = wait_usage(record)?;
+    let script_path = dir.join("perf-dwarf.script");
+    let script = Command::new("perf")
+        .args(["script", "--no-inline", "-i"])
+        .arg(&data)
+        .stdout(fs::File::create(&script_path)?)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let scripting = wait_usage(script)?;
+    let text = fs::read_to_string(&script_path)?;
+    let samples = text
+        .lines()
+        .filter(|line| !line.is_empty() && !line.starts_with(['\t', ' ']))
+        .count() as u64;
     Ok(Row {
-        name: "hostprof record",
+        name: "perf --call-graph dwarf + script",
         samples,
-        usage,
-        kernel_ns_per_sample: kernel,
+        usage: recording.plus(scripting),
+        kernel_ns_per_sample: None,
     })
 }
 

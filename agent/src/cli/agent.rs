@@ -68,7 +68,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (export_tx, export_progress) = watch::channel(ExportStats::default());
     let exporter = tokio::spawn(run_exporter(export, requests_rx, export_tx));
 
+    let (unwind, unwind_chunks) = args.unwind.options();
     let options = SamplerOptions {
+        unwind,
+        unwind_chunks,
         frequency_hz: config.frequency,
         pids: None,
         off_cpu: config.off_cpu.then_some(OffCpuOptions {
@@ -135,6 +138,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         stats.sent_bytes / 1024,
         stats.dropped,
         finished.counters.lost() + finished.reader.dropped_backlog,
+    );
+    eprint!(
+        "{}",
+        super::record::unwind_report(&finished.counters, finished.unwind)
     );
     Ok(())
 }

@@ -88,6 +88,8 @@ pub struct AgentArgs {
     pub off_cpu: OffCpuArgs,
     #[command(flatten)]
     pub symbols: SymbolArgs,
+    #[command(flatten)]
+    pub unwind: UnwindArgs,
 }
 
 impl AgentArgs {
@@ -141,6 +143,8 @@ pub struct RecordArgs {
     pub off_cpu: OffCpuArgs,
     #[command(flatten)]
     pub symbols: SymbolArgs,
+    #[command(flatten)]
+    pub unwind: UnwindArgs,
     /// Report the eBPF program's own run time per sample (turns on the
     /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
     #[arg(long, hide = true)]
@@ -195,6 +199,45 @@ impl OffCpuArgs {
             threshold: self.threshold.unwrap_or(config::DEFAULT_OFF_CPU_THRESHOLD),
             probability: self.probability.unwrap_or(1.0),
         })
+    }
+}
+
+/// How user stacks are walked, shared by `record` and `agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UnwindArgs {
+    /// `dwarf`: in-kernel unwinding with tables built from each binary's
+    /// `.eh_frame` (complete stacks without frame pointers), frame pointers
+    /// where a binary has none; `fp`: frame pointers only.
+    #[arg(
+        long = "unwind",
+        value_enum,
+        value_name = "METHOD",
+        default_value = "dwarf"
+    )]
+    pub method: UnwindMethod,
+    /// Kernel memory for unwind tables, in MiB; tables beyond it fall back
+    /// to frame pointers (and are counted).
+    #[arg(long = "unwind-table-mib", value_name = "MIB", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub table_mib: u32,
+}
+
+/// `--unwind` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMethod {
+    Dwarf,
+    Fp,
+}
+
+impl UnwindArgs {
+    /// The sampler's (mode, rows map chunks).
+    pub fn options(&self) -> (crate::sampler::UnwindMode, u32) {
+        let mode = match self.method {
+            UnwindMethod::Dwarf => crate::sampler::UnwindMode::Tables,
+            UnwindMethod::Fp => crate::sampler::UnwindMode::FramePointers,
+        };
+        let chunk = std::mem::size_of::<agent_ebpf::RowChunk>() as u64;
+        (mode, ((self.table_mib as u64) << 20).div_ceil(chunk) as u32)
     }
 }
 

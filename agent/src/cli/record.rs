@@ -135,7 +135,10 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         }
     }
     let pids = (!args.pids.is_empty() || !args.command.is_empty()).then(|| args.pids.clone());
+    let (unwind, unwind_chunks) = args.unwind.options();
     let options = SamplerOptions {
+        unwind,
+        unwind_chunks,
         frequency_hz: args.frequency,
         pids,
         bpf_stats: args.bpf_stats,
@@ -193,6 +196,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
             &summary
         )
     );
+    eprint!("{}", unwind_report(&finished.counters, finished.unwind));
     if args.bpf_stats {
         let (run_time, runs) = finished.program_stats;
         eprintln!(
@@ -410,6 +414,53 @@ fn report(
         text.push_str(&summary.top(args.top));
     }
     text
+}
+
+/// How user stacks were walked, and why table-driven walks stopped.
+pub(super) fn unwind_report(
+    counters: &Counters,
+    tables: Option<crate::unwind::LoaderStats>,
+) -> String {
+    use agent_ebpf::Counter;
+    let Some(tables) = tables else {
+        return String::new();
+    };
+    let reasons: Vec<String> = [
+        Counter::UnwindNoTable,
+        Counter::UnwindPcNotCovered,
+        Counter::UnwindUnsupportedRule,
+        Counter::UnwindReadFault,
+        Counter::UnwindDepthLimit,
+        Counter::UnwindBadFrame,
+        Counter::UnwindNoMapping,
+    ]
+    .iter()
+    .map(|counter| {
+        let name = counter
+            .name()
+            .trim_start_matches("unwind_")
+            .replace('_', " ");
+        format!("{name} {}", counters.get(*counter))
+    })
+    .collect();
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    format!(
+        "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
+         {} with frame pointers before their tables were loaded\n\
+         hostprof: unwind tables: {} files, {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
+         {} did not fit, {} without CFI\n",
+        counters.get(Counter::UnwindTables),
+        counters.get(Counter::UnwindComplete),
+        reasons.join(", "),
+        counters.get(Counter::UnwindUnknownProcess),
+        tables.tables,
+        tables.rows,
+        mib(tables.bytes_used),
+        mib(tables.bytes_capacity),
+        mib(tables.text_bytes),
+        tables.table_full,
+        tables.build_failures,
+    )
 }
 
 fn humanize(duration: Duration) -> String {

@@ -16,8 +16,9 @@ use tokio::sync::watch;
 use crate::{
     model::ResolvedSample,
     pipeline::{self, PipelineState},
-    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, read_ring},
+    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, UnwindMode, read_ring},
     symbolize::{Symbolizer, SymbolizerOptions},
+    unwind::{LoaderStats, SharedStats},
 };
 
 /// Batches of samples waiting for the resolver; beyond this the reader drops
@@ -49,6 +50,7 @@ pub(super) struct Session<T> {
     worker: JoinHandle<T>,
     /// The pipeline's gauges and shutdown flag.
     pub pipeline: Arc<PipelineState>,
+    unwind: Option<SharedStats>,
 }
 
 /// What a session left when it stopped.
@@ -59,6 +61,8 @@ pub(super) struct Finished<T> {
     pub counters: Counters,
     /// The sampler program's run time and run count (zero without BPF stats).
     pub program_stats: (std::time::Duration, u64),
+    /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
+    pub unwind: Option<LoaderStats>,
 }
 
 impl<T: Send + 'static> Session<T> {
@@ -88,6 +92,21 @@ impl<T: Send + 'static> Session<T> {
             }
         }
         let ring = sampler.take_ring()?;
+        let (requests, unwind) = match options.unwind {
+            UnwindMode::Tables => {
+                let maps = sampler.take_unwind_maps()?;
+                let preload = options.pids.clone().unwrap_or_default();
+                let (requests, stats) = crate::unwind::spawn_service(
+                    maps,
+                    options.unwind_chunks,
+                    preload,
+                    options.pids.is_none(),
+                )
+                .context("cannot start the unwind table thread")?;
+                (Some(requests), Some(stats))
+            }
+            UnwindMode::FramePointers => (None, None),
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
         let (progress_tx, reader_progress) = watch::channel(ReaderStats::default());
@@ -99,7 +118,7 @@ impl<T: Send + 'static> Session<T> {
             max_symbolize_lag: (mode == Mode::Agent).then_some(AGENT_MAX_SYMBOLIZE_LAG),
             ..Default::default()
         });
-        let resolved = pipeline::spawn(batch_rx, symbolizer, pipeline_state.clone())
+        let resolved = pipeline::spawn(batch_rx, symbolizer, requests, pipeline_state.clone())
             .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
             .name("hostprof-work".into())
@@ -112,6 +131,7 @@ impl<T: Send + 'static> Session<T> {
             reader,
             worker,
             pipeline: pipeline_state,
+            unwind,
         })
     }
 
@@ -142,11 +162,16 @@ impl<T: Send + 'static> Session<T> {
             .map_err(|_| anyhow::anyhow!("the resolver thread panicked"))?;
         let counters = self.sampler.counters()?;
         let program_stats = self.sampler.program_stats()?;
+        let unwind = self
+            .unwind
+            .as_ref()
+            .map(|stats| *stats.lock().unwrap_or_else(|e| e.into_inner()));
         Ok(Finished {
             output,
             reader,
             counters,
             program_stats,
+            unwind,
         })
     }
 }

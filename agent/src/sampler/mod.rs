@@ -12,7 +12,7 @@ use std::{os::fd::OwnedFd, time::Duration};
 use agent_ebpf::{Counter, Sample};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{
@@ -42,6 +42,20 @@ pub struct SamplerOptions {
     pub follow_children: bool,
     /// Also record off-CPU events (threads blocked or waiting).
     pub off_cpu: Option<OffCpuOptions>,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+    /// Chunks of the unwind rows map ([`UnwindMode::Tables`]).
+    pub unwind_chunks: u32,
+}
+
+/// How the kernel walks user stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// Frame pointers (`bpf_get_stack`).
+    FramePointers,
+    /// Unwind tables from `.eh_frame`, frame pointers where there are none.
+    #[default]
+    Tables,
 }
 
 /// Which off-CPU periods become events.
@@ -62,6 +76,8 @@ impl Default for SamplerOptions {
             bpf_stats: false,
             follow_children: false,
             off_cpu: None,
+            unwind: UnwindMode::default(),
+            unwind_chunks: agent_ebpf::DEFAULT_UNWIND_CHUNKS,
         }
     }
 }
@@ -118,8 +134,14 @@ impl Sampler {
         let sample_ppm = options.off_cpu.map_or(0, |off| {
             (off.probability.clamp(0.0, 1.0) * 1e6).round() as u32
         });
+        let unwind_mode = match options.unwind {
+            UnwindMode::FramePointers => agent_ebpf::UNWIND_FP,
+            UnwindMode::Tables => agent_ebpf::UNWIND_DWARF,
+        };
         let ebpf = EbpfLoader::new()
             .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
+            .override_global(agent_ebpf::GLOBAL_UNWIND_MODE, &unwind_mode, true)
+            .map_max_entries(agent_ebpf::MAP_UNWIND_ROWS, options.unwind_chunks.max(1))
             .override_global(agent_ebpf::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
             .override_global(agent_ebpf::GLOBAL_TASK_STATE_OFFSET, &state_offset, true)
             .override_global(agent_ebpf::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
@@ -142,6 +164,9 @@ impl Sampler {
         if options.off_cpu.is_some() {
             sampler.trace_off_cpu()?;
         }
+        if options.unwind == UnwindMode::Tables {
+            sampler.attach_raw_tracepoint(agent_ebpf::PROGRAM_FORGET_EXEC, "sched_process_exec")?;
+        }
         sampler.attach(options.frequency_hz)?;
         Ok(sampler)
     }
@@ -158,6 +183,39 @@ impl Sampler {
             .attach("sched_process_fork")
             .map_err(SamplerError::attach)?;
         Ok(())
+    }
+
+    fn attach_raw_tracepoint(
+        &mut self,
+        name: &'static str,
+        tracepoint: &str,
+    ) -> Result<(), SamplerError> {
+        let program: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(SamplerError::MissingObject(name))?
+            .try_into()
+            .map_err(SamplerError::load_program)?;
+        program.load().map_err(SamplerError::load_named(name))?;
+        program
+            .attach(tracepoint)
+            .map_err(SamplerError::attach_named(name))?;
+        Ok(())
+    }
+
+    /// Takes the unwind table maps (for `crate::unwind`); call once.
+    pub fn take_unwind_maps(&mut self) -> Result<crate::unwind::KernelMaps, SamplerError> {
+        let rows = self
+            .ebpf
+            .take_map(agent_ebpf::MAP_UNWIND_ROWS)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_UNWIND_ROWS))?;
+        let processes = self.ebpf.take_map(agent_ebpf::MAP_PROCESS_MAPPINGS).ok_or(
+            SamplerError::MissingObject(agent_ebpf::MAP_PROCESS_MAPPINGS),
+        )?;
+        Ok(crate::unwind::KernelMaps {
+            rows: Array::try_from(rows).map_err(SamplerError::map)?,
+            processes: HashMap::try_from(processes).map_err(SamplerError::map)?,
+        })
     }
 
     fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {

@@ -45,7 +45,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use buildid::{htlhash, kernel_build_id};
+pub use buildid::{gnu_build_id, htlhash, kernel_build_id};
 use cache::SizedLru;
 use debuginfo::DebugDirs;
 pub use demangle::demangle;

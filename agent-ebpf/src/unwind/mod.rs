@@ -1,0 +1,587 @@
+//! The table-driven user-stack unwinder, shared by the eBPF sampler and the
+//! host.
+//!
+//! The agent turns each executable's `.eh_frame` (or `.debug_frame`) into a
+//! sorted slice of [`UnwindRow`]s; [`step`] walks one frame with them. The same
+//! code runs in the kernel (memory read with `bpf_probe_read_user`, rows
+//! found in BPF maps) and on the host (memory from a recorded snapshot, rows
+//! from a `Vec`), so replay tests exercise exactly what the kernel runs.
+//!
+//! Everything here obeys the BPF verifier: no recursion, every loop bounded
+//! by a constant, small values on the stack, `#[inline(always)]` so the eBPF
+//! program has a single function to verify per callback.
+
+#[cfg(feature = "user")]
+pub mod table;
+
+/// Target architecture of the unwound code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+/// How to compute the canonical frame address (the caller's stack pointer).
+pub mod cfa {
+    /// `sp + offset`.
+    pub const SP: u8 = 0;
+    /// `fp + offset` (rbp / x29).
+    pub const FP: u8 = 1;
+    /// x86_64 PLT stub expression: `sp + offset`, plus 8 once
+    /// `(pc & 15) >= arg` (the stub pushed its argument).
+    pub const PLT: u8 = 2;
+    /// Outermost frame: the return address is undefined, the stack ends here.
+    pub const END: u8 = 3;
+    /// A DWARF expression or register this unwinder does not evaluate.
+    pub const UNSUPPORTED: u8 = 4;
+    /// Walk this frame with the frame-pointer chain.
+    pub const USE_FP: u8 = 5;
+    /// A signal trampoline (`sigreturn`): the interrupted registers are in the
+    /// signal frame at `sp`.
+    pub const SIGNAL: u8 = 6;
+    /// No FDE covers this address (a gap between functions).
+    pub const NOT_COVERED: u8 = 7;
+}
+
+/// Where the caller's frame pointer (rbp / x29) or return address is.
+pub mod reg {
+    /// Unchanged by this frame (for the return address on aarch64: still in
+    /// the link register).
+    pub const SAME: u8 = 0;
+    /// Saved at `cfa + offset`.
+    pub const AT_CFA: u8 = 1;
+    /// Not recoverable (saved in another register, an expression, ...).
+    pub const UNKNOWN: u8 = 2;
+}
+
+/// One row of an unwind table: from `pc` up to the next row's `pc`, how to
+/// find the caller's registers. 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    /// First address covered: a virtual address of the ELF file.
+    pub pc: u32,
+    pub cfa_offset: i32,
+    pub fp_offset: i16,
+    pub ra_offset: i16,
+    /// One of [`cfa`].
+    pub cfa_rule: u8,
+    /// One of [`reg`].
+    pub fp_rule: u8,
+    /// One of [`reg`].
+    pub ra_rule: u8,
+    /// [`cfa::PLT`]: the `pc & 15` threshold.
+    pub arg: u8,
+}
+
+/// Rows per element of the rows map; tables start on a chunk boundary.
+pub const ROW_CHUNK: usize = 256;
+
+/// Why an unwind stopped short of the end of the stack. Stored in the
+/// sample's flags (see `SAMPLE_UNWIND_SHIFT`) and counted per reason.
+pub mod reason {
+    /// The stack ended normally (undefined return address, null frame pointer).
+    pub const COMPLETE: u32 = 0;
+    /// An address lies in a mapping without an unwind table (JIT code,
+    /// anonymous memory, a file without CFI); frame pointers took over and
+    /// failed.
+    pub const NO_TABLE: u32 = 1;
+    /// The table of the mapping has no row for the address.
+    pub const PC_NOT_COVERED: u32 = 2;
+    /// A rule this unwinder does not evaluate (DWARF expression, other
+    /// register).
+    pub const UNSUPPORTED_RULE: u32 = 3;
+    /// Reading the stack failed (bad pointer, or a page not in memory).
+    pub const READ_FAULT: u32 = 4;
+    /// More frames than a sample holds.
+    pub const DEPTH_LIMIT: u32 = 5;
+    /// The computed frame moved down the stack, or the return address is 0
+    /// where a caller was expected: the registers are garbage.
+    pub const BAD_FRAME: u32 = 6;
+    /// The process's mappings were not loaded into the kernel yet: frame
+    /// pointers were used.
+    pub const UNKNOWN_PROCESS: u32 = 7;
+    /// An address outside every known mapping (the process mapped code since
+    /// the agent read its maps).
+    pub const NO_MAPPING: u32 = 8;
+    /// Number of reasons.
+    pub const COUNT: u32 = 9;
+
+    /// A short snake_case name.
+    pub const fn name(reason: u32) -> &'static str {
+        match reason {
+            COMPLETE => "complete",
+            NO_TABLE => "no_table",
+            PC_NOT_COVERED => "pc_not_covered",
+            UNSUPPORTED_RULE => "unsupported_rule",
+            READ_FAULT => "read_fault",
+            DEPTH_LIMIT => "depth_limit",
+            BAD_FRAME => "bad_frame",
+            UNKNOWN_PROCESS => "unknown_process",
+            NO_MAPPING => "no_mapping",
+            _ => "unknown",
+        }
+    }
+}
+
+/// The registers the unwinder tracks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    pub pc: u64,
+    pub sp: u64,
+    /// rbp / x29.
+    pub fp: u64,
+    /// aarch64 link register (x30); valid only while `lr_valid` is set.
+    pub lr: u64,
+    /// Non-zero when `pc` is where the thread was interrupted (the first
+    /// frame, or the frame a signal interrupted) rather than a return
+    /// address, and `lr` holds the live link register.
+    pub interrupted: u32,
+    /// Non-zero when `fp` is known.
+    pub fp_valid: u32,
+}
+
+/// What the unwinder found about an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A table row.
+    Row(UnwindRow),
+    /// The mapping has no table.
+    NoTable,
+    /// The mapping's code keeps frame pointers (Go): follow them.
+    FramePointers,
+    /// The mapping's table has no row for it.
+    NotCovered,
+    /// No mapping holds it.
+    NoMapping,
+}
+
+/// The unwinder's view of a process: memory and tables.
+pub trait Process {
+    /// Reads 8 bytes of user memory.
+    fn read_u64(&mut self, address: u64) -> Option<u64>;
+    /// Finds the row for `pc` (already adjusted to lie inside the call
+    /// instruction for return addresses).
+    fn lookup(&mut self, pc: u64) -> Lookup;
+}
+
+/// The outcome of one [`step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `regs` now describe the caller; its pc is `regs.pc`.
+    Caller,
+    /// The stack ended with this reason (see [`reason`]).
+    Stop(u32),
+}
+
+/// Address bits of a user pointer on aarch64: the rest holds pointer
+/// authentication codes (or tags) to strip from return addresses.
+const AARCH64_VA_MASK: u64 = (1 << 48) - 1;
+
+/// Walks one frame: from the registers of a function to those of its caller.
+#[inline(always)]
+pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
+    // A return address points after the call: look up the call itself.
+    let lookup_pc = if regs.interrupted != 0 {
+        regs.pc
+    } else {
+        regs.pc.wrapping_sub(1)
+    };
+    let lookup = process.lookup(lookup_pc);
+    let row = match lookup {
+        Lookup::Row(row) => row,
+        Lookup::NoMapping => {
+            // Signal trampolines may sit on a page of their own.
+            if is_sigreturn(arch, regs.pc, process) {
+                return signal_step(arch, regs, process);
+            }
+            return Step::Stop(reason::NO_MAPPING);
+        }
+        Lookup::NoTable => {
+            return frame_pointer_step(arch, regs, process, reason::NO_TABLE);
+        }
+        Lookup::FramePointers => {
+            return frame_pointer_step(arch, regs, process, reason::COMPLETE);
+        }
+        Lookup::NotCovered => {
+            if is_sigreturn(arch, regs.pc, process) {
+                return signal_step(arch, regs, process);
+            }
+            return frame_pointer_step(arch, regs, process, reason::PC_NOT_COVERED);
+        }
+    };
+    let cfa = match row.cfa_rule {
+        cfa::SP => regs.sp.wrapping_add(row.cfa_offset as i64 as u64),
+        cfa::FP => {
+            if regs.fp_valid == 0 {
+                return Step::Stop(reason::UNSUPPORTED_RULE);
+            }
+            regs.fp.wrapping_add(row.cfa_offset as i64 as u64)
+        }
+        cfa::PLT => {
+            let pushed = if (regs.pc & 15) >= row.arg as u64 {
+                8
+            } else {
+                0
+            };
+            regs.sp
+                .wrapping_add(row.cfa_offset as i64 as u64)
+                .wrapping_add(pushed)
+        }
+        cfa::END => return Step::Stop(reason::COMPLETE),
+        cfa::USE_FP => return frame_pointer_step(arch, regs, process, reason::NO_TABLE),
+        cfa::SIGNAL => return signal_step(arch, regs, process),
+        cfa::NOT_COVERED => {
+            if is_sigreturn(arch, regs.pc, process) {
+                return signal_step(arch, regs, process);
+            }
+            return frame_pointer_step(arch, regs, process, reason::PC_NOT_COVERED);
+        }
+        _ => {
+            // glibc's sigreturn trampolines describe themselves with
+            // expressions; recognise them by their code instead.
+            if is_sigreturn(arch, regs.pc, process) {
+                return signal_step(arch, regs, process);
+            }
+            return Step::Stop(reason::UNSUPPORTED_RULE);
+        }
+    };
+    let return_address = match row.ra_rule {
+        reg::AT_CFA => match process.read_u64(cfa.wrapping_add(row.ra_offset as i64 as u64)) {
+            Some(value) => value,
+            None => return Step::Stop(reason::READ_FAULT),
+        },
+        // Still in the link register: only known where the thread stopped.
+        reg::SAME if arch == Arch::Aarch64 && regs.interrupted != 0 => regs.lr,
+        _ => return Step::Stop(reason::UNSUPPORTED_RULE),
+    };
+    match row.fp_rule {
+        reg::SAME => {}
+        reg::AT_CFA => match process.read_u64(cfa.wrapping_add(row.fp_offset as i64 as u64)) {
+            Some(value) => {
+                regs.fp = value;
+                regs.fp_valid = 1;
+            }
+            None => return Step::Stop(reason::READ_FAULT),
+        },
+        _ => regs.fp_valid = 0,
+    }
+    finish_step(arch, regs, cfa, return_address)
+}
+
+/// Moves `regs` to the caller, checking the new frame makes sense.
+#[inline(always)]
+fn finish_step(arch: Arch, regs: &mut Regs, cfa: u64, return_address: u64) -> Step {
+    let return_address = strip_pointer_auth(arch, return_address);
+    if return_address == 0 {
+        // The outermost frames of threads often end with a null return
+        // address instead of CFI saying so.
+        return Step::Stop(reason::COMPLETE);
+    }
+    // Stacks grow down: a caller's frame is never below its callee's.
+    if cfa < regs.sp || (cfa == regs.sp && return_address == regs.pc) {
+        return Step::Stop(reason::BAD_FRAME);
+    }
+    regs.pc = return_address;
+    regs.sp = cfa;
+    regs.interrupted = 0;
+    Step::Caller
+}
+
+/// Return addresses on aarch64 may carry a pointer authentication code in
+/// their high bits.
+#[inline(always)]
+pub fn strip_pointer_auth(arch: Arch, address: u64) -> u64 {
+    match arch {
+        Arch::Aarch64 => address & AARCH64_VA_MASK,
+        Arch::X86_64 => address,
+    }
+}
+
+/// One frame through the frame-pointer chain; `why` is the reason reported
+/// when the chain breaks.
+#[inline(always)]
+fn frame_pointer_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, why: u32) -> Step {
+    if regs.fp_valid == 0 || regs.fp == 0 {
+        // A null frame pointer ends the chain the way _start leaves it; but
+        // we only got here for lack of a table, so say so.
+        return Step::Stop(why);
+    }
+    let fp = regs.fp;
+    if fp < regs.sp {
+        return Step::Stop(why);
+    }
+    let (Some(caller_fp), Some(return_address)) =
+        (process.read_u64(fp), process.read_u64(fp.wrapping_add(8)))
+    else {
+        return Step::Stop(if why == reason::COMPLETE {
+            reason::READ_FAULT
+        } else {
+            why
+        });
+    };
+    let cfa = fp.wrapping_add(16);
+    // x86_64 frame pointers point at the saved rbp, aarch64 ones at the frame
+    // record; both leave the caller's sp just above the record (on aarch64
+    // this is approximate, but only the CFA of table frames depends on sp).
+    let _ = arch;
+    regs.fp = caller_fp;
+    regs.fp_valid = 1;
+    match finish_step(arch, regs, cfa, return_address) {
+        Step::Stop(reason::BAD_FRAME) => Step::Stop(why),
+        other => other,
+    }
+}
+
+/// The `rt_sigreturn` trampoline: x86_64 `mov $15, %rax; syscall`, aarch64
+/// `mov x8, #139; svc #0`.
+#[inline(always)]
+fn is_sigreturn<P: Process>(arch: Arch, pc: u64, process: &mut P) -> bool {
+    let Some(code) = process.read_u64(pc) else {
+        return false;
+    };
+    match arch {
+        // 48 c7 c0 0f 00 00 00 | 0f 05
+        Arch::X86_64 => {
+            code & 0x00ff_ffff_ffff_ffff == 0x0000_0000_0fc0_c748
+                && process
+                    .read_u64(pc.wrapping_add(7))
+                    .is_some_and(|next| next & 0xffff == 0x050f)
+        }
+        // d2801168 d4000001
+        Arch::Aarch64 => code == 0xd400_0001_d280_1168,
+    }
+}
+
+/// Offsets, from the stack pointer at the sigreturn trampoline, of the
+/// interrupted registers in the kernel's signal frame.
+struct SignalFrame {
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    lr: u64,
+}
+
+const X86_64_SIGNAL_FRAME: SignalFrame = SignalFrame {
+    // sp -> ucontext: uc_flags, uc_link, uc_stack (40 bytes), then
+    // sigcontext: r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip.
+    pc: 40 + 16 * 8,
+    sp: 40 + 15 * 8,
+    fp: 40 + 10 * 8,
+    lr: 0,
+};
+
+const AARCH64_SIGNAL_FRAME: SignalFrame = SignalFrame {
+    // sp -> rt_sigframe: siginfo (128), ucontext: uc_flags, uc_link,
+    // uc_stack, uc_sigmask (128) and padding up to 176, then sigcontext:
+    // fault_address, regs[31], sp, pc.
+    pc: 128 + 176 + 8 + 32 * 8,
+    sp: 128 + 176 + 8 + 31 * 8,
+    fp: 128 + 176 + 8 + 29 * 8,
+    lr: 128 + 176 + 8 + 30 * 8,
+};
+
+/// Steps out of a signal trampoline to the interrupted code.
+#[inline(always)]
+fn signal_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
+    let frame = match arch {
+        Arch::X86_64 => X86_64_SIGNAL_FRAME,
+        Arch::Aarch64 => AARCH64_SIGNAL_FRAME,
+    };
+    let base = regs.sp;
+    let (Some(pc), Some(sp), Some(fp)) = (
+        process.read_u64(base.wrapping_add(frame.pc)),
+        process.read_u64(base.wrapping_add(frame.sp)),
+        process.read_u64(base.wrapping_add(frame.fp)),
+    ) else {
+        return Step::Stop(reason::READ_FAULT);
+    };
+    if arch == Arch::Aarch64 {
+        match process.read_u64(base.wrapping_add(frame.lr)) {
+            Some(lr) => regs.lr = lr,
+            None => return Step::Stop(reason::READ_FAULT),
+        }
+    }
+    if pc == 0 {
+        return Step::Stop(reason::BAD_FRAME);
+    }
+    regs.pc = strip_pointer_auth(arch, pc);
+    regs.sp = sp;
+    regs.fp = fp;
+    regs.fp_valid = 1;
+    // The interrupted instruction itself, not a return address.
+    regs.interrupted = 1;
+    Step::Caller
+}
+
+/// Most probes a binary search over `u32` indices takes.
+pub const MAX_SEARCH_STEPS: u32 = 32;
+
+/// A binary search for the last element whose key is `<= target`, advanced
+/// one probe at a time: the host loops over [`Search::probe`], the eBPF
+/// program calls it from `bpf_loop` (a loop inside the unwinder's own loop
+/// callback would make the verifier walk every iteration).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Search {
+    pub target: u64,
+    /// Elements below `low` are `<= target`.
+    pub low: u32,
+    /// Elements from `high` on are `> target`.
+    pub high: u32,
+    /// Non-zero when a key could not be read.
+    pub failed: u32,
+    pub _pad: u32,
+}
+
+impl Search {
+    pub fn new(len: u32, target: u64) -> Self {
+        Search {
+            target,
+            low: 0,
+            high: len,
+            failed: 0,
+            _pad: 0,
+        }
+    }
+
+    /// One probe; false once the search is over. `key` reads element `index`.
+    #[inline(always)]
+    pub fn probe(&mut self, key: impl FnOnce(u32) -> Option<u64>) -> bool {
+        if self.low >= self.high || self.failed != 0 {
+            return false;
+        }
+        let mid = self.low + (self.high - self.low) / 2;
+        match key(mid) {
+            Some(value) if value <= self.target => self.low = mid + 1,
+            Some(_) => self.high = mid,
+            None => {
+                self.failed = 1;
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The index found, if the search is over and found one.
+    #[inline(always)]
+    pub fn result(&self) -> Option<u32> {
+        if self.failed != 0 || self.low < self.high {
+            return None;
+        }
+        self.low.checked_sub(1)
+    }
+}
+
+/// [`Search`] run to the end in a plain loop (the host's way).
+pub fn search_last_le(
+    len: u32,
+    target: u64,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> Option<u32> {
+    let mut search = Search::new(len, target);
+    for _ in 0..MAX_SEARCH_STEPS {
+        if !search.probe(&mut key) {
+            break;
+        }
+    }
+    search.result()
+}
+
+/// What a search of [`lookup_in`] runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sorted {
+    /// The process's mappings, keyed by start address.
+    Mappings,
+    /// A table's rows from row `start` on, keyed by pc.
+    Rows { start: u32 },
+}
+
+/// A process's executable mapping, as the kernel sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// `address - bias` is the ELF virtual address the table uses.
+    pub bias: u64,
+    /// First row of the table in the rows map (a multiple of [`ROW_CHUNK`]).
+    pub table_start: u32,
+    /// Rows in the table; 0 when there is none (`table_start` is then
+    /// [`FRAME_POINTER_TABLE`] for code known to keep frame pointers).
+    pub table_len: u32,
+}
+
+/// `ExecMapping::table_start` of a table-less mapping whose code keeps frame
+/// pointers.
+pub const FRAME_POINTER_TABLE: u32 = u32::MAX;
+
+/// Executable mappings kept per process (a power of two: indices are masked
+/// for the verifier).
+pub const MAX_PROCESS_MAPPINGS: usize = 64;
+const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
+
+/// A process's executable mappings, sorted by start (the value of the
+/// per-process map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    pub len: u32,
+    pub _pad: u32,
+    pub mappings: [ExecMapping; MAX_PROCESS_MAPPINGS],
+}
+
+impl Default for ProcessMappings {
+    fn default() -> Self {
+        ProcessMappings {
+            len: 0,
+            _pad: 0,
+            mappings: [ExecMapping::default(); MAX_PROCESS_MAPPINGS],
+        }
+    }
+}
+
+/// Finds `pc`'s mapping in `mappings`, then its row. `search(what, len,
+/// target)` runs a [`Search`] over `what`; `row` reads row `index` of the
+/// rows map.
+#[inline(always)]
+pub fn lookup_in(
+    mappings: &ProcessMappings,
+    pc: u64,
+    mut search: impl FnMut(Sorted, u32, u64) -> Option<u32>,
+    mut row: impl FnMut(u32) -> Option<UnwindRow>,
+) -> Lookup {
+    let len = if (mappings.len as usize) < MAX_PROCESS_MAPPINGS {
+        mappings.len
+    } else {
+        MAX_PROCESS_MAPPINGS as u32
+    };
+    let Some(index) = search(Sorted::Mappings, len, pc) else {
+        return Lookup::NoMapping;
+    };
+    if index as usize >= MAX_PROCESS_MAPPINGS {
+        return Lookup::NoMapping;
+    }
+    // The mask, not just the check, is what the BPF verifier sees.
+    let mapping = &mappings.mappings[index as usize & (MAX_PROCESS_MAPPINGS - 1)];
+    if pc >= mapping.end {
+        return Lookup::NoMapping;
+    }
+    if mapping.table_len == 0 {
+        if mapping.table_start == FRAME_POINTER_TABLE {
+            return Lookup::FramePointers;
+        }
+        return Lookup::NoTable;
+    }
+    let vaddr = pc.wrapping_sub(mapping.bias);
+    let start = mapping.table_start;
+    let Some(found) = search(Sorted::Rows { start }, mapping.table_len, vaddr) else {
+        return Lookup::NotCovered;
+    };
+    match row(start.wrapping_add(found)) {
+        Some(row) if row.cfa_rule == cfa::NOT_COVERED => Lookup::NotCovered,
+        Some(row) => Lookup::Row(row),
+        None => Lookup::NotCovered,
+    }
+}

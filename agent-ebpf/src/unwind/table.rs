@@ -1,0 +1,375 @@
+//! Compact unwind tables from an ELF file's `.eh_frame` (or `.debug_frame`).
+//!
+//! Each FDE becomes rows of [`UnwindRow`]: how to find the caller's stack
+//! pointer (CFA), frame pointer and return address, for every address range
+//! of the function. Gaps between FDEs get a [`cfa::NOT_COVERED`] row so a
+//! lookup never borrows the previous function's rule. Consecutive identical
+//! rules merge into one row.
+//!
+//! Host only (the `user` feature). It lives here, next to the row format,
+//! and is built optimized in dev builds too: gimli's generic CFI evaluation
+//! is instantiated in this crate, and unoptimized it is ~8x slower, which
+//! delays a new process's tables.
+extern crate std;
+
+use std::{boxed::Box, vec::Vec};
+
+use super::{Arch, UnwindRow, cfa, reg};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, Register, RegisterRule,
+    RunTimeEndian, UnwindContext, UnwindSection,
+};
+use object::{Object, ObjectSection, ObjectSegment};
+
+/// Why a file has no table.
+#[derive(Debug)]
+pub enum TableError {
+    /// Not an ELF file this crate's `object` can parse.
+    Parse(object::Error),
+    /// Neither x86_64 nor aarch64.
+    UnsupportedArch,
+    /// No `.eh_frame` or `.debug_frame` rows.
+    NoCfi,
+}
+
+impl core::fmt::Display for TableError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TableError::Parse(err) => write!(f, "cannot parse the ELF file: {err}"),
+            TableError::UnsupportedArch => f.write_str("unsupported architecture"),
+            TableError::NoCfi => f.write_str("no .eh_frame or .debug_frame"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {}
+
+/// How a file's frames are walked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableKind {
+    /// Rows from CFI.
+    Rows(Vec<UnwindRow>),
+    /// No usable CFI, but the code keeps frame pointers (Go).
+    FramePointers,
+}
+
+/// The unwind table of one executable file.
+#[derive(Clone, Debug)]
+pub struct UnwindTable {
+    pub arch: Arch,
+    pub kind: TableKind,
+    /// Bytes of executable sections (for memory-per-text figures).
+    pub text_bytes: u64,
+}
+
+impl UnwindTable {
+    /// Rows of the table (none for frame-pointer code).
+    pub fn rows(&self) -> &[UnwindRow] {
+        match &self.kind {
+            TableKind::Rows(rows) => rows,
+            TableKind::FramePointers => &[],
+        }
+    }
+}
+
+/// DWARF register numbers of the architecture: (sp, fp, return address).
+fn registers(arch: Arch) -> (Register, Register, Register) {
+    match arch {
+        Arch::X86_64 => (Register(7), Register(6), Register(16)),
+        Arch::Aarch64 => (Register(31), Register(29), Register(30)),
+    }
+}
+
+/// The architecture of an ELF file, when the unwinder supports it.
+pub fn arch_of(file: &object::File) -> Option<Arch> {
+    match file.architecture() {
+        object::Architecture::X86_64 => Some(Arch::X86_64),
+        object::Architecture::Aarch64 => Some(Arch::Aarch64),
+        _ => None,
+    }
+}
+
+/// Builds the unwind table of an ELF image.
+pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
+    let file = object::File::parse(data).map_err(TableError::Parse)?;
+    let arch = arch_of(&file).ok_or(TableError::UnsupportedArch)?;
+    let text_bytes = file
+        .sections()
+        .filter(|section| section.kind() == object::SectionKind::Text)
+        .map(|section| section.size())
+        .sum();
+    let endian = if file.is_little_endian() {
+        RunTimeEndian::Little
+    } else {
+        RunTimeEndian::Big
+    };
+    let mut rows = Vec::new();
+    if let Some(section) = file.section_by_name(".eh_frame")
+        && let Ok(bytes) = section.data()
+        && !bytes.is_empty()
+    {
+        let mut eh_frame = EhFrame::new(bytes, endian);
+        eh_frame.set_address_size(8);
+        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = file.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = file.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        collect(arch, &eh_frame, &bases, &mut rows)?;
+    }
+    if rows.is_empty()
+        && let Some(section) = file.section_by_name(".debug_frame")
+        && let Ok(bytes) = section.uncompressed_data()
+        && !bytes.is_empty()
+    {
+        let mut debug_frame = DebugFrame::new(&bytes, endian);
+        debug_frame.set_address_size(8);
+        collect(arch, &debug_frame, &BaseAddresses::default(), &mut rows)?;
+    }
+    let go = file.section_by_name(".gopclntab").is_some()
+        || file.section_by_name(".note.go.buildid").is_some();
+    if go {
+        // Go keeps frame pointers on amd64 and arm64; its CFI (if any) adds nothing.
+        return Ok(UnwindTable {
+            arch,
+            kind: TableKind::FramePointers,
+            text_bytes,
+        });
+    }
+    add_plt_rows(arch, &file, &mut rows);
+    if rows.is_empty() {
+        return Err(TableError::NoCfi);
+    }
+    Ok(UnwindTable {
+        arch,
+        kind: TableKind::Rows(finish(rows)),
+        text_bytes,
+    })
+}
+
+/// Rows of every FDE of `section`, each followed by a not-covered row at its end.
+fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
+    arch: Arch,
+    section: &S,
+    bases: &BaseAddresses,
+    rows: &mut Vec<UnwindRow>,
+) -> Result<(), TableError> {
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut entries = section.entries(bases);
+    loop {
+        let entry = match entries.next() {
+            Ok(Some(entry)) => entry,
+            Ok(None) => break,
+            // A damaged entry ends the walk; what came before stays useful.
+            Err(_) => break,
+        };
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            continue;
+        };
+        let signal = fde.is_signal_trampoline();
+        let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
+            continue;
+        };
+        let mut end = fde.initial_address();
+        while let Ok(Some(row)) = table.next_row() {
+            let Ok(pc) = u32::try_from(row.start_address()) else {
+                break;
+            };
+            let mut out = convert(arch, section, row.cfa(), |reg| row.register(reg));
+            if signal {
+                out.cfa_rule = cfa::SIGNAL;
+            }
+            out.pc = pc;
+            rows.push(out);
+            end = row.end_address();
+        }
+        if let Ok(end) = u32::try_from(end) {
+            rows.push(UnwindRow {
+                pc: end,
+                cfa_rule: cfa::NOT_COVERED,
+                ..Default::default()
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One CFI row as an [`UnwindRow`] (its `pc` left 0).
+fn convert<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
+    arch: Arch,
+    section: &S,
+    cfa_rule: &CfaRule<usize>,
+    register: impl Fn(Register) -> Option<RegisterRule<usize>>,
+) -> UnwindRow {
+    let (sp, fp, ra) = registers(arch);
+    let mut out = UnwindRow::default();
+    match cfa_rule {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            match i32::try_from(*offset) {
+                Ok(offset) => out.cfa_offset = offset,
+                Err(_) => out.cfa_rule = cfa::UNSUPPORTED,
+            }
+            if out.cfa_rule != cfa::UNSUPPORTED {
+                out.cfa_rule = if *register == sp {
+                    cfa::SP
+                } else if *register == fp {
+                    cfa::FP
+                } else {
+                    cfa::UNSUPPORTED
+                };
+            }
+        }
+        CfaRule::Expression(expression) => {
+            out.cfa_rule = cfa::UNSUPPORTED;
+            if arch == Arch::X86_64
+                && let Ok(expression) = expression.get(section)
+                && let Some((offset, threshold)) = plt_expression(expression.0.slice())
+            {
+                out.cfa_rule = cfa::PLT;
+                out.cfa_offset = offset;
+                out.arg = threshold;
+            }
+        }
+    }
+    let (ra_rule, ra_offset) = register_rule(register(ra));
+    out.ra_rule = ra_rule;
+    out.ra_offset = ra_offset;
+    if matches!(register(ra), Some(RegisterRule::Undefined)) {
+        out.cfa_rule = cfa::END;
+    }
+    let (fp_rule, fp_offset) = register_rule(register(fp));
+    out.fp_rule = fp_rule;
+    out.fp_offset = fp_offset;
+    out
+}
+
+fn register_rule(rule: Option<RegisterRule<usize>>) -> (u8, i16) {
+    match rule {
+        None | Some(RegisterRule::SameValue) => (reg::SAME, 0),
+        Some(RegisterRule::Offset(offset)) => match i16::try_from(offset) {
+            Ok(offset) => (reg::AT_CFA, offset),
+            Err(_) => (reg::UNKNOWN, 0),
+        },
+        Some(_) => (reg::UNKNOWN, 0),
+    }
+}
+
+/// The CFA expression binutils writes for x86_64 `.plt` entries:
+/// `rsp + N + ((rip & 15) >= T) << 3`. Returns (N, T).
+pub fn plt_expression(bytes: &[u8]) -> Option<(i32, u8)> {
+    // DW_OP_breg7 N; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_litT;
+    // DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus
+    match bytes {
+        [0x77, n, 0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22]
+            if *n < 0x40 && (0x30..0x50).contains(lit) =>
+        {
+            Some((*n as i32, lit - 0x30))
+        }
+        _ => None,
+    }
+}
+
+/// PLT sections without CFI (`.plt.sec`, `.plt.got`, and aarch64's `.plt`)
+/// hold only jumps: the return address is where the call left it.
+fn add_plt_rows(arch: Arch, file: &object::File, rows: &mut Vec<UnwindRow>) {
+    for name in [".plt", ".plt.sec", ".plt.got", ".iplt"] {
+        let Some(section) = file.section_by_name(name) else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            u32::try_from(section.address()),
+            u32::try_from(section.address() + section.size()),
+        ) else {
+            continue;
+        };
+        if section.size() == 0 || covered(rows, start) {
+            continue;
+        }
+        let row = match arch {
+            Arch::X86_64 => UnwindRow {
+                pc: start,
+                cfa_rule: cfa::SP,
+                cfa_offset: 8,
+                ra_rule: reg::AT_CFA,
+                ra_offset: -8,
+                ..Default::default()
+            },
+            Arch::Aarch64 => UnwindRow {
+                pc: start,
+                cfa_rule: cfa::SP,
+                cfa_offset: 0,
+                ra_rule: reg::SAME,
+                ..Default::default()
+            },
+        };
+        rows.push(row);
+        rows.push(UnwindRow {
+            pc: end,
+            cfa_rule: cfa::NOT_COVERED,
+            ..Default::default()
+        });
+    }
+}
+
+fn covered(rows: &[UnwindRow], pc: u32) -> bool {
+    // Rows are not sorted yet: any FDE row at exactly this address counts.
+    rows.iter()
+        .any(|row| row.pc == pc && row.cfa_rule != cfa::NOT_COVERED)
+}
+
+/// Sorts rows, lets a function's first row win over the previous function's
+/// end marker at the same address, and merges repeated rules.
+fn finish(mut rows: Vec<UnwindRow>) -> Vec<UnwindRow> {
+    // Stable: within one address, real rows (pushed before or after) must win
+    // over NOT_COVERED; sort those last and keep the first per address.
+    rows.sort_by_key(|row| (row.pc, row.cfa_rule == cfa::NOT_COVERED));
+    rows.dedup_by_key(|row| row.pc);
+    let mut out: Vec<UnwindRow> = Vec::with_capacity(rows.len());
+    for row in rows {
+        if let Some(last) = out.last()
+            && (UnwindRow {
+                pc: row.pc,
+                ..*last
+            }) == row
+        {
+            continue;
+        }
+        out.push(row);
+    }
+    out
+}
+
+/// The ELF virtual address mapped at `file_offset`, from the loadable
+/// segments: `address - (start - this)` is then the ELF address of any
+/// address of a mapping that starts at `file_offset`.
+///
+/// The kernel maps segments from page boundaries, so a mapping's offset can
+/// lie before its segment's `p_offset` (inside the previous segment's
+/// bytes): executable segments win.
+pub fn vaddr_of_offset(data: &[u8], file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let file = object::File::parse(data).ok()?;
+    let mut best = None;
+    for segment in file.segments() {
+        let (offset, size) = segment.file_range();
+        let aligned = offset & !(PAGE - 1);
+        if !(aligned <= file_offset && file_offset < offset + size.max(1)) {
+            continue;
+        }
+        let vaddr = (segment.address() & !(PAGE - 1)) + (file_offset - aligned);
+        let executable = matches!(
+            segment.flags(),
+            object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+        );
+        if executable {
+            return Some(vaddr);
+        }
+        best.get_or_insert(vaddr);
+    }
+    best
+}

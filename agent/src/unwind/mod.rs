@@ -1,0 +1,334 @@
+//! Unwind tables for the in-kernel unwinder, and replay of recorded stacks
+//! through the same unwinder on the host.
+//!
+//! - `agent_ebpf::unwind::table`: `.eh_frame`/`.debug_frame` → sorted
+//!   [`UnwindRow`]s (gimli).
+//! - [`TableLoader`]: shares tables between processes in the kernel's maps,
+//!   frees them with their last process, bounds their memory.
+//! - [`spawn_service`]: the thread that loads a process's tables when the
+//!   sampler asks for them (its samples say the process is unknown, or an
+//!   address is outside its known mappings).
+//! - [`replay`]: snapshots (registers + stack bytes + mappings) unwound by
+//!   `agent_ebpf::unwind`, the code the eBPF program runs.
+//!
+//! [`UnwindRow`]: agent_ebpf::unwind::UnwindRow
+mod loader;
+pub mod replay;
+
+use std::{
+    collections::HashSet,
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
+    },
+    time::{Duration, Instant},
+};
+
+use agent_ebpf::{RowChunk, unwind::ProcessMappings};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+pub use loader::{FileKey, FileSource, LoaderStats, MappedFile, TableLoader, TableMaps};
+
+/// Why a table could not be built or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error(transparent)]
+    Table(#[from] agent_ebpf::unwind::table::TableError),
+    #[error("cannot update the eBPF map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+}
+
+/// Bytes of a mapped file.
+pub type FileData = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// The kernel's unwind maps, taken from the sampler.
+pub struct KernelMaps {
+    pub rows: Array<MapData, RowChunk>,
+    pub processes: BpfHashMap<MapData, u32, ProcessMappings>,
+}
+
+impl TableMaps for KernelMaps {
+    fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError> {
+        self.rows
+            .set(index, chunk, 0)
+            .map_err(|source| UnwindError::Map {
+                map: agent_ebpf::MAP_UNWIND_ROWS,
+                source,
+            })
+    }
+
+    fn set_process(&mut self, tgid: u32, mappings: &ProcessMappings) -> Result<(), UnwindError> {
+        self.processes
+            .insert(tgid, mappings, 0)
+            .map_err(|source| UnwindError::Map {
+                map: agent_ebpf::MAP_PROCESS_MAPPINGS,
+                source,
+            })
+    }
+
+    fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError> {
+        self.processes
+            .remove(&tgid)
+            .map_err(|source| UnwindError::Map {
+                map: agent_ebpf::MAP_PROCESS_MAPPINGS,
+                source,
+            })
+    }
+}
+
+/// Files of live processes, read through `/proc/PID/map_files` (right even
+/// in containers and for deleted files), and our own vDSO (the same image
+/// in every process of this kernel).
+#[derive(Default)]
+pub struct ProcFiles {
+    vdso: Option<Option<FileData>>,
+}
+
+impl FileSource for ProcFiles {
+    fn open(&mut self, pid: u32, mapping: &MappedFile) -> Option<(FileKey, FileData)> {
+        if &*mapping.path == "[vdso]" {
+            let vdso = self.vdso.get_or_insert_with(own_vdso).clone()?;
+            return Some((FileKey::Vdso, vdso));
+        }
+        if mapping.inode == 0 || mapping.path.is_empty() || mapping.path.starts_with('[') {
+            return None;
+        }
+        let via_map_files = format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        );
+        let file = std::fs::File::open(via_map_files)
+            .or_else(|_| std::fs::File::open(format!("/proc/{pid}/root{}", mapping.path)))
+            .ok()?;
+        let size = file.metadata().ok()?.len();
+        // SAFETY: read-only map of a file; a concurrent truncation could fault,
+        // as for every profiler reading binaries in place.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let parsed = object::File::parse(&*map).ok()?;
+        let key = match crate::symbolize::gnu_build_id(&parsed) {
+            Some(id) => FileKey::BuildId(id),
+            None => FileKey::Inode {
+                dev: mapping.dev,
+                inode: mapping.inode,
+                size,
+            },
+        };
+        Some((key, Arc::new(map)))
+    }
+}
+
+/// A copy of this process's vDSO image.
+fn own_vdso() -> Option<FileData> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|line| line.ends_with("[vdso]"))?;
+    let (range, _) = line.split_once(' ')?;
+    let (start, end) = range.split_once('-')?;
+    let (start, end) = (
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    );
+    // SAFETY: the vDSO is mapped readable for the life of the process.
+    let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
+    Some(Arc::new(bytes.to_vec()))
+}
+
+/// The executable mappings of a live process.
+pub fn process_mappings(pid: u32) -> Option<Vec<MappedFile>> {
+    use procfs::process::{MMPermissions, MMapPath};
+    let maps = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .maps()
+        .ok()?;
+    Some(
+        maps.into_iter()
+            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
+            .filter_map(|map| {
+                let path: Arc<str> = match &map.pathname {
+                    MMapPath::Path(path) => {
+                        crate::procs::strip_deleted(&path.to_string_lossy()).into()
+                    }
+                    MMapPath::Vdso => "[vdso]".into(),
+                    // The legacy vsyscall page is above user space.
+                    MMapPath::Vsyscall => return None,
+                    _ => "".into(),
+                };
+                Some(MappedFile {
+                    start: map.address.0,
+                    end: map.address.1,
+                    file_offset: map.offset,
+                    path,
+                    dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
+                    inode: map.inode,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Asks the unwind service to load processes' tables; cheap to call per
+/// sample (a process already waiting is not asked for again).
+#[derive(Clone)]
+pub struct Requests {
+    tx: SyncSender<u32>,
+    pending: Arc<Mutex<HashSet<u32>>>,
+}
+
+impl Requests {
+    /// Asks for `pid`'s tables, unless already waiting.
+    pub fn request(&self, pid: u32) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !pending.insert(pid) {
+            return;
+        }
+        match self.tx.try_send(pid) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            // The service is behind: the next sample asks again.
+            Err(TrySendError::Full(_)) => {
+                pending.remove(&pid);
+            }
+        }
+    }
+}
+
+/// How often exited processes are dropped from the kernel.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Live figures of the unwind service.
+pub type SharedStats = Arc<Mutex<LoaderStats>>;
+
+/// Starts the thread that loads tables for the processes asked for (and
+/// `preload` right away); it ends when every [`Requests`] is dropped.
+///
+/// `background`: host-wide profiling, where building tables for many large
+/// binaries must not starve the pipeline; the thread then runs at a lower
+/// priority. A targeted recording wants its few tables at once.
+pub fn spawn_service(
+    maps: KernelMaps,
+    capacity_chunks: u32,
+    preload: Vec<u32>,
+    background: bool,
+) -> std::io::Result<(Requests, SharedStats)> {
+    let (tx, rx) = mpsc::sync_channel::<u32>(1024);
+    let stats: SharedStats = Arc::default();
+    let shared = stats.clone();
+    let pending: Arc<Mutex<HashSet<u32>>> = Arc::default();
+    let served = pending.clone();
+    std::thread::Builder::new()
+        .name("hostprof-unwind".into())
+        .spawn(move || {
+            if background {
+                // SAFETY: setpriority on our own thread id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+            }
+            let mut loader = TableLoader::new(maps, capacity_chunks);
+            let mut files = ProcFiles::default();
+            let own_exe = std::env::current_exe().unwrap_or_default();
+            let mut load = |loader: &mut TableLoader<KernelMaps>, pid: u32| {
+                let Some(mut mappings) = process_mappings(pid) else {
+                    return;
+                };
+                if pid == std::process::id() {
+                    // Our libraries, not our own (large) executable.
+                    mappings.retain(|mapping| own_exe.as_path() != Path::new(&*mapping.path));
+                }
+                if loader.recently_loaded(pid, &mappings) {
+                    return;
+                }
+                let started = Instant::now();
+                if let Err(err) = loader.load_process(pid, &mappings, &mut files) {
+                    tracing::debug!("pid {pid}: cannot load unwind tables: {err}");
+                }
+                // An exec between reading the maps and writing them would
+                // leave the old image's mappings: check once more.
+                if pid != std::process::id()
+                    && let Some(again) = process_mappings(pid)
+                    && !loader.recently_loaded(pid, &again)
+                    && let Err(err) = loader.load_process(pid, &again, &mut files)
+                {
+                    tracing::debug!("pid {pid}: cannot load unwind tables: {err}");
+                }
+                tracing::debug!("pid {pid}: unwind tables loaded in {:?}", started.elapsed());
+            };
+            // Our own libraries first (libc, ld.so, the vDSO): nearly every
+            // process maps them, and they are the largest tables to build.
+            load(&mut loader, std::process::id());
+            for pid in preload {
+                load(&mut loader, pid);
+            }
+            *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
+            let mut last_sweep = Instant::now();
+            loop {
+                match rx.recv_timeout(SWEEP_INTERVAL) {
+                    Ok(pid) => {
+                        // Taken off first: samples from now on may ask again.
+                        served
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&pid);
+                        load(&mut loader, pid);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                if last_sweep.elapsed() >= SWEEP_INTERVAL {
+                    for pid in loader.processes() {
+                        if !crate::procs::is_alive(pid) {
+                            loader.forget_process(pid);
+                        }
+                    }
+                    last_sweep = Instant::now();
+                }
+                *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
+            }
+        })?;
+    Ok((Requests { tx, pending }, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_ebpf::unwind::{
+        cfa, reg,
+        table::{build, plt_expression},
+    };
+
+    #[test]
+    fn recognises_the_binutils_plt_expression() {
+        let bytes = [
+            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+        ];
+        assert_eq!(plt_expression(&bytes), Some((8, 11)));
+        assert_eq!(plt_expression(&bytes[1..]), None);
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn own_executable_has_a_sorted_table_covering_this_function() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let table = build(&exe).unwrap();
+        let rows = table.rows();
+        assert!(rows.len() > 1000, "{} rows", rows.len());
+        assert!(rows.windows(2).all(|pair| pair[0].pc < pair[1].pc));
+        // The row for this very function says how to find its caller.
+        let file = object::File::parse(&*exe).unwrap();
+        let here =
+            object::ObjectSymbolTable::symbols(&object::Object::symbol_table(&file).unwrap())
+                .find(|symbol| {
+                    object::ObjectSymbol::name(symbol).is_ok_and(|name| {
+                        name.contains("own_executable_has_a_sorted_table_covering_this_function")
+                    })
+                })
+                .map(|symbol| object::ObjectSymbol::address(&symbol))
+                .expect("test function symbol");
+        let index = rows.partition_point(|row| row.pc as u64 <= here) - 1;
+        let row = rows[index];
+        assert_eq!(row.cfa_rule, cfa::SP, "{row:?}");
+        assert_eq!(
+            (row.cfa_offset, row.ra_rule, row.ra_offset),
+            (8, reg::AT_CFA, -8)
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! Replays recorded stacks through the kernel's unwinder on the host.
+//!
+//! A [`Snapshot`] is what the kernel saw at a sample: registers, stack bytes
+//! and the process's executable mappings. [`unwind`] walks it with
+//! `agent_ebpf::unwind::step` and tables built by [`super::table`], the same
+//! code and tables the eBPF program uses, so replay tests check the kernel's
+//! unwinder on any architecture the tables support.
+//!
+//! Snapshots come from ELF core files ([`Snapshot::from_core`], e.g. written
+//! by `qemu-aarch64` for aarch64 test programs) or from
+//! `hostprof record --stack-copy`.
+use std::{path::PathBuf, sync::Arc};
+
+use agent_ebpf::unwind::{
+    self, Arch, ExecMapping, FRAME_POINTER_TABLE, Lookup, MAX_PROCESS_MAPPINGS, ProcessMappings,
+    Regs, Sorted, Step, UnwindRow,
+};
+use object::{Object, ObjectSegment};
+
+use agent_ebpf::unwind::table::{self, TableKind};
+
+/// A mapped executable file of a snapshot.
+#[derive(Clone, Debug)]
+pub struct SnapshotMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub path: PathBuf,
+}
+
+/// Registers, memory and mappings of one stopped thread.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub arch: Arch,
+    pub regs: Regs,
+    /// Captured memory: (address, bytes). The stack, at least.
+    pub memory: Vec<(u64, Vec<u8>)>,
+    pub mappings: Vec<SnapshotMapping>,
+}
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("cannot parse the core file")]
+    Parse(#[source] object::Error),
+    #[error("the core file has no NT_PRSTATUS note (no registers)")]
+    NoRegisters,
+    #[error("unsupported architecture")]
+    UnsupportedArch,
+}
+
+/// `NT_PRSTATUS`.
+const NT_PRSTATUS: u32 = 1;
+/// Offset of `pr_reg` in `struct elf_prstatus` on 64-bit Linux.
+const PR_REG_OFFSET: usize = 112;
+
+impl Snapshot {
+    /// The first thread of an ELF core file, with the given mappings (the
+    /// cores qemu writes list no files: pass the program's own).
+    pub fn from_core(core: &[u8], mappings: Vec<SnapshotMapping>) -> Result<Self, SnapshotError> {
+        let file = object::File::parse(core).map_err(SnapshotError::Parse)?;
+        let arch = table::arch_of(&file).ok_or(SnapshotError::UnsupportedArch)?;
+        let object::File::Elf64(elf) = &file else {
+            return Err(SnapshotError::UnsupportedArch);
+        };
+        use object::read::elf::ProgramHeader;
+        let endian = elf.endian();
+        let mut regs = None;
+        let mut memory = Vec::new();
+        for segment in elf.elf_program_headers() {
+            if let Ok(Some(mut notes)) = segment.notes(endian, core) {
+                while let Ok(Some(note)) = notes.next() {
+                    if note.n_type(endian) == NT_PRSTATUS && regs.is_none() {
+                        regs = Some(prstatus_regs(arch, note.desc()));
+                    }
+                }
+            }
+        }
+        for segment in elf.segments() {
+            if let Ok(data) = segment.data()
+                && !data.is_empty()
+            {
+                memory.push((segment.address(), data.to_vec()));
+            }
+        }
+        let regs = regs.flatten().ok_or(SnapshotError::NoRegisters)?;
+        Ok(Snapshot {
+            arch,
+            regs,
+            memory,
+            mappings,
+        })
+    }
+}
+
+/// pc, sp, frame pointer and link register from `pr_reg`.
+fn prstatus_regs(arch: Arch, desc: &[u8]) -> Option<Regs> {
+    let reg = |index: usize| -> Option<u64> {
+        let at = PR_REG_OFFSET + index * 8;
+        Some(u64::from_le_bytes(desc.get(at..at + 8)?.try_into().ok()?))
+    };
+    // x86_64 user_regs_struct: rbp 4, rip 16, rsp 19; aarch64: x29, x30, sp 31, pc 32.
+    let (pc, sp, fp, lr) = match arch {
+        Arch::X86_64 => (reg(16)?, reg(19)?, reg(4)?, 0),
+        Arch::Aarch64 => (reg(32)?, reg(31)?, reg(29)?, reg(30)?),
+    };
+    Some(Regs {
+        pc,
+        sp,
+        fp,
+        lr,
+        interrupted: 1,
+        fp_valid: 1,
+    })
+}
+
+/// A snapshot's process, as `agent_ebpf::unwind` sees it.
+pub struct ReplayProcess<'a> {
+    snapshot: &'a Snapshot,
+    mappings: ProcessMappings,
+    rows: Vec<UnwindRow>,
+    /// Per mapping: the file's bytes and the bias to its ELF addresses.
+    files: Vec<(u64, u64, u64, Arc<Vec<u8>>)>,
+}
+
+impl<'a> ReplayProcess<'a> {
+    /// Builds the tables of every mapping of `snapshot`.
+    pub fn new(snapshot: &'a Snapshot) -> Self {
+        let mut mappings = ProcessMappings::default();
+        let mut rows = Vec::new();
+        let mut files = Vec::new();
+        let mut sorted = snapshot.mappings.clone();
+        sorted.sort_by_key(|mapping| mapping.start);
+        sorted.truncate(MAX_PROCESS_MAPPINGS);
+        for (slot, mapping) in sorted.iter().enumerate() {
+            let mut entry = ExecMapping {
+                start: mapping.start,
+                end: mapping.end,
+                ..Default::default()
+            };
+            if let Ok(data) = std::fs::read(&mapping.path)
+                && let Some(vaddr) = table::vaddr_of_offset(&data, mapping.file_offset)
+            {
+                entry.bias = mapping.start.wrapping_sub(vaddr);
+                match table::build(&data) {
+                    Ok(built) => match built.kind {
+                        TableKind::Rows(table_rows) => {
+                            entry.table_start = rows.len() as u32;
+                            entry.table_len = table_rows.len() as u32;
+                            rows.extend(table_rows);
+                        }
+                        TableKind::FramePointers => entry.table_start = FRAME_POINTER_TABLE,
+                    },
+                    Err(err) => tracing::debug!("{}: no table: {err}", mapping.path.display()),
+                }
+                files.push((mapping.start, mapping.end, entry.bias, Arc::new(data)));
+            }
+            mappings.mappings[slot] = entry;
+            mappings.len = slot as u32 + 1;
+        }
+        ReplayProcess {
+            snapshot,
+            mappings,
+            rows,
+            files,
+        }
+    }
+
+    /// Reads from a mapped file's loadable segments (code, for the
+    /// sigreturn check).
+    fn read_file(&self, address: u64) -> Option<u64> {
+        let (_, _, bias, data) = self
+            .files
+            .iter()
+            .find(|(start, end, _, _)| (*start..*end).contains(&address))?;
+        let vaddr = address.wrapping_sub(*bias);
+        let file = object::File::parse(&***data).ok()?;
+        file.segments().find_map(|segment| {
+            let offset = vaddr.checked_sub(segment.address())?;
+            let bytes = segment.data().ok()?;
+            let at = usize::try_from(offset).ok()?;
+            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        })
+    }
+}
+
+impl unwind::Process for ReplayProcess<'_> {
+    fn read_u64(&mut self, address: u64) -> Option<u64> {
+        for (start, bytes) in &self.snapshot.memory {
+            if let Some(offset) = address.checked_sub(*start)
+                && let Ok(at) = usize::try_from(offset)
+                && let Some(word) = bytes.get(at..at.checked_add(8)?)
+            {
+                return Some(u64::from_le_bytes(word.try_into().ok()?));
+            }
+        }
+        self.read_file(address)
+    }
+
+    fn lookup(&mut self, pc: u64) -> Lookup {
+        let (rows, mappings) = (&self.rows, &self.mappings);
+        let search = |what, len, target| {
+            unwind::search_last_le(len, target, |i| match what {
+                Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
+                Sorted::Rows { start } => rows
+                    .get(start.wrapping_add(i) as usize)
+                    .map(|row| row.pc as u64),
+            })
+        };
+        unwind::lookup_in(mappings, pc, search, |index| {
+            rows.get(index as usize).copied()
+        })
+    }
+}
+
+/// The frames of a snapshot, leaf first (the leaf's pc, then return
+/// addresses), and why the walk ended (an `agent_ebpf::unwind::reason`).
+pub fn unwind(snapshot: &Snapshot, max_frames: usize) -> (Vec<u64>, u32) {
+    let mut process = ReplayProcess::new(snapshot);
+    let mut regs = snapshot.regs;
+    let mut frames = vec![regs.pc];
+    // The same loop as the eBPF program's bpf_loop callback.
+    loop {
+        match unwind::step(snapshot.arch, &mut regs, &mut process) {
+            Step::Caller if frames.len() >= max_frames => {
+                return (frames, unwind::reason::DEPTH_LIMIT);
+            }
+            Step::Caller => frames.push(regs.pc),
+            Step::Stop(reason) => return (frames, reason),
+        }
+    }
+}
