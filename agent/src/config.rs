@@ -57,6 +57,11 @@ pub const KEYS: &[(&str, &str)] = &[
         "log-level",
         "error, warn, info, debug, trace or a RUST_LOG filter",
     ),
+    ("unwind", "dwarf (in-kernel tables) or fp (frame pointers)"),
+    (
+        "unwind-table-mib",
+        "MiB of kernel memory for unwind tables, 1 to 4096",
+    ),
 ];
 
 /// Where a setting's value came from.
@@ -130,6 +135,13 @@ pub enum LogFormat {
     Json,
 }
 
+/// How user stacks are walked (see `hostprof agent --help`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindMethod {
+    Dwarf,
+    Fp,
+}
+
 /// The values given on the command line (`None` when a flag was not given).
 #[derive(Clone, Debug, Default)]
 pub struct Flags {
@@ -150,6 +162,8 @@ pub struct Flags {
     pub status_interval: Option<Duration>,
     pub log_format: Option<LogFormat>,
     pub log_level: Option<String>,
+    pub unwind: Option<UnwindMethod>,
+    pub unwind_table_mib: Option<u32>,
 }
 
 /// The agent's effective configuration.
@@ -173,6 +187,8 @@ pub struct AgentConfig {
     pub status_interval: Duration,
     pub log_format: LogFormat,
     pub log_level: String,
+    pub unwind: UnwindMethod,
+    pub unwind_table_mib: u32,
     /// Where each key's value came from (keys without a value are absent).
     pub sources: BTreeMap<&'static str, Source>,
 }
@@ -185,6 +201,7 @@ pub const DEFAULT_OFF_CPU_THRESHOLD: Duration = Duration::from_millis(1);
 pub const DEFAULT_SYMBOL_CACHE_MIB: u64 = 256;
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4317";
+pub const DEFAULT_UNWIND_TABLE_MIB: u32 = 32;
 
 /// A value from the environment or the file, before parsing.
 enum Raw {
@@ -373,6 +390,14 @@ impl AgentConfig {
             })),
         );
         line("log-level", Some(text(&self.log_level)));
+        line(
+            "unwind",
+            Some(text(match self.unwind {
+                UnwindMethod::Dwarf => "dwarf",
+                UnwindMethod::Fp => "fp",
+            })),
+        );
+        line("unwind-table-mib", Some(self.unwind_table_mib.to_string()));
         out
     }
 }
@@ -557,6 +582,17 @@ impl Resolver<'_> {
         let log_level = self
             .pick("log-level", flags.log_level, &[], parse_log_level)?
             .unwrap_or_else(|| "info".to_owned());
+        let unwind = self
+            .pick("unwind", flags.unwind, &[], parse_unwind)?
+            .unwrap_or(UnwindMethod::Dwarf);
+        let unwind_table_mib = self
+            .pick(
+                "unwind-table-mib",
+                flags.unwind_table_mib,
+                &[],
+                parse_unwind_table_mib,
+            )?
+            .unwrap_or(DEFAULT_UNWIND_TABLE_MIB);
         Ok(AgentConfig {
             frequency,
             report_interval,
@@ -575,6 +611,8 @@ impl Resolver<'_> {
             status_interval,
             log_format,
             log_level,
+            unwind,
+            unwind_table_mib,
             sources: self.sources,
         })
     }
@@ -706,6 +744,22 @@ pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
     }
     text.parse()
         .map_err(|_| "not an IP address and port".to_owned())
+}
+
+pub fn parse_unwind(text: &str) -> Result<UnwindMethod, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "dwarf" => Ok(UnwindMethod::Dwarf),
+        "fp" => Ok(UnwindMethod::Fp),
+        _ => Err("unknown unwinding method (dwarf or fp)".into()),
+    }
+}
+
+pub fn parse_unwind_table_mib(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(mib @ 1..=4096) => Ok(mib),
+        Ok(_) => Err("out of range (1 to 4096)".into()),
+        Err(_) => Err("not a whole number".into()),
+    }
 }
 
 pub fn parse_log_format(text: &str) -> Result<LogFormat, String> {

@@ -68,7 +68,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (export_tx, export_progress) = watch::channel(ExportStats::default());
     let exporter = tokio::spawn(run_exporter(export, requests_rx, export_tx));
 
-    let (unwind, unwind_chunks) = args.unwind.options();
+    let (unwind, unwind_chunks) = super::unwind_options(config.unwind, config.unwind_table_mib);
     let options = SamplerOptions {
         unwind,
         unwind_chunks,

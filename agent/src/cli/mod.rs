@@ -113,6 +113,8 @@ impl AgentArgs {
             status_interval: self.status_interval,
             log_format: self.log_format,
             log_level: self.log_level.clone(),
+            unwind: self.unwind.method,
+            unwind_table_mib: self.unwind.table_mib,
         }
     }
 }
@@ -207,38 +209,36 @@ impl OffCpuArgs {
 pub struct UnwindArgs {
     /// `dwarf`: in-kernel unwinding with tables built from each binary's
     /// `.eh_frame` (complete stacks without frame pointers), frame pointers
-    /// where a binary has none; `fp`: frame pointers only.
-    #[arg(
-        long = "unwind",
-        value_enum,
-        value_name = "METHOD",
-        default_value = "dwarf"
-    )]
-    pub method: UnwindMethod,
+    /// where a binary has none; `fp`: frame pointers only [default: dwarf].
+    #[arg(long = "unwind", value_name = "METHOD", value_parser = config::parse_unwind)]
+    pub method: Option<config::UnwindMethod>,
     /// Kernel memory for unwind tables, in MiB; tables beyond it fall back
-    /// to frame pointers (and are counted).
-    #[arg(long = "unwind-table-mib", value_name = "MIB", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub table_mib: u32,
-}
-
-/// `--unwind` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindMethod {
-    Dwarf,
-    Fp,
+    /// to frame pointers (and are counted) [default: 32].
+    #[arg(long = "unwind-table-mib", value_name = "MIB", value_parser = config::parse_unwind_table_mib)]
+    pub table_mib: Option<u32>,
 }
 
 impl UnwindArgs {
     /// The sampler's (mode, rows map chunks).
     pub fn options(&self) -> (crate::sampler::UnwindMode, u32) {
-        let mode = match self.method {
-            UnwindMethod::Dwarf => crate::sampler::UnwindMode::Tables,
-            UnwindMethod::Fp => crate::sampler::UnwindMode::FramePointers,
-        };
-        let chunk = std::mem::size_of::<agent_ebpf::RowChunk>() as u64;
-        (mode, ((self.table_mib as u64) << 20).div_ceil(chunk) as u32)
+        unwind_options(
+            self.method.unwrap_or(config::UnwindMethod::Dwarf),
+            self.table_mib.unwrap_or(config::DEFAULT_UNWIND_TABLE_MIB),
+        )
     }
+}
+
+/// The sampler's (mode, rows map chunks) for `method` and `table_mib`.
+pub fn unwind_options(
+    method: config::UnwindMethod,
+    table_mib: u32,
+) -> (crate::sampler::UnwindMode, u32) {
+    let mode = match method {
+        config::UnwindMethod::Dwarf => crate::sampler::UnwindMode::Tables,
+        config::UnwindMethod::Fp => crate::sampler::UnwindMode::FramePointers,
+    };
+    let chunk = std::mem::size_of::<agent_ebpf::RowChunk>() as u64;
+    (mode, (u64::from(table_mib) << 20).div_ceil(chunk) as u32)
 }
 
 /// Symbolization options, shared by `record` and `agent`.
