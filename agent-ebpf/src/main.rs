@@ -430,8 +430,7 @@ mod sampler {
     }
 
     /// Copies the user registers and the top `bytes` of the user stack into
-    /// a stack sample (`--stack-copy`). Near the top of a stack a long read
-    /// faults: shorter ones are tried, halving each time.
+    /// a stack sample (`--stack-copy`), or as much of it as is mapped.
     #[inline(always)]
     unsafe fn copy_stack(dst: *mut StackSample, bytes: u32) {
         unsafe {
@@ -449,8 +448,18 @@ mod sampler {
             };
             (*dst).regs = [pc, sp, fp, lr];
             (*dst).regs_valid = 1;
+            // Near the top of the stack the whole read faults: then try up to
+            // the end of sp's page and 3, 2, 1 or 0 pages past it.
+            let to_page_end = 4096 - (sp & 4095) as u32;
             let mut len = bytes;
-            for _ in 0..4 {
+            for attempt in 0..5u32 {
+                if attempt > 0 {
+                    let fit = to_page_end + (4 - attempt) * 4096;
+                    if fit >= len {
+                        continue;
+                    }
+                    len = fit;
+                }
                 if len == 0 || len > MAX_STACK_COPY as u32 {
                     return;
                 }
@@ -463,7 +472,6 @@ mod sampler {
                     (*dst).stack_len = len;
                     return;
                 }
-                len /= 2;
             }
         }
     }

@@ -254,7 +254,16 @@ fn keep_stack_copies(
     copies: std::sync::mpsc::Receiver<crate::sampler::StackCopy>,
     dir: Option<&Path>,
 ) -> anyhow::Result<u64> {
-    use crate::unwind::replay::{RecordedSample, SnapshotMapping, process_mappings};
+    use crate::unwind::replay::{RecordedSample, SnapshotMapping, process_mappings, save_vdso};
+    // The vDSO is no file: the snapshots name a copy of it.
+    let vdso = dir.map(|dir| dir.join("vdso.so"));
+    let vdso = vdso.filter(|path| match save_vdso(path) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!("cannot save the vDSO for the snapshots: {err}");
+            false
+        }
+    });
     let mut mappings: std::collections::HashMap<u32, Vec<SnapshotMapping>> = Default::default();
     let mut written = 0;
     for copy in copies {
@@ -267,7 +276,7 @@ fn keep_stack_copies(
                 .iter()
                 .all(|pc| maps.iter().any(|m| (m.start..m.end).contains(pc)))
         });
-        if !known && let Ok(fresh) = process_mappings(tgid) {
+        if !known && let Ok(fresh) = process_mappings(tgid, vdso.as_deref()) {
             mappings.insert(tgid, fresh);
         }
         let Some(maps) = mappings.get(&tgid) else {

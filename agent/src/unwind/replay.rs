@@ -238,8 +238,13 @@ pub const HOST_ARCH: Arch = if cfg!(target_arch = "aarch64") {
     Arch::X86_64
 };
 
-/// The executable file mappings of a live process, from `/proc/PID/maps`.
-pub fn process_mappings(pid: u32) -> std::io::Result<Vec<SnapshotMapping>> {
+/// The executable file mappings of a live process, from `/proc/PID/maps`;
+/// its vDSO too when `vdso` names a copy of the image (every process of a
+/// kernel maps the same one: see [`save_vdso`]).
+pub fn process_mappings(
+    pid: u32,
+    vdso: Option<&std::path::Path>,
+) -> std::io::Result<Vec<SnapshotMapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mut mappings = Vec::new();
     for line in text.lines() {
@@ -254,6 +259,10 @@ pub fn process_mappings(pid: u32) -> std::io::Result<Vec<SnapshotMapping>> {
             continue;
         };
         let path = fields.collect::<Vec<_>>().join(" ");
+        let path = match vdso {
+            Some(vdso) if path == "[vdso]" => vdso.to_string_lossy().into_owned(),
+            _ => path,
+        };
         if !perms.contains('x') || !path.starts_with('/') {
             continue;
         }
@@ -274,6 +283,12 @@ pub fn process_mappings(pid: u32) -> std::io::Result<Vec<SnapshotMapping>> {
         });
     }
     Ok(mappings)
+}
+
+/// Writes this kernel's vDSO image to `path`, for [`process_mappings`].
+pub fn save_vdso(path: &std::path::Path) -> std::io::Result<()> {
+    let image = super::own_vdso().ok_or_else(|| std::io::Error::other("no vDSO"))?;
+    std::fs::write(path, &*image)
 }
 
 /// A sample taken with `hostprof record --stack-copy`: its snapshot and
