@@ -397,10 +397,7 @@ impl RecordedSample {
         let mut kernel_frames = Vec::new();
         let mut mappings = Vec::new();
         let mut memory = Vec::new();
-        loop {
-            let Ok(text) = next_line(&mut data) else {
-                break;
-            };
+        while let Ok(text) = next_line(&mut data) {
             let (key, rest) = text.split_once(' ').unwrap_or((text, ""));
             let fields: Vec<&str> = rest.split(' ').filter(|f| !f.is_empty()).collect();
             let field = |index: usize| fields.get(index).copied().ok_or("missing field");
