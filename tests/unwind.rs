@@ -314,6 +314,10 @@ fn assert_replay_matches_kernel(program: &Path, args: &[&str]) {
         "only {tables} table-unwound samples\n{stderr}"
     );
     assert!(
+        empty * 100 <= copies,
+        "{empty} of {copies} samples carry no stack bytes\n{stderr}"
+    );
+    assert!(
         differ.is_empty(),
         "{} of {tables} replays differ from the kernel's unwind:\n{}",
         differ.len(),
