@@ -5,7 +5,9 @@ mod common;
 
 use std::{collections::HashMap, path::Path, process::Command};
 
+use agent_ebpf::unwind::reason;
 use common::*;
+use hostprof::sampler::{Sampler, SamplerOptions};
 
 const FLAGS: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -247,4 +249,145 @@ fn cpp_and_rust_release_builds_reach_main() {
         with_stage as f64 >= 0.9 * total as f64,
         "{with_stage} of {total} Rust samples go main -> stage\n{stderr}"
     );
+}
+
+/// Records `program` with `--stack-copy 8192` and replays every snapshot
+/// on the host through the same unwinder core: the host's frames must be
+/// the kernel's, but for stacks deeper than the copy (the host then stops
+/// at a read fault, on a prefix of the kernel's frames). At least 99 % of
+/// the copies hold stack bytes, 8 KiB or up to the top of the stack.
+fn assert_replay_matches_kernel(program: &Path, args: &[&str]) {
+    use hostprof::unwind::replay::{self, RecordedSample};
+    let name = program.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = work_dir().join(format!("{name}.stacks"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = run_ok(
+        hostprof()
+            .args([
+                "record",
+                "-F",
+                "199",
+                "--stack-copy",
+                "8192",
+                "--stack-copy-dir",
+            ])
+            .arg(&dir)
+            .arg("--")
+            .arg(program)
+            .args(args),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (mut tables, mut same, mut short, mut empty, mut copies) = (0, 0, 0, 0, 0);
+    let mut differ = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the stack copy dir") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|ext| ext != "stack") {
+            continue;
+        }
+        let data = std::fs::read(path).unwrap();
+        let recorded = RecordedSample::read(&data).expect("a stack copy file");
+        let stack = &recorded.snapshot.memory[0].1;
+        // Empty only where the kernel cannot read the stack at all (e.g. a
+        // sample in the middle of exec, old sp, new memory).
+        empty += usize::from(stack.is_empty());
+        copies += 1;
+        assert!(stack.len() <= 8192);
+        if !recorded.unwound_with_tables() {
+            continue;
+        }
+        tables += 1;
+        let (frames, why) = replay::unwind(&recorded.snapshot, agent_ebpf::MAX_USER_STACK_DEPTH);
+        if frames == recorded.kernel_frames {
+            same += 1;
+        } else if why == reason::READ_FAULT && recorded.kernel_frames.starts_with(&frames) {
+            // The kernel read further up than the copy goes.
+            short += 1;
+        } else {
+            differ.push(format!(
+                "kernel {:x?}\nhost   {frames:x?} (stopped: {why})",
+                recorded.kernel_frames
+            ));
+        }
+    }
+    assert!(
+        tables >= 200,
+        "only {tables} table-unwound samples\n{stderr}"
+    );
+    assert!(
+        empty * 100 <= copies,
+        "{empty} of {copies} samples carry no stack bytes\n{stderr}"
+    );
+    assert!(
+        differ.is_empty(),
+        "{} of {tables} replays differ from the kernel's unwind:\n{}",
+        differ.len(),
+        differ[..differ.len().min(5)].join("\n")
+    );
+    assert!(
+        same as f64 >= 0.95 * tables as f64,
+        "{same} of {tables} replays equal the kernel's ({short} cut by the 8 KiB copy)"
+    );
+    assert!(stderr.contains("snapshots written"), "{stderr}");
+}
+
+#[test]
+fn stack_copies_replay_on_the_host_to_the_kernels_frames() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = build_c("unwind_c.c", "unwind_copy_qsort", FLAGS);
+    assert_replay_matches_kernel(&program, &["qsort", "2"]);
+    let program = build_c("unwind_c.c", "unwind_copy_deep", FLAGS);
+    assert_replay_matches_kernel(&program, &["recurse", "2"]);
+}
+
+/// Reads every record the ring holds after `options` sampled a busy
+/// program for a while: their sizes.
+fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
+    let program = build_c("unwind_c.c", "unwind_ring", FLAGS);
+    let mut child = Command::new(&program)
+        .args(["split", "2"])
+        .spawn()
+        .expect("start the program");
+    let mut sampler = Sampler::start(&SamplerOptions {
+        pids: Some(vec![child.id()]),
+        frequency_hz: 199,
+        ..options
+    })
+    .expect("start the sampler");
+    let mut ring = sampler.take_ring().expect("the ring");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    sampler.stop();
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut sizes = Vec::new();
+    while let Some(record) = ring.next() {
+        if let Some(copy) = hostprof::sampler::decode_stack_copy(&record) {
+            assert!(copy.regs.is_some() && !copy.stack.is_empty());
+        }
+        sizes.push(record.len());
+    }
+    assert!(sizes.len() >= 50, "only {} records", sizes.len());
+    sizes
+}
+
+#[test]
+fn no_stack_memory_leaves_the_kernel_without_stack_copy() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    // Default options: every record is a bare Sample (frames, no memory).
+    let sizes = ring_record_sizes(SamplerOptions::default());
+    let sample = std::mem::size_of::<agent_ebpf::Sample>();
+    assert!(
+        sizes.iter().all(|size| *size == sample),
+        "records of other sizes than a Sample ({sample}): {sizes:?}"
+    );
+    // The control: asked for, each record carries the stack.
+    let sizes = ring_record_sizes(SamplerOptions {
+        stack_copy_bytes: 4096,
+        ..Default::default()
+    });
+    let with_stack = std::mem::size_of::<agent_ebpf::StackSample>();
+    assert!(sizes.iter().all(|size| *size == with_stack), "{sizes:?}");
 }

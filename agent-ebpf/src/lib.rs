@@ -115,6 +115,34 @@ pub const RING_WAKEUP_BYTES: u64 = 256 << 10;
 /// How often the reader drains the ring without being woken.
 pub const RING_DRAIN_INTERVAL_MS: u64 = 100;
 
+/// Global `u32`: bytes of user stack to copy per CPU sample
+/// (`hostprof record --stack-copy`); 0, the default, copies none and the
+/// ring carries plain [`Sample`]s.
+pub const GLOBAL_STACK_COPY_BYTES: &str = "STACK_COPY_BYTES";
+/// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
+pub const MAX_STACK_COPY: usize = 16384;
+const _: () = assert!(MAX_STACK_COPY.is_power_of_two());
+
+/// A CPU sample with a raw snapshot of the user stack, written instead of a
+/// [`Sample`] only when [`GLOBAL_STACK_COPY_BYTES`] is set: the user
+/// registers the unwinder started from and the stack from `sp` up, so
+/// userspace can replay the unwind (`hostprof::unwind::replay`). The reader
+/// tells the two records apart by their size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackSample {
+    pub sample: Sample,
+    /// User pc, sp, frame pointer and link register (aarch64; x86_64: the pc
+    /// again), from the task's saved `pt_regs`.
+    pub regs: [u64; 4],
+    /// Valid bytes of `stack`, copied from `regs[1]` (sp) up; 0 when the
+    /// stack could not be read.
+    pub stack_len: u32,
+    /// 1 when `regs` were read.
+    pub regs_valid: u32,
+    pub stack: [u8; MAX_STACK_COPY],
+}
+
 /// One CPU sample, written by the kernel straight into the ring buffer.
 ///
 /// Stacks are arrays of instruction pointers, leaf first; only the first
@@ -295,6 +323,8 @@ mod user {
     // SAFETY: `Sample` is `repr(C)`, `Copy`, made only of integers and arrays of
     // integers, with no padding (checked by the size assertion below).
     unsafe impl aya::Pod for super::Sample {}
+    // SAFETY: as above: a Sample, integers and bytes, no padding (asserted).
+    unsafe impl aya::Pod for super::StackSample {}
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::unwind::ProcessMappings {}
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
@@ -308,6 +338,10 @@ mod user {
                 + super::COMM_LEN
                 + 4 * 2
                 + 8 * (super::MAX_STACK_DEPTH + super::MAX_USER_STACK_DEPTH)
+    );
+    const _: () = assert!(
+        core::mem::size_of::<super::StackSample>()
+            == core::mem::size_of::<super::Sample>() + 8 * 4 + 4 * 2 + super::MAX_STACK_COPY
     );
     const _: () = assert!(core::mem::size_of::<super::unwind::UnwindRow>() == 16);
     const _: () = assert!(

@@ -17,11 +17,11 @@ mod sampler {
 
     use agent_ebpf::{
         COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_UNWIND_CHUNKS, MAX_FILTER_TGIDS,
-        MAX_OFF_CPU_THREADS, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES, MAX_USER_STACK_DEPTH,
-        RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED,
-        SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED,
-        SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT, Sample, UNWIND_DWARF,
-        UnwindState,
+        MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
+        MAX_USER_STACK_DEPTH, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
+        SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
+        SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT,
+        Sample, StackSample, UNWIND_DWARF, UnwindState,
         unwind::{
             self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
         },
@@ -85,6 +85,10 @@ mod sampler {
     /// Set by the agent at load time (`agent_ebpf::GLOBAL_UNWIND_MODE`).
     #[unsafe(no_mangle)]
     static UNWIND_MODE: u8 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_STACK_COPY_BYTES`).
+    #[unsafe(no_mangle)]
+    static STACK_COPY_BYTES: u32 = 0;
 
     #[map(name = "UNWIND_ROWS")]
     static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
@@ -401,11 +405,18 @@ mod sampler {
     /// drains on a timer, so a quiet ring never strands samples.
     #[inline(always)]
     fn submit(mut entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
+        let flags = unsafe { (*entry.as_mut_ptr()).flags };
+        entry.submit(wakeup_flags(flags));
+        bump(Counter::Submitted);
+    }
+
+    /// The ring's wakeup flag for a sample with these `flags`.
+    #[inline(always)]
+    fn wakeup_flags(flags: u32) -> u64 {
         // A selected process the unwinder does not know yet (just started or
         // exec'd): wake the agent now, so its tables load within a few
         // samples rather than a drain interval. Host-wide, where unknown
         // processes are many, the usual batching stays.
-        let flags = unsafe { (*entry.as_mut_ptr()).flags };
         let why = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
         let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
         let urgent = filtering
@@ -415,8 +426,54 @@ mod sampler {
         } else {
             BPF_RB_NO_WAKEUP
         };
-        entry.submit(wakeup as u64);
-        bump(Counter::Submitted);
+        wakeup as u64
+    }
+
+    /// Copies the user registers and the top `bytes` of the user stack into
+    /// a stack sample (`--stack-copy`), or as much of it as is mapped.
+    #[inline(always)]
+    unsafe fn copy_stack(dst: *mut StackSample, bytes: u32) {
+        unsafe {
+            (*dst).regs_valid = 0;
+            (*dst).stack_len = 0;
+            let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
+            let read = |offset: usize| bpf_probe_read_kernel(regs.add(offset).cast::<u64>());
+            let (Ok(pc), Ok(sp), Ok(fp), Ok(lr)) = (
+                read(PT_REGS[0]),
+                read(PT_REGS[1]),
+                read(PT_REGS[2]),
+                read(PT_REGS[3]),
+            ) else {
+                return;
+            };
+            (*dst).regs = [pc, sp, fp, lr];
+            (*dst).regs_valid = 1;
+            // Near the top of the stack the whole read faults: then try up to
+            // the end of sp's page and 3, 2, 1 or 0 pages past it.
+            let to_page_end = 4096 - (sp & 4095) as u32;
+            let mut len = bytes;
+            for attempt in 0..5u32 {
+                if attempt > 0 {
+                    let fit = to_page_end + (4 - attempt) * 4096;
+                    if fit >= len {
+                        continue;
+                    }
+                    len = fit;
+                }
+                if len == 0 || len > MAX_STACK_COPY as u32 {
+                    return;
+                }
+                let read = aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    (*dst).stack.as_mut_ptr().cast(),
+                    len,
+                    sp as *const c_void,
+                );
+                if read == 0 {
+                    (*dst).stack_len = len;
+                    return;
+                }
+            }
+        }
     }
 
     fn try_sample_cpu(ctx: &PerfEventContext) {
@@ -429,6 +486,29 @@ mod sampler {
         }
         if !wanted((pid_tgid >> 32) as u32) {
             bump(Counter::Filtered);
+            return;
+        }
+        let copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
+        if copy != 0 {
+            let Some(mut entry) = SAMPLES.reserve::<StackSample>(0) else {
+                bump(Counter::RingFull);
+                return;
+            };
+            let dst = entry.as_mut_ptr();
+            let flags = unsafe {
+                fill(
+                    ctx,
+                    &raw mut (*dst).sample,
+                    pid_tgid,
+                    SAMPLE_KIND_CPU,
+                    bpf_ktime_get_ns(),
+                    0,
+                );
+                copy_stack(dst, copy);
+                (*dst).sample.flags
+            };
+            entry.submit(wakeup_flags(flags));
+            bump(Counter::Submitted);
             return;
         }
         let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {

@@ -85,7 +85,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         cache_bytes: usize::try_from(config.symbol_cache_mib << 20).unwrap_or(usize::MAX),
     };
     let (frequency, interval) = (config.frequency, config.report_interval);
-    let session = Session::start(&options, symbolizer, Mode::Agent, move |batches| {
+    let session = Session::start(&options, symbolizer, Mode::Agent, None, move |batches| {
         let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
         cut_windows(batches, builder, interval, requests_tx)
     })?;

@@ -147,6 +147,19 @@ pub struct RecordArgs {
     pub symbols: SymbolArgs,
     #[command(flatten)]
     pub unwind: UnwindArgs,
+    /// Also copy the user registers and the top BYTES of the user stack
+    /// (at most 16384) out of the kernel with each CPU sample, to replay the
+    /// unwind on the host and check it against the kernel's. Off by default:
+    /// stack memory can hold secrets (keys, passwords) and leaves the kernel
+    /// only with this flag. Costs a ~18 KiB ring record per sample.
+    #[arg(long = "stack-copy", value_name = "BYTES",
+          value_parser = clap::value_parser!(u32).range(8..=agent_ebpf::MAX_STACK_COPY as i64))]
+    pub stack_copy: Option<u32>,
+    /// With --stack-copy: write each sample's snapshot (registers, stack
+    /// bytes, mappings, and the frames the kernel found) to a file in DIR,
+    /// for replay tests (`hostprof::unwind::replay::RecordedSample`).
+    #[arg(long = "stack-copy-dir", value_name = "DIR", requires = "stack_copy")]
+    pub stack_copy_dir: Option<PathBuf>,
     /// Report the eBPF program's own run time per sample (turns on the
     /// kernel's BPF statistics while recording; used by `cargo xtask bench`).
     #[arg(long, hide = true)]
@@ -372,6 +385,22 @@ mod tests {
         };
         assert!(args.off_cpu.options().is_none());
         assert!(args.symbols.options().debug_dirs.is_empty());
+    }
+
+    #[test]
+    fn stack_copy_is_off_unless_asked_and_bounded() {
+        let cli = Cli::try_parse_from(["hostprof", "record", "-d", "1"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(args.stack_copy, None);
+        let cli = Cli::try_parse_from(["hostprof", "record", "--stack-copy", "8192"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(args.stack_copy, Some(8192));
+        assert!(Cli::try_parse_from(["hostprof", "record", "--stack-copy", "16385"]).is_err());
+        assert!(Cli::try_parse_from(["hostprof", "record", "--stack-copy-dir", "/tmp"]).is_err());
     }
 
     #[test]

@@ -145,7 +145,24 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         // A command's children are part of it (as with perf); -p means just those.
         follow_children: !args.command.is_empty(),
         off_cpu: args.off_cpu.options(),
+        stack_copy_bytes: args.stack_copy.unwrap_or(0),
         ..Default::default()
+    };
+    let (copies, stack_copies) = match args.stack_copy {
+        Some(_) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dir = args.stack_copy_dir.clone();
+            if let Some(dir) = &dir {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            let thread = std::thread::Builder::new()
+                .name("hostprof-stack-copy".into())
+                .spawn(move || keep_stack_copies(rx, dir.as_deref()))
+                .context("cannot start the stack copy thread")?;
+            (Some(tx), Some(thread))
+        }
+        None => (None, None),
     };
     let start = unix_nanos_now();
     let cpu_period_ns = 1_000_000_000 / args.frequency;
@@ -159,6 +176,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         &options,
         args.symbols.options(),
         Mode::Record,
+        copies,
         move |batches| {
             let mut summary = Summary::new();
             for batch in batches {
@@ -197,6 +215,22 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         )
     );
     eprint!("{}", unwind_report(&finished.counters, finished.unwind));
+    if let Some(thread) = stack_copies {
+        // The reader, which held the sender, has stopped: the thread ends.
+        let kept = thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the stack copy thread panicked"))??;
+        eprintln!(
+            "hostprof: stack copies: {} samples carried {} bytes of user stack each (or less at \
+             the top of a stack){}",
+            finished.reader.stack_copies,
+            args.stack_copy.unwrap_or(0),
+            match &args.stack_copy_dir {
+                Some(dir) => format!("; {kept} snapshots written to {}", dir.display()),
+                None => String::new(),
+            }
+        );
+    }
     if args.bpf_stats {
         let (run_time, runs) = finished.program_stats;
         eprintln!(
@@ -211,6 +245,61 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         eprintln!("hostprof: the profiled command exited with {status}");
     }
     Ok(())
+}
+
+/// Turns `--stack-copy` records into snapshots (with the process's
+/// mappings, read when its first copy arrives and again when a frame falls
+/// outside them) and writes them to `dir`; returns how many were written.
+fn keep_stack_copies(
+    copies: std::sync::mpsc::Receiver<crate::sampler::StackCopy>,
+    dir: Option<&Path>,
+) -> anyhow::Result<u64> {
+    use crate::unwind::replay::{RecordedSample, SnapshotMapping, process_mappings, save_vdso};
+    // The vDSO is no file: the snapshots name a copy of it.
+    let vdso = dir.map(|dir| dir.join("vdso.so"));
+    let vdso = vdso.filter(|path| match save_vdso(path) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!("cannot save the vDSO for the snapshots: {err}");
+            false
+        }
+    });
+    let mut mappings: std::collections::HashMap<u32, Vec<SnapshotMapping>> = Default::default();
+    let mut written = 0;
+    for copy in copies {
+        let Some(dir) = dir else { continue };
+        let tgid = copy.sample.tgid;
+        let frames = &copy.sample.user_stack
+            [..(copy.sample.user_stack_len as usize).min(copy.sample.user_stack.len())];
+        let known = mappings.get(&tgid).is_some_and(|maps| {
+            frames
+                .iter()
+                .all(|pc| maps.iter().any(|m| (m.start..m.end).contains(pc)))
+        });
+        if !known && let Ok(fresh) = process_mappings(tgid, vdso.as_deref()) {
+            mappings.insert(tgid, fresh);
+        }
+        let Some(maps) = mappings.get(&tgid) else {
+            // Gone before its first copy was read: nothing to replay with.
+            continue;
+        };
+        let Some(recorded) = RecordedSample::new(&copy, maps.clone()) else {
+            continue;
+        };
+        let path = dir.join(format!(
+            "{}-{}-{}.stack",
+            recorded.tgid, recorded.tid, recorded.ktime_ns
+        ));
+        let mut out = BufWriter::new(
+            File::create(&path).with_context(|| format!("cannot create {}", path.display()))?,
+        );
+        recorded
+            .write(&mut out)
+            .and_then(|()| out.flush())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        written += 1;
+    }
+    Ok(written)
 }
 
 /// Why the recording ended.

@@ -16,7 +16,10 @@ use tokio::sync::watch;
 use crate::{
     model::ResolvedSample,
     pipeline::{self, PipelineState},
-    sampler::{Counters, ReaderStats, Sampler, SamplerOptions, UnwindMode, read_ring},
+    sampler::{
+        Counters, ReaderStats, Sampler, SamplerOptions, StackCopy, UnwindMode,
+        read_ring_with_copies,
+    },
     symbolize::{Symbolizer, SymbolizerOptions},
     unwind::{LoaderStats, SharedStats},
 };
@@ -67,11 +70,13 @@ pub(super) struct Finished<T> {
 
 impl<T: Send + 'static> Session<T> {
     /// Loads and attaches the sampler, then runs `work` on a thread of its own
-    /// with the resolved batches; they end when the session stops.
+    /// with the resolved batches; they end when the session stops. The
+    /// stack copies of `options.stack_copy_bytes` go to `copies`.
     pub fn start(
         options: &SamplerOptions,
         symbolizer: SymbolizerOptions,
         mode: Mode,
+        copies: Option<mpsc::Sender<StackCopy>>,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
         let mut sampler = Sampler::start(options)?;
@@ -110,7 +115,13 @@ impl<T: Send + 'static> Session<T> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
         let (progress_tx, reader_progress) = watch::channel(ReaderStats::default());
-        let reader = tokio::spawn(read_ring(ring, batch_tx, stop_rx, progress_tx));
+        let reader = tokio::spawn(read_ring_with_copies(
+            ring,
+            batch_tx,
+            copies,
+            stop_rx,
+            progress_tx,
+        ));
         // After the sampler: a failure to load says only that, and kallsyms
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));

@@ -22,7 +22,7 @@ use aya::{
     util::online_cpus,
 };
 pub use error::SamplerError;
-pub use reader::{ReaderStats, read_ring};
+pub use reader::{ReaderStats, read_ring, read_ring_with_copies};
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));
@@ -46,6 +46,10 @@ pub struct SamplerOptions {
     pub unwind: UnwindMode,
     /// Chunks of the unwind rows map ([`UnwindMode::Tables`]).
     pub unwind_chunks: u32,
+    /// Bytes of user stack (and the user registers) to copy out of the
+    /// kernel with each CPU sample, at most [`agent_ebpf::MAX_STACK_COPY`];
+    /// 0 (the default) copies none: no stack memory leaves the kernel.
+    pub stack_copy_bytes: u32,
 }
 
 /// How the kernel walks user stacks.
@@ -78,6 +82,7 @@ impl Default for SamplerOptions {
             off_cpu: None,
             unwind: UnwindMode::default(),
             unwind_chunks: agent_ebpf::DEFAULT_UNWIND_CHUNKS,
+            stack_copy_bytes: 0,
         }
     }
 }
@@ -138,7 +143,11 @@ impl Sampler {
             UnwindMode::FramePointers => agent_ebpf::UNWIND_FP,
             UnwindMode::Tables => agent_ebpf::UNWIND_DWARF,
         };
+        let stack_copy = options
+            .stack_copy_bytes
+            .min(agent_ebpf::MAX_STACK_COPY as u32);
         let ebpf = EbpfLoader::new()
+            .override_global(agent_ebpf::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
             .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
             .override_global(agent_ebpf::GLOBAL_UNWIND_MODE, &unwind_mode, true)
             .map_max_entries(agent_ebpf::MAP_UNWIND_ROWS, options.unwind_chunks.max(1))
@@ -358,6 +367,35 @@ fn task_member_offset(names: &[&'static str]) -> Result<u32, SamplerError> {
         .iter()
         .find_map(|name| btf::member_offset(&btf, "task_struct", name))
         .ok_or(SamplerError::MissingKernelType(names[0]))
+}
+
+/// A CPU sample with its raw user stack (`SamplerOptions::stack_copy_bytes`).
+#[derive(Clone, Debug)]
+pub struct StackCopy {
+    pub sample: Sample,
+    /// User pc, sp, frame pointer and link register; `None` when the kernel
+    /// could not read them.
+    pub regs: Option<[u64; 4]>,
+    /// The stack from sp up (shorter than asked near the top of a stack;
+    /// empty when unreadable).
+    pub stack: Vec<u8>,
+}
+
+/// Decodes the stack copy of a ring-buffer record; `None` for plain
+/// samples (the only kind without `--stack-copy`).
+pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
+    if record.len() < std::mem::size_of::<agent_ebpf::StackSample>() {
+        return None;
+    }
+    // SAFETY: as in `decode_sample`: plain old data, enough bytes.
+    let raw =
+        unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<agent_ebpf::StackSample>()) };
+    let len = (raw.stack_len as usize).min(agent_ebpf::MAX_STACK_COPY);
+    Some(StackCopy {
+        sample: raw.sample,
+        regs: (raw.regs_valid != 0).then_some(raw.regs),
+        stack: raw.stack[..len].to_vec(),
+    })
 }
 
 /// Decodes one ring-buffer record.

@@ -1,11 +1,13 @@
 //! Drains the sample ring buffer from tokio, woken by epoll (`AsyncFd`) when the
 //! kernel signals a batch and by a timer for the remainder: no busy polling.
 use std::{
-    sync::mpsc::{SyncSender, TrySendError},
+    sync::mpsc::{Sender, SyncSender, TrySendError},
     time::Duration,
 };
 
 use agent_ebpf::Sample;
+
+use super::StackCopy;
 use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, sync::watch};
 
@@ -18,6 +20,8 @@ pub struct ReaderStats {
     pub dropped_backlog: u64,
     /// Records too short to be a sample (a contract mismatch).
     pub malformed: u64,
+    /// Records carrying a copy of the user stack (`--stack-copy`).
+    pub stack_copies: u64,
 }
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
@@ -27,6 +31,18 @@ pub struct ReaderStats {
 pub async fn read_ring(
     ring: RingBuf<MapData>,
     out: SyncSender<Vec<Sample>>,
+    stop: watch::Receiver<bool>,
+    progress: watch::Sender<ReaderStats>,
+) -> std::io::Result<ReaderStats> {
+    read_ring_with_copies(ring, out, None, stop, progress).await
+}
+
+/// [`read_ring`], also sending the stack copies of `--stack-copy` records
+/// to `copies` (each sample still goes to `out` as usual).
+pub async fn read_ring_with_copies(
+    ring: RingBuf<MapData>,
+    out: SyncSender<Vec<Sample>>,
+    copies: Option<Sender<StackCopy>>,
     mut stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
@@ -46,20 +62,20 @@ pub async fn read_ring(
         let stopping = tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                let batch = drain(guard.get_inner_mut(), &mut stats);
+                let batch = drain(guard.get_inner_mut(), copies.as_ref(), &mut stats);
                 guard.clear_ready();
                 send(&out, batch, &mut stats);
                 false
             }
             _ = tick.tick() => {
-                let batch = drain(ring.get_mut(), &mut stats);
+                let batch = drain(ring.get_mut(), copies.as_ref(), &mut stats);
                 send(&out, batch, &mut stats);
                 false
             }
             _ = stop.wait_for(|stop| *stop) => true,
         };
         if stopping {
-            let batch = drain(ring.get_mut(), &mut stats);
+            let batch = drain(ring.get_mut(), copies.as_ref(), &mut stats);
             // The end of a run: wait for room rather than drop the tail.
             if !batch.is_empty() && out.send(batch).is_err() {
                 break;
@@ -70,9 +86,20 @@ pub async fn read_ring(
     Ok(stats)
 }
 
-fn drain(ring: &mut RingBuf<MapData>, stats: &mut ReaderStats) -> Vec<Sample> {
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    copies: Option<&Sender<StackCopy>>,
+    stats: &mut ReaderStats,
+) -> Vec<Sample> {
     let mut batch = Vec::new();
     while let Some(record) = ring.next() {
+        if let Some(copy) = super::decode_stack_copy(&record) {
+            stats.stack_copies += 1;
+            if let Some(copies) = copies {
+                // The receiver gone (stopping) is not the reader's concern.
+                let _ = copies.send(copy);
+            }
+        }
         match super::decode_sample(&record) {
             Some(sample) => batch.push(sample),
             None => stats.malformed += 1,

@@ -122,7 +122,7 @@ impl FileSource for ProcFiles {
 }
 
 /// A copy of this process's vDSO image.
-fn own_vdso() -> Option<FileData> {
+pub(crate) fn own_vdso() -> Option<FileData> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|line| line.ends_with("[vdso]"))?;
     let (range, _) = line.split_once(' ')?;

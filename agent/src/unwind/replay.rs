@@ -230,3 +230,247 @@ pub fn unwind(snapshot: &Snapshot, max_frames: usize) -> (Vec<u64>, u32) {
         }
     }
 }
+
+/// The architecture this binary runs on (that of the samples it records).
+pub const HOST_ARCH: Arch = if cfg!(target_arch = "aarch64") {
+    Arch::Aarch64
+} else {
+    Arch::X86_64
+};
+
+/// The executable file mappings of a live process, from `/proc/PID/maps`;
+/// its vDSO too when `vdso` names a copy of the image (every process of a
+/// kernel maps the same one: see [`save_vdso`]).
+pub fn process_mappings(
+    pid: u32,
+    vdso: Option<&std::path::Path>,
+) -> std::io::Result<Vec<SnapshotMapping>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let mut mappings = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(_inode)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        let path = fields.collect::<Vec<_>>().join(" ");
+        let path = match vdso {
+            Some(vdso) if path == "[vdso]" => vdso.to_string_lossy().into_owned(),
+            _ => path,
+        };
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let path = path.strip_suffix(" (deleted)").unwrap_or(&path);
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let hex = |text: &str| u64::from_str_radix(text, 16).ok();
+        let (Some(start), Some(end), Some(file_offset)) = (hex(start), hex(end), hex(offset))
+        else {
+            continue;
+        };
+        mappings.push(SnapshotMapping {
+            start,
+            end,
+            file_offset,
+            path: PathBuf::from(path),
+        });
+    }
+    Ok(mappings)
+}
+
+/// Writes this kernel's vDSO image to `path`, for [`process_mappings`].
+pub fn save_vdso(path: &std::path::Path) -> std::io::Result<()> {
+    let image = super::own_vdso().ok_or_else(|| std::io::Error::other("no vDSO"))?;
+    std::fs::write(path, &*image)
+}
+
+/// A sample taken with `hostprof record --stack-copy`: its snapshot and
+/// what the kernel's unwinder made of it, so the two can be compared (and
+/// kept as a replay fixture, see [`RecordedSample::write`]).
+#[derive(Clone, Debug)]
+pub struct RecordedSample {
+    pub tgid: u32,
+    pub tid: u32,
+    pub ktime_ns: u64,
+    /// `agent_ebpf::SAMPLE_FLAG_*` bits, with the unwind reason.
+    pub flags: u32,
+    /// The user frames the kernel found, leaf first.
+    pub kernel_frames: Vec<u64>,
+    pub snapshot: Snapshot,
+}
+
+/// First line of a [`RecordedSample`] file.
+const RECORDED_MAGIC: &str = "hostprof-stack-copy 1";
+
+impl RecordedSample {
+    /// A sample with its stack copy and the process's mappings; `None`
+    /// when the kernel could not read the registers.
+    pub fn new(copy: &crate::sampler::StackCopy, mappings: Vec<SnapshotMapping>) -> Option<Self> {
+        let [pc, sp, fp, lr] = copy.regs?;
+        let sample = &copy.sample;
+        let frames = (sample.user_stack_len as usize).min(sample.user_stack.len());
+        Some(RecordedSample {
+            tgid: sample.tgid,
+            tid: sample.tid,
+            ktime_ns: sample.ktime_ns,
+            flags: sample.flags,
+            kernel_frames: sample.user_stack[..frames].to_vec(),
+            snapshot: Snapshot {
+                arch: HOST_ARCH,
+                // As the eBPF program starts its unwind.
+                regs: Regs {
+                    pc,
+                    sp,
+                    fp,
+                    lr,
+                    interrupted: 1,
+                    fp_valid: 1,
+                },
+                memory: vec![(sp, copy.stack.clone())],
+                mappings,
+            },
+        })
+    }
+
+    /// True when the kernel walked this stack with unwind tables (rather
+    /// than frame pointers, before the process's tables were loaded).
+    pub fn unwound_with_tables(&self) -> bool {
+        self.flags & agent_ebpf::SAMPLE_FLAG_USER_TABLES != 0
+    }
+
+    /// Writes a self-contained text header and the raw stack bytes.
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let snapshot = &self.snapshot;
+        let arch = match snapshot.arch {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        };
+        let regs = &snapshot.regs;
+        writeln!(out, "{RECORDED_MAGIC}")?;
+        writeln!(out, "arch {arch}")?;
+        writeln!(out, "task {} {} {}", self.tgid, self.tid, self.ktime_ns)?;
+        writeln!(out, "flags {}", self.flags)?;
+        writeln!(
+            out,
+            "regs {:x} {:x} {:x} {:x}",
+            regs.pc, regs.sp, regs.fp, regs.lr
+        )?;
+        write!(out, "frames")?;
+        for frame in &self.kernel_frames {
+            write!(out, " {frame:x}")?;
+        }
+        writeln!(out)?;
+        for mapping in &snapshot.mappings {
+            writeln!(
+                out,
+                "mapping {:x} {:x} {:x} {}",
+                mapping.start,
+                mapping.end,
+                mapping.file_offset,
+                mapping.path.display()
+            )?;
+        }
+        for (address, bytes) in &snapshot.memory {
+            writeln!(out, "memory {address:x} {}", bytes.len())?;
+            out.write_all(bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what [`RecordedSample::write`] wrote.
+    pub fn read(mut data: &[u8]) -> Result<Self, String> {
+        if next_line(&mut data)? != RECORDED_MAGIC {
+            return Err("not a hostprof stack copy".into());
+        }
+        let hex = |text: &str| u64::from_str_radix(text, 16).map_err(|err| err.to_string());
+        let dec = |text: &str| text.parse::<u64>().map_err(|err| err.to_string());
+        let mut arch = None;
+        let (mut tgid, mut tid, mut ktime_ns, mut flags) = (0, 0, 0, 0);
+        let mut regs = None;
+        let mut kernel_frames = Vec::new();
+        let mut mappings = Vec::new();
+        let mut memory = Vec::new();
+        while let Ok(text) = next_line(&mut data) {
+            let (key, rest) = text.split_once(' ').unwrap_or((text, ""));
+            let fields: Vec<&str> = rest.split(' ').filter(|f| !f.is_empty()).collect();
+            let field = |index: usize| fields.get(index).copied().ok_or("missing field");
+            match key {
+                "arch" => {
+                    arch = Some(match rest {
+                        "x86_64" => Arch::X86_64,
+                        "aarch64" => Arch::Aarch64,
+                        other => return Err(format!("unknown arch {other}")),
+                    })
+                }
+                "task" => {
+                    tgid = dec(field(0)?)? as u32;
+                    tid = dec(field(1)?)? as u32;
+                    ktime_ns = dec(field(2)?)?;
+                }
+                "flags" => flags = dec(field(0)?)? as u32,
+                "regs" => {
+                    regs = Some(Regs {
+                        pc: hex(field(0)?)?,
+                        sp: hex(field(1)?)?,
+                        fp: hex(field(2)?)?,
+                        lr: hex(field(3)?)?,
+                        interrupted: 1,
+                        fp_valid: 1,
+                    })
+                }
+                "frames" => {
+                    kernel_frames = fields.iter().map(|f| hex(f)).collect::<Result<_, _>>()?
+                }
+                "mapping" => {
+                    let path = rest.splitn(4, ' ').nth(3).ok_or("mapping without path")?;
+                    mappings.push(SnapshotMapping {
+                        start: hex(field(0)?)?,
+                        end: hex(field(1)?)?,
+                        file_offset: hex(field(2)?)?,
+                        path: PathBuf::from(path),
+                    })
+                }
+                "memory" => {
+                    let address = hex(field(0)?)?;
+                    let len = dec(field(1)?)? as usize;
+                    let bytes = data.get(..len).ok_or("truncated memory")?.to_vec();
+                    memory.push((address, bytes));
+                    // One memory block, always last.
+                    break;
+                }
+                other => return Err(format!("unknown line {other}")),
+            }
+        }
+        Ok(RecordedSample {
+            tgid,
+            tid,
+            ktime_ns,
+            flags,
+            kernel_frames,
+            snapshot: Snapshot {
+                arch: arch.ok_or("no arch")?,
+                regs: regs.ok_or("no registers")?,
+                memory,
+                mappings,
+            },
+        })
+    }
+}
+
+/// The next line of `data`, which moves past it.
+fn next_line<'a>(data: &mut &'a [u8]) -> Result<&'a str, String> {
+    let end = data
+        .iter()
+        .position(|byte| *byte == b'\n')
+        .ok_or("truncated header")?;
+    let text = std::str::from_utf8(&data[..end]).map_err(|err| err.to_string())?;
+    *data = &data[end + 1..];
+    Ok(text)
+}
