@@ -62,6 +62,11 @@ impl Dwarf {
     /// line is where execution was inside that function. Empty when DWARF
     /// does not cover the address.
     pub fn lookup(&self, address: u64) -> Vec<Line> {
+        // addr2line probes [address, address + 1), which overflows (a panic
+        // with overflow checks) at the last address; no code lives there.
+        if address == u64::MAX {
+            return Vec::new();
+        }
         let Ok(context) = self.context.lock() else {
             return Vec::new();
         };

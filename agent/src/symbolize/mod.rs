@@ -45,14 +45,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use buildid::{htlhash, kernel_build_id};
+pub use buildid::{Note, htlhash, htlhash_of_bytes, kernel_build_id, notes};
 use cache::SizedLru;
 use debuginfo::DebugDirs;
 pub use demangle::demangle;
 pub use elf::ElfSymbols;
+pub use gopclntab::parse as parse_gopclntab;
 pub use kallsyms::KernelSymbols;
 pub use module::Module;
-use perfmap::PerfMap;
+pub use perfmap::PerfMap;
 pub use rootfs::Root;
 
 use crate::model::{BuildIds, Frame, FrameKind, Line, Mapping};

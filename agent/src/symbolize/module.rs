@@ -1,6 +1,6 @@
 //! One loaded executable or library: its identity, symbols and DWARF, merged
 //! from the file itself and its separate debug file.
-use std::{fs::File, sync::Arc};
+use std::{fs::File, path::PathBuf, sync::Arc};
 
 use object::Object;
 
@@ -32,11 +32,34 @@ impl Module {
             path: path.to_string(),
             source,
         })?;
-        let object = object::File::parse(&*data).map_err(SymbolizeError::Parse)?;
+        let htlhash = buildid::htlhash(file, len).ok().map(Arc::from);
+        Self::from_data(&data, htlhash, path, root, dirs)
+    }
+
+    /// Parses an ELF image held in memory (`data`, the whole file), with
+    /// separate debug files looked up in the host directories `debug_dirs`
+    /// and `/usr/lib/debug`. For tools and fuzzing: malformed input gives an
+    /// error or fewer names, never a panic.
+    pub fn from_bytes(data: &[u8], debug_dirs: &[PathBuf]) -> Result<Self, SymbolizeError> {
+        let dirs = DebugDirs {
+            extra: debug_dirs.to_vec(),
+        };
+        let htlhash = Some(Arc::from(buildid::htlhash_of_bytes(data)));
+        Self::from_data(data, htlhash, "", None, &dirs)
+    }
+
+    fn from_data(
+        data: &[u8],
+        htlhash: Option<Arc<str>>,
+        path: &str,
+        root: Option<&Root>,
+        dirs: &DebugDirs,
+    ) -> Result<Self, SymbolizeError> {
+        let object = object::File::parse(data).map_err(SymbolizeError::Parse)?;
         let build_ids = BuildIds {
             gnu: buildid::gnu_build_id(&object),
             go: buildid::go_build_id(&object),
-            htlhash: buildid::htlhash(file, len).ok().map(Arc::from),
+            htlhash,
         };
         let is_go = build_ids.go.is_some() || object.section_by_name(".gopclntab").is_some();
         let mut symbols = ElfSymbols::from_object(&object);

@@ -97,3 +97,37 @@ fn perf_map_names_anonymous_code() {
     assert_eq!(frame.lines.len(), 1);
     assert_eq!(&*frame.lines[0].function, "jitted_function_one");
 }
+
+/// A fuzzing seed: `tests/programs/sym_target.c`, -Os, DWARF 5, built by
+/// `fuzz/make_seeds.sh`.
+const SEED_DWARF5: &[u8] = include_bytes!("../../../fuzz/corpus/elf_symbolize/sym_dwarf5.so");
+
+#[test]
+fn module_from_bytes_names_functions_with_lines() {
+    let module = Module::from_bytes(SEED_DWARF5, &[]).unwrap();
+    assert!(module.has_dwarf());
+    assert!(module.build_ids().gnu.is_some());
+    assert_eq!(module.build_ids().htlhash.as_deref().map(str::len), Some(32));
+    let object = object::File::parse(SEED_DWARF5).unwrap();
+    let address = object::Object::symbols(&object)
+        .find(|symbol| object::ObjectSymbol::name(symbol) == Ok("outer_function"))
+        .map(|symbol| object::ObjectSymbol::address(&symbol))
+        .unwrap();
+    let lines = module.lookup_address(address);
+    let outer = lines.last().unwrap();
+    assert_eq!(&*outer.function, "outer_function");
+    assert!(outer.file.as_deref().unwrap().ends_with("sym_target.c"));
+    assert!(outer.line > 0);
+}
+
+/// Found by fuzzing: addr2line probes `address + 1`, which overflowed.
+#[test]
+fn dwarf_lookup_at_the_last_address() {
+    let module = Module::from_bytes(SEED_DWARF5, &[]).unwrap();
+    assert!(module.lookup_address(u64::MAX).is_empty());
+}
+
+#[test]
+fn module_from_bytes_rejects_garbage() {
+    assert!(Module::from_bytes(b"not an ELF file", &[]).is_err());
+}
