@@ -13,6 +13,40 @@ use crate::model::Line;
 
 type Reader = EndianArcSlice<RunTimeEndian>;
 
+/// Largest believable expansion of a compressed debug section: real DWARF
+/// compresses 3-10x, and zlib cannot exceed ~1032x. The header's size is
+/// allocated (and zeroed) up front, so a few KB claiming gigabytes would
+/// otherwise exhaust memory (found by fuzzing).
+const MAX_EXPANSION: u64 = 1024;
+/// Largest uncompressed debug section accepted, whatever its compressed size.
+const MAX_SECTION_BYTES: u64 = 2 << 30;
+
+/// The bytes of a debug section, decompressed; a compressed section whose
+/// header claims an implausible size is refused before anything is allocated.
+fn section_data(
+    section: &object::Section,
+    name: &'static str,
+) -> Result<Arc<[u8]>, SymbolizeError> {
+    let section_error = |source| SymbolizeError::Section { name, source };
+    let compressed = section.compressed_data().map_err(section_error)?;
+    if compressed.format != object::CompressionFormat::None {
+        let limit = (compressed.data.len() as u64)
+            .saturating_mul(MAX_EXPANSION)
+            .min(MAX_SECTION_BYTES);
+        if compressed.uncompressed_size > limit {
+            return Err(SymbolizeError::SectionTooLarge {
+                name,
+                claimed: compressed.uncompressed_size,
+                compressed: compressed.data.len(),
+            });
+        }
+    }
+    Ok(match compressed.decompress().map_err(section_error)? {
+        Cow::Borrowed(data) => Arc::from(data),
+        Cow::Owned(data) => Arc::from(data),
+    })
+}
+
 /// DWARF of one file, ready for lookups.
 pub struct Dwarf {
     /// addr2line parses units lazily through `OnceCell`s, so the context is
@@ -35,17 +69,8 @@ impl Dwarf {
         };
         let mut section_bytes = 0;
         let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, SymbolizeError> {
-            let data: Arc<[u8]> = match file.section_by_name(id.name()) {
-                Some(section) => match section.uncompressed_data() {
-                    Ok(Cow::Borrowed(data)) => Arc::from(data),
-                    Ok(Cow::Owned(data)) => Arc::from(data),
-                    Err(source) => {
-                        return Err(SymbolizeError::Section {
-                            name: id.name(),
-                            source,
-                        });
-                    }
-                },
+            let data = match file.section_by_name(id.name()) {
+                Some(section) => section_data(&section, id.name())?,
                 None => Arc::from(&[][..]),
             };
             section_bytes += data.len();

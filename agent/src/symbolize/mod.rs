@@ -86,6 +86,14 @@ pub enum SymbolizeError {
         #[source]
         source: object::Error,
     },
+    #[error(
+        "section {name} claims {claimed} bytes uncompressed from {compressed}: corrupt, ignored"
+    )]
+    SectionTooLarge {
+        name: &'static str,
+        claimed: u64,
+        compressed: usize,
+    },
     #[error("malformed DWARF: {0}")]
     Dwarf(#[source] gimli::Error),
 }

@@ -107,7 +107,10 @@ fn module_from_bytes_names_functions_with_lines() {
     let module = Module::from_bytes(SEED_DWARF5, &[]).unwrap();
     assert!(module.has_dwarf());
     assert!(module.build_ids().gnu.is_some());
-    assert_eq!(module.build_ids().htlhash.as_deref().map(str::len), Some(32));
+    assert_eq!(
+        module.build_ids().htlhash.as_deref().map(str::len),
+        Some(32)
+    );
     let object = object::File::parse(SEED_DWARF5).unwrap();
     let address = object::Object::symbols(&object)
         .find(|symbol| object::ObjectSymbol::name(symbol) == Ok("outer_function"))
@@ -130,4 +133,23 @@ fn dwarf_lookup_at_the_last_address() {
 #[test]
 fn module_from_bytes_rejects_garbage() {
     assert!(Module::from_bytes(b"not an ELF file", &[]).is_err());
+}
+
+/// Found by fuzzing: a compressed debug section whose header claims 16 GiB
+/// made a 6 KB file allocate (and zero) all of it. Now its DWARF is ignored.
+#[test]
+fn compressed_section_claiming_gigabytes_is_refused() {
+    let seed = include_bytes!("../../../fuzz/corpus/elf_symbolize/sym_dwarf4_zlib.so");
+    let object = object::File::parse(&seed[..]).unwrap();
+    let section = object::Object::section_by_name(&object, ".debug_info").unwrap();
+    let (offset, _) = object::ObjectSection::file_range(&section).unwrap();
+    // Elf64_Chdr: ch_type, ch_reserved, then ch_size.
+    let mut data = seed.to_vec();
+    let at = offset as usize + 8;
+    data[at..at + 8].copy_from_slice(&(16u64 << 30).to_le_bytes());
+    let module = Module::from_bytes(&data, &[]).unwrap();
+    assert!(!module.has_dwarf());
+    // The symbol table still names functions.
+    let unpatched = Module::from_bytes(seed, &[]).unwrap();
+    assert!(unpatched.has_dwarf());
 }
