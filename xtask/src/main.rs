@@ -4,6 +4,7 @@ mod bench;
 mod fuzz;
 mod package;
 mod setup;
+mod soak;
 
 use std::{
     path::{Path, PathBuf},
@@ -60,6 +61,14 @@ enum Task {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// Run `hostprof agent` host-wide (19 Hz, exporting to a local sink)
+    /// with fork/exec churn; print its RSS, CPU and log every ~10 s, then
+    /// max RSS and mean CPU against the targets (as root).
+    Soak {
+        /// How long the agent runs.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
+    },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
         /// Seconds each profiling run lasts.
@@ -82,6 +91,10 @@ fn main() -> Result<()> {
         Task::Fuzz { targets, seconds } => {
             setup::run(false)?;
             fuzz::run(&targets, seconds)
+        }
+        Task::Soak { minutes } => {
+            setup::run(false)?;
+            soak::run(minutes)
         }
         Task::Bench { seconds } => {
             setup::run(false)?;
