@@ -68,6 +68,9 @@ enum Task {
         /// How long the agent runs.
         #[arg(long, default_value_t = 5.0)]
         minutes: f64,
+        /// More `hostprof agent` options, after `--` (e.g. `--off-cpu`).
+        #[arg(last = true, value_name = "AGENT_ARGS")]
+        agent_args: Vec<String>,
     },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
@@ -92,9 +95,12 @@ fn main() -> Result<()> {
             setup::run(false)?;
             fuzz::run(&targets, seconds)
         }
-        Task::Soak { minutes } => {
+        Task::Soak {
+            minutes,
+            agent_args,
+        } => {
             setup::run(false)?;
-            soak::run(minutes)
+            soak::run(minutes, &agent_args)
         }
         Task::Bench { seconds } => {
             setup::run(false)?;

@@ -60,7 +60,7 @@ impl Drop for Group {
     }
 }
 
-pub fn run(minutes: f64) -> Result<()> {
+pub fn run(minutes: f64, agent_args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("the soak runs the eBPF agent: run it as root (sudo -E cargo xtask soak)");
     }
@@ -89,6 +89,7 @@ pub fn run(minutes: f64) -> Result<()> {
     let log = fs::File::create(&log_path)?;
     let agent = Command::new(&hostprof)
         .args(["agent", "--otlp-endpoint", &format!("http://{addr}")])
+        .args(agent_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -118,9 +119,12 @@ pub fn run(minutes: f64) -> Result<()> {
     );
 
     println!(
-        "soak: hostprof agent (pid {agent_pid}) host-wide at its default 19 Hz for {minutes} min, \
-         exporting to a sink at {addr}; churn: ~fork/exec loop, plus one CPU-bound program. \
-         Agent log: {}\n",
+        "soak: `hostprof agent{}` (pid {agent_pid}) host-wide for {minutes} min, exporting to a \
+         sink at {addr}; a fork/exec loop and one CPU-bound program alongside. Agent log: {}\n",
+        agent_args
+            .iter()
+            .map(|arg| format!(" {arg}"))
+            .collect::<String>(),
         log_path.display()
     );
     println!(

@@ -50,10 +50,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let (frequency, interval) = (args.frequency, args.report_interval);
-    let session = Session::start(&options, args.symbols.options(), move |batches| {
-        let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
-        cut_windows(batches, builder, interval, requests_tx)
-    })?;
+    let session = Session::start(
+        &options,
+        args.symbols.options(super::AGENT_SYMBOL_CACHE_MIB),
+        move |batches| {
+            let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
+            cut_windows(batches, builder, interval, requests_tx)
+        },
+    )?;
     tracing::info!("hostprof agent sampling at {frequency} Hz, exporting to {endpoint}");
 
     let why = wait_for_end(args.duration).await?;

@@ -149,16 +149,20 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         start,
         args.off_cpu.enabled.then_some(cpu_period_ns),
     )?;
-    let mut session = Session::start(&options, args.symbols.options(), move |batches| {
-        let mut summary = Summary::new();
-        for batch in batches {
-            for sample in &batch {
-                output.push(sample);
-                summary.push(sample);
+    let mut session = Session::start(
+        &options,
+        args.symbols.options(super::RECORD_SYMBOL_CACHE_MIB),
+        move |batches| {
+            let mut summary = Summary::new();
+            for batch in batches {
+                for sample in &batch {
+                    output.push(sample);
+                    summary.push(sample);
+                }
             }
-        }
-        (output, summary)
-    })?;
+            (output, summary)
+        },
+    )?;
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {

@@ -94,6 +94,12 @@ pub enum SymbolizeError {
         claimed: u64,
         compressed: usize,
     },
+    #[error(
+        "DWARF would take ~{} MiB, more than the {} MiB a file may use in the symbol cache",
+        estimate >> 20,
+        limit >> 20
+    )]
+    DwarfTooLarge { estimate: usize, limit: usize },
     #[error("malformed DWARF: {0}")]
     Dwarf(#[source] gimli::Error),
 }
@@ -175,6 +181,9 @@ pub struct Symbolizer {
     kernel: KernelSymbols,
     kernel_build_id: Option<Arc<str>>,
     debug_dirs: DebugDirs,
+    /// Most bytes one file's DWARF may take: half the modules' budget, so
+    /// one huge binary cannot evict everything else (or never fit).
+    dwarf_limit: usize,
     state: Mutex<State>,
 }
 
@@ -211,6 +220,7 @@ impl Symbolizer {
             debug_dirs: DebugDirs {
                 extra: options.debug_dirs,
             },
+            dwarf_limit: module_budget / 2,
             state: Mutex::new(State {
                 files: HashMap::new(),
                 failed: HashMap::new(),
@@ -409,7 +419,14 @@ impl Symbolizer {
             return Ok(loaded);
         }
         let started = Instant::now();
-        let module = match Module::load(&file, stamp.size, path, root, &self.debug_dirs) {
+        let module = match Module::load(
+            &file,
+            stamp.size,
+            path,
+            root,
+            &self.debug_dirs,
+            self.dwarf_limit,
+        ) {
             Ok(module) => {
                 tracing::debug!(
                     "loaded {path} ({} bytes, dwarf: {}) in {:?}",

@@ -20,20 +20,22 @@ pub struct Module {
 
 impl Module {
     /// Loads `file` (`len` bytes long), which a process whose root is `root`
-    /// maps at `path`; separate debug files are looked up in `dirs`.
+    /// maps at `path`; separate debug files are looked up in `dirs`. DWARF
+    /// whose estimated size exceeds `dwarf_limit` bytes is left out.
     pub fn load(
         file: &File,
         len: u64,
         path: &str,
         root: Option<&Root>,
         dirs: &DebugDirs,
+        dwarf_limit: usize,
     ) -> Result<Self, SymbolizeError> {
         let data = map_file(file).map_err(|source| SymbolizeError::Open {
             path: path.to_string(),
             source,
         })?;
         let htlhash = buildid::htlhash(file, len).ok().map(Arc::from);
-        Self::from_data(&data, htlhash, path, root, dirs)
+        Self::from_data(&data, htlhash, path, root, dirs, dwarf_limit)
     }
 
     /// Parses an ELF image held in memory (`data`, the whole file), with
@@ -45,7 +47,7 @@ impl Module {
             extra: debug_dirs.to_vec(),
         };
         let htlhash = Some(Arc::from(buildid::htlhash_of_bytes(data)));
-        Self::from_data(data, htlhash, "", None, &dirs)
+        Self::from_data(data, htlhash, "", None, &dirs, usize::MAX)
     }
 
     fn from_data(
@@ -54,6 +56,7 @@ impl Module {
         path: &str,
         root: Option<&Root>,
         dirs: &DebugDirs,
+        dwarf_limit: usize,
     ) -> Result<Self, SymbolizeError> {
         let object = object::File::parse(data).map_err(SymbolizeError::Parse)?;
         let build_ids = BuildIds {
@@ -63,13 +66,13 @@ impl Module {
         };
         let is_go = build_ids.go.is_some() || object.section_by_name(".gopclntab").is_some();
         let mut symbols = ElfSymbols::from_object(&object);
-        let mut dwarf = load_dwarf(&object, path);
+        let mut dwarf = load_dwarf(&object, path, dwarf_limit);
         if dwarf.is_none()
             && let Some(debug_data) = dirs.find(&object, path, root)
             && let Ok(debug) = object::File::parse(&*debug_data)
         {
             symbols.merge(ElfSymbols::from_object(&debug));
-            dwarf = load_dwarf(&debug, path);
+            dwarf = load_dwarf(&debug, path, dwarf_limit);
         }
         Ok(Module {
             symbols,
@@ -143,8 +146,8 @@ impl Module {
     }
 }
 
-fn load_dwarf(object: &object::File, path: &str) -> Option<Dwarf> {
-    Dwarf::load(object).unwrap_or_else(|err| {
+fn load_dwarf(object: &object::File, path: &str, limit: usize) -> Option<Dwarf> {
+    Dwarf::load(object, limit).unwrap_or_else(|err| {
         tracing::debug!("{path}: ignoring DWARF: {err}");
         None
     })
