@@ -466,7 +466,18 @@ impl Symbolizer {
                 checked_at: Instant::now(),
             },
         );
-        state.failed.remove(&key);
+        if weight > self.dwarf_limit.saturating_mul(2) {
+            // Too heavy to cache even without DWARF (symbol tables alone):
+            // use it for this frame, then leave the file alone for a while
+            // rather than parse it again on every sample.
+            tracing::debug!(
+                "{path}: {} MiB of symbols exceed the symbol cache; not cached",
+                weight >> 20
+            );
+            state.failed.insert(key, Instant::now());
+        } else {
+            state.failed.remove(&key);
+        }
         Ok(loaded)
     }
 

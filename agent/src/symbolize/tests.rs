@@ -153,3 +153,28 @@ fn compressed_section_claiming_gigabytes_is_refused() {
     let unpatched = Module::from_bytes(seed, &[]).unwrap();
     assert!(unpatched.has_dwarf());
 }
+
+/// A file too heavy for the cache even without DWARF is used for the frame
+/// at hand, then left alone instead of being parsed again on every sample.
+#[test]
+fn a_file_heavier_than_the_cache_is_not_parsed_per_sample() {
+    std::hint::black_box(marker_function_for_symbolizer_tests());
+    let address = marker_function_for_symbolizer_tests as *const () as u64;
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        cache_bytes: 64 << 10,
+        ..SymbolizerOptions::default()
+    });
+    let mut frame = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut frame, false);
+    let outer = frame.lines.last().expect("named from the symbol table");
+    assert!(
+        outer
+            .function
+            .ends_with("marker_function_for_symbolizer_tests")
+    );
+    assert!(outer.file.is_none(), "DWARF over the limit was loaded");
+    assert_eq!(symbolizer.cache_usage().0, 0);
+    let mut again = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut again, false);
+    assert!(again.lines.is_empty(), "parsed again: {:?}", again.lines);
+}
