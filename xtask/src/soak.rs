@@ -282,8 +282,26 @@ fn last_new_line(log: &Path, seen: usize) -> (Option<String>, usize) {
     let new = lines
         .get(seen..)
         .and_then(|new| new.last())
-        .map(|line| line.chars().take(110).collect());
+        .map(|line| strip_ansi(line).chars().take(110).collect());
     (new, lines.len())
+}
+
+/// `line` without terminal color sequences (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn tail(log: &Path, count: usize) -> String {
