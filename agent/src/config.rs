@@ -198,7 +198,7 @@ pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_EXPORT_QUEUE_MIB: u64 = 64;
 pub const DEFAULT_OFF_CPU_THRESHOLD: Duration = Duration::from_millis(1);
-pub const DEFAULT_SYMBOL_CACHE_MIB: u64 = 256;
+pub const DEFAULT_SYMBOL_CACHE_MIB: u64 = 48;
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4317";
 pub const DEFAULT_UNWIND_TABLE_MIB: u32 = 32;
@@ -634,7 +634,7 @@ pub fn parse_u64(text: &str) -> Result<u64, String> {
         .map_err(|_| "not a whole number".to_owned())
 }
 
-fn parse_cache_mib(text: &str) -> Result<u64, String> {
+pub fn parse_cache_mib(text: &str) -> Result<u64, String> {
     match parse_u64(text)? {
         mib @ 16.. => Ok(mib),
         _ => Err("too small to hold one large binary's symbols".into()),

@@ -224,7 +224,7 @@ fn number_before_f64(text: &str, marker: &str) -> Option<f64> {
     digits.chars().rev().collect::<String>().parse().ok()
 }
 
-fn compile_workload(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn compile_workload(dir: &Path) -> Result<PathBuf> {
     let out = dir.join("cpu_split");
     run_cmd(
         Command::new("cc")

@@ -1,8 +1,10 @@
 //! hostprof's chores, so a newcomer needs two commands:
 //! `cargo xtask run -- record -d 10 -o profile.folded` and `cargo xtask test`.
 mod bench;
+mod fuzz;
 mod package;
 mod setup;
+mod soak;
 
 use std::{
     path::{Path, PathBuf},
@@ -22,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what building and testing need (idempotent): nightly rust-src,
-    /// bpf-linker, and the Debian tools the tests and benchmarks use.
+    /// bpf-linker, the Debian tools the tests and benchmarks use, cargo-fuzz.
     Setup {
         /// Only what building needs (for container builds), no test tools.
         #[arg(long)]
@@ -39,7 +41,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, check formatting and lints, run unit and real-eBPF integration tests.
+    /// Set up, check formatting and lints, run unit and real-eBPF integration
+    /// tests, then a short fuzz smoke run.
     Test,
     /// Build a release tarball (binary, systemd unit, examples, README) in
     /// target/package/.
@@ -47,6 +50,27 @@ enum Task {
         /// Package for another target, e.g. aarch64-unknown-linux-gnu.
         #[arg(long)]
         target: Option<String>,
+    },
+    /// Run the fuzz targets in fuzz/ (libFuzzer, nightly) and print
+    /// executions and crashes per target; fails when one crashed.
+    Fuzz {
+        /// Only this target (repeatable); all of fuzz/fuzz_targets/ by default.
+        #[arg(long = "target", value_name = "TARGET")]
+        targets: Vec<String>,
+        /// Seconds each target runs.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// Run `hostprof agent` host-wide (19 Hz, exporting to a local sink)
+    /// with fork/exec churn; print its RSS, CPU and log every ~10 s, then
+    /// max RSS and mean CPU against the targets (as root).
+    Soak {
+        /// How long the agent runs.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
+        /// More `hostprof agent` options, after `--` (e.g. `--off-cpu`).
+        #[arg(last = true, value_name = "AGENT_ARGS")]
+        agent_args: Vec<String>,
     },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
@@ -67,6 +91,17 @@ fn main() -> Result<()> {
         }
         Task::Test => test(),
         Task::Package { target } => package::run(target.as_deref()).map(drop),
+        Task::Fuzz { targets, seconds } => {
+            setup::run(false)?;
+            fuzz::run(&targets, seconds)
+        }
+        Task::Soak {
+            minutes,
+            agent_args,
+        } => {
+            setup::run(false)?;
+            soak::run(minutes, &agent_args)
+        }
         Task::Bench { seconds } => {
             setup::run(false)?;
             bench::run(seconds)
@@ -159,5 +194,11 @@ fn test() -> Result<()> {
         cargo()
             .args(["test", "--workspace", "--no-fail-fast"])
             .env("HOSTPROF_AARCH64_BIN", cross),
-    )
+    )?;
+    // A smoke run: every target replays its corpus (seeds and past finds)
+    // and explores a little; `cargo xtask fuzz` runs them for longer.
+    fuzz::run(&[], FUZZ_SMOKE_SECONDS)
 }
+
+/// Seconds per fuzz target in `cargo xtask test`.
+const FUZZ_SMOKE_SECONDS: u64 = 10;

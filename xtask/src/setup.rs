@@ -36,7 +36,16 @@ pub fn run(build_only: bool) -> Result<()> {
     }
     debian_tools(DEBIAN_TEST_TOOLS)?;
     pypi_tools()?;
-    cross_target()
+    cross_target()?;
+    cargo_fuzz()
+}
+
+/// cargo-fuzz, for `cargo xtask fuzz` (it drives the nightly toolchain).
+fn cargo_fuzz() -> Result<()> {
+    if succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
+        return Ok(());
+    }
+    run_cmd(Command::new("cargo").args(["+stable", "install", "cargo-fuzz", "--locked"]))
 }
 
 fn has_command(command: &str) -> bool {

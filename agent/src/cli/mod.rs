@@ -67,9 +67,6 @@ pub struct AgentArgs {
     /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
     #[arg(long = "service-name", value_name = "NAME")]
     pub service_name: Option<String>,
-    /// MiB of parsed symbol tables and results to keep [default: 256].
-    #[arg(long = "symbol-cache-mib", value_name = "MIB", value_parser = config::parse_u64)]
-    pub symbol_cache_mib: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics: `PORT` or `:PORT`
     /// listen on 127.0.0.1 only; give a host (`0.0.0.0:PORT`) to listen
     /// elsewhere. Off by default: no listening socket.
@@ -108,7 +105,7 @@ impl AgentArgs {
             off_cpu_threshold: self.off_cpu.threshold,
             off_cpu_probability: self.off_cpu.probability,
             debug_dirs: self.symbols.debug_dirs.clone(),
-            symbol_cache_mib: self.symbol_cache_mib,
+            symbol_cache_mib: self.symbols.cache_mib,
             metrics_addr: self.metrics_addr,
             status_interval: self.status_interval,
             log_format: self.log_format,
@@ -261,13 +258,27 @@ pub struct SymbolArgs {
     /// `.gnu_debuglink` names), searched before /usr/lib/debug (repeatable).
     #[arg(long = "debug-dir", value_name = "DIR")]
     pub debug_dirs: Vec<PathBuf>,
+    /// Memory for parsed binaries and cached names, in MiB (default: 48 for
+    /// `agent`, 512 for `record`). A file whose DWARF would need more than
+    /// half of it is named from its symbol tables only (no lines, no inlined
+    /// calls).
+    #[arg(long = "symbol-cache-mib", value_name = "MIB", value_parser = config::parse_cache_mib)]
+    pub cache_mib: Option<u64>,
 }
 
+/// `agent`'s symbol cache: it shares every node for months, next to
+/// everything else (the soak's RSS target is 100 MB).
+pub const AGENT_SYMBOL_CACHE_MIB: u64 = config::DEFAULT_SYMBOL_CACHE_MIB;
+/// `record`'s: a developer's one-off, where DWARF of big binaries matters.
+pub const RECORD_SYMBOL_CACHE_MIB: u64 = 512;
+
 impl SymbolArgs {
-    pub fn options(&self) -> crate::symbolize::SymbolizerOptions {
+    /// The symbolizer's options; `default_mib` when `--symbol-cache-mib` is absent.
+    pub fn options(&self, default_mib: u64) -> crate::symbolize::SymbolizerOptions {
+        let mib = self.cache_mib.unwrap_or(default_mib);
         crate::symbolize::SymbolizerOptions {
             debug_dirs: self.debug_dirs.clone(),
-            ..Default::default()
+            cache_bytes: usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
         }
     }
 }
@@ -375,16 +386,28 @@ mod tests {
         };
         let off_cpu = args.off_cpu.options().expect("off-CPU on");
         assert_eq!(off_cpu.threshold, Duration::from_millis(5));
+        let symbols = args.symbols.options(AGENT_SYMBOL_CACHE_MIB);
         assert_eq!(
-            args.symbols.options().debug_dirs,
+            symbols.debug_dirs,
             [PathBuf::from("/a"), PathBuf::from("/b")]
         );
+        assert_eq!(symbols.cache_bytes, 48 << 20);
         let cli = Cli::try_parse_from(["hostprof", "record", "-d", "1"]).unwrap();
         let Command::Record(args) = cli.command else {
             panic!("not record")
         };
         assert!(args.off_cpu.options().is_none());
-        assert!(args.symbols.options().debug_dirs.is_empty());
+        assert!(
+            args.symbols
+                .options(RECORD_SYMBOL_CACHE_MIB)
+                .debug_dirs
+                .is_empty()
+        );
+        let cli = Cli::try_parse_from(["hostprof", "record", "--symbol-cache-mib", "32"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(args.symbols.options(512).cache_bytes, 32 << 20);
     }
 
     #[test]

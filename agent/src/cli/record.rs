@@ -174,7 +174,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     )?;
     let mut session = Session::start(
         &options,
-        args.symbols.options(),
+        args.symbols.options(super::RECORD_SYMBOL_CACHE_MIB),
         Mode::Record,
         copies,
         move |batches| {

@@ -1,12 +1,19 @@
 //! Executable mappings of a process, from `/proc/PID/maps`.
-use std::{io::BufRead, sync::Arc};
-
-use procfs::{
-    FromBufRead,
-    process::{MMPermissions, MMapPath, MemoryMaps},
-};
+//!
+//! The format is parsed here rather than by `procfs`, whose parser panics
+//! on some paths a process can choose (a file named `/SYSV…` shorter than
+//! 13 bytes) and on smaps-style lines, and which fails the whole file when a
+//! path is not UTF-8.
+use std::sync::Arc;
 
 use crate::model::{BuildIds, Mapping};
+
+/// Why a maps file could not be parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    #[error("line {line} of a maps file is malformed: {text:?}")]
+    Malformed { line: usize, text: String },
+}
 
 /// A process's executable mappings, sorted by start address.
 #[derive(Debug, Default)]
@@ -15,34 +22,6 @@ pub struct ExecutableMaps {
 }
 
 impl ExecutableMaps {
-    /// Keeps the executable mappings of a parsed maps file.
-    pub fn from_proc(maps: MemoryMaps) -> Self {
-        let mut mappings: Vec<Arc<Mapping>> = maps
-            .into_iter()
-            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
-            .map(|map| {
-                let path: Arc<str> = match &map.pathname {
-                    MMapPath::Path(path) => super::strip_deleted(&path.to_string_lossy()).into(),
-                    MMapPath::Vdso => "[vdso]".into(),
-                    MMapPath::Vsyscall => "[vsyscall]".into(),
-                    MMapPath::Other(other) => other.as_str().into(),
-                    _ => "".into(),
-                };
-                Arc::new(Mapping {
-                    start: map.address.0,
-                    end: map.address.1,
-                    file_offset: map.offset,
-                    path,
-                    dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
-                    inode: map.inode,
-                    build_ids: BuildIds::default(),
-                })
-            })
-            .collect();
-        mappings.sort_unstable_by_key(|mapping| mapping.start);
-        ExecutableMaps { mappings }
-    }
-
     /// The mapping holding `address`, and the address's offset in the file.
     pub fn find(&self, address: u64) -> Option<(Arc<Mapping>, u64)> {
         let index = self
@@ -52,7 +31,9 @@ impl ExecutableMaps {
         (address < mapping.end).then(|| {
             (
                 mapping.clone(),
-                address - mapping.start + mapping.file_offset,
+                // Wrapping: a malformed offset must not panic; the kernel's
+                // own lines never wrap.
+                (address - mapping.start).wrapping_add(mapping.file_offset),
             )
         })
     }
@@ -66,9 +47,94 @@ impl ExecutableMaps {
     }
 }
 
-/// Parses the text of a `/proc/PID/maps` file (bad lines make it an error).
-pub fn parse_maps(text: impl BufRead) -> Result<ExecutableMaps, procfs::ProcError> {
-    Ok(ExecutableMaps::from_proc(MemoryMaps::from_buf_read(text)?))
+/// Parses the content of a `/proc/PID/maps` file, keeping the executable
+/// mappings; any malformed line makes it an error.
+pub fn parse_maps(text: &[u8]) -> Result<ExecutableMaps, MapsError> {
+    let mut mappings = Vec::new();
+    for (index, line) in text.split(|&byte| byte == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let parsed = parse_line(line).ok_or_else(|| MapsError::Malformed {
+            line: index + 1,
+            text: String::from_utf8_lossy(line).into_owned(),
+        })?;
+        if let Some(mapping) = parsed {
+            mappings.push(Arc::new(mapping));
+        }
+    }
+    mappings.sort_unstable_by_key(|mapping| mapping.start);
+    Ok(ExecutableMaps { mappings })
+}
+
+/// One line, `start-end perms offset major:minor inode [path]` (hex but
+/// the inode); `None` when malformed, `Some(None)` when not executable.
+fn parse_line(line: &[u8]) -> Option<Option<Mapping>> {
+    let mut rest = line;
+    let range = next_field(&mut rest)?;
+    let perms = next_field(&mut rest)?;
+    let offset = hex(next_field(&mut rest)?)?;
+    let dev = next_field(&mut rest)?;
+    let inode = std::str::from_utf8(next_field(&mut rest)?)
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    let split = range.iter().position(|&byte| byte == b'-')?;
+    let (start, end) = (hex(&range[..split])?, hex(&range[split + 1..])?);
+    let split = dev.iter().position(|&byte| byte == b':')?;
+    let major = u32::try_from(hex(&dev[..split])?).ok()?;
+    let minor = u32::try_from(hex(&dev[split + 1..])?).ok()?;
+    if perms.len() != 4 {
+        return None;
+    }
+    if perms[2] != b'x' {
+        return Some(None);
+    }
+    // The path is the rest of the line after the padding; it may hold spaces.
+    let path = String::from_utf8_lossy(rest.trim_ascii_start());
+    Some(Some(Mapping {
+        start,
+        end,
+        file_offset: offset,
+        path: mapping_path(&path).into(),
+        dev: libc::makedev(major, minor),
+        inode,
+        build_ids: BuildIds::default(),
+    }))
+}
+
+/// What a mapping is called: the file's path (without " (deleted)"),
+/// `[vdso]`/`[vsyscall]`, the name of a named anonymous mapping (`[anon:x]`
+/// gives `anon:x`), or empty for anonymous memory, heap and stacks.
+fn mapping_path(path: &str) -> &str {
+    match path {
+        "[vdso]" | "[vsyscall]" => path,
+        "" | "[heap]" | "[stack]" | "[vvar]" | "[vvar_vclock]" => "",
+        _ if path.starts_with("[stack:") => "",
+        _ => match path
+            .strip_prefix('[')
+            .and_then(|inner| inner.strip_suffix(']'))
+        {
+            Some(name) => name,
+            None => super::strip_deleted(path),
+        },
+    }
+}
+
+/// The next space-separated field of `rest`, advancing past it.
+fn next_field<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let trimmed = rest.trim_ascii_start();
+    let end = trimmed
+        .iter()
+        .position(|&byte| byte == b' ')
+        .unwrap_or(trimmed.len());
+    let (field, tail) = trimmed.split_at(end);
+    *rest = tail;
+    (!field.is_empty()).then_some(field)
+}
+
+fn hex(field: &[u8]) -> Option<u64> {
+    u64::from_str_radix(std::str::from_utf8(field).ok()?, 16).ok()
 }
 
 #[cfg(test)]
@@ -102,6 +168,36 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        assert!(parse_maps("not a maps line\n".as_bytes()).is_err());
+        assert!(parse_maps(b"not a maps line\n").is_err());
+        // Fields missing or out of range.
+        assert!(parse_maps(b"1000-2000 r-xp 0 fd:01\n").is_err());
+        assert!(parse_maps(b"1000-2000 r-xp 0 100000000:01 5 /x\n").is_err());
+        assert!(parse_maps(b"1000-2000 r-x 0 fd:01 5 /x\n").is_err());
+    }
+
+    /// Found by fuzzing (procfs's parser): paths a process chooses must not
+    /// panic or hide its other mappings.
+    #[test]
+    fn paths_a_process_chooses() {
+        let text = b"\
+1000-2000 r-xp 00000000 fd:01 7 /SYSV\n\
+3000-4000 r-xp 00000000 fd:01 8 /tmp/caf\xe9 \xff.so\n\
+5000-6000 r-xp 00000000 00:00 0 [anon:jit]\n\
+7000-8000 r-xp 00000000 fd:01 9 /a file (deleted)\n\
+9000-a000 r-xp ffffffffffffffff fd:01 10 /x\n";
+        let maps = parse_maps(text).unwrap();
+        assert_eq!(maps.len(), 5);
+        assert_eq!(&*maps.find(0x1000).unwrap().0.path, "/SYSV");
+        assert_eq!(
+            &*maps.find(0x3000).unwrap().0.path,
+            "/tmp/caf\u{fffd} \u{fffd}.so"
+        );
+        assert_eq!(&*maps.find(0x5000).unwrap().0.path, "anon:jit");
+        assert_eq!(&*maps.find(0x7000).unwrap().0.path, "/a file");
+        assert_eq!(maps.find(0x9001).unwrap().1, 0);
+        // smaps-style lines are not part of a maps file.
+        assert!(
+            parse_maps(b"1000-2000 r-xp 0 fd:01 5 /x\nRss: 99999999999999999999 kB\n").is_err()
+        );
     }
 }

@@ -16,7 +16,7 @@ use std::{
 };
 
 pub use cgroup::{CgroupIdentity, parse_cgroup};
-pub use maps::{ExecutableMaps, parse_maps};
+pub use maps::{ExecutableMaps, MapsError, parse_maps};
 
 use crate::model::{Mapping, ProcessInfo};
 
@@ -135,10 +135,17 @@ fn read_process(pid: u32, comm: &str) -> Process {
     let exe_path = proc
         .exe()
         .map(|path| strip_deleted(&path.to_string_lossy()).into());
-    let maps = proc
-        .maps()
-        .map(ExecutableMaps::from_proc)
-        .unwrap_or_default();
+    let maps = match std::fs::read(format!("/proc/{pid}/maps")).map(|text| parse_maps(&text)) {
+        Ok(Ok(maps)) => maps,
+        Ok(Err(err)) => {
+            tracing::debug!("pid {pid}: {err}");
+            ExecutableMaps::default()
+        }
+        Err(err) => {
+            tracing::debug!("pid {pid}: cannot read its maps: {err}");
+            ExecutableMaps::default()
+        }
+    };
     // A process whose cgroup file cannot be read counts as a host process.
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|text| parse_cgroup(&text))

@@ -30,16 +30,28 @@ pub fn hex(bytes: &[u8]) -> String {
 /// 4096 bytes, the last 4096 bytes and the length (big-endian u64), as hex.
 /// Cheap for any file size, and defined for files without any build id.
 pub fn htlhash(file: &File, len: u64) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut chunk = vec![0; HTL_CHUNK.min(len) as usize];
-    file.read_exact_at(&mut chunk, 0)?;
-    hasher.update(&chunk);
+    let mut head = vec![0; HTL_CHUNK.min(len) as usize];
+    file.read_exact_at(&mut head, 0)?;
     let tail_start = len.saturating_sub(HTL_CHUNK);
-    chunk.resize((len - tail_start) as usize, 0);
-    file.read_exact_at(&mut chunk, tail_start)?;
-    hasher.update(&chunk);
+    let mut tail = vec![0; (len - tail_start) as usize];
+    file.read_exact_at(&mut tail, tail_start)?;
+    Ok(htlhash_parts(&head, &tail, len))
+}
+
+/// [`htlhash`] of a file held in memory.
+pub fn htlhash_of_bytes(data: &[u8]) -> String {
+    let chunk = HTL_CHUNK as usize;
+    let head = &data[..chunk.min(data.len())];
+    let tail = &data[data.len().saturating_sub(chunk)..];
+    htlhash_parts(head, tail, data.len() as u64)
+}
+
+fn htlhash_parts(head: &[u8], tail: &[u8], len: u64) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(head);
+    hasher.update(tail);
     hasher.update(len.to_be_bytes());
-    Ok(hex(&hasher.finalize()[..16]))
+    hex(&hasher.finalize()[..16])
 }
 
 /// The GNU build-id (`.note.gnu.build-id`) of a parsed ELF file, as hex.
@@ -152,6 +164,12 @@ mod tests {
         hasher.update(10_000u64.to_be_bytes());
         let expected = hex(&hasher.finalize()[..16]);
         assert_eq!(htlhash(&file, 10_000).unwrap(), expected);
+        assert_eq!(htlhash_of_bytes(&content), expected);
+        // Shorter than a chunk: head and tail are the whole file.
+        let small = File::open(std::env::current_exe().unwrap()).unwrap();
+        let mut head = vec![0; 100];
+        small.read_exact_at(&mut head, 0).unwrap();
+        assert_eq!(htlhash(&small, 100).unwrap(), htlhash_of_bytes(&head));
         assert_eq!(expected.len(), 32);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -44,10 +44,12 @@ impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
     }
 
     /// Inserts or replaces `key`, then evicts old entries until the budget
-    /// holds. An entry heavier than the whole budget is kept alone: dropping
-    /// it would mean parsing that (large) binary again on every lookup.
+    /// holds. An entry heavier than the whole budget is not kept.
     pub fn insert(&mut self, key: K, value: V, weight: usize) {
         self.remove(&key);
+        if weight > self.budget {
+            return;
+        }
         self.tick += 1;
         self.order.insert(self.tick, key.clone());
         self.entries.insert(
@@ -59,7 +61,7 @@ impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
             },
         );
         self.used += weight;
-        while self.used > self.budget && self.entries.len() > 1 {
+        while self.used > self.budget {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
@@ -103,15 +105,13 @@ mod tests {
         assert_eq!(lru.get(&"a"), Some(1));
         assert_eq!(lru.get(&"c"), Some(3));
         assert_eq!(lru.used(), 80);
+        // Too heavy to ever fit: refused, nothing else evicted.
+        lru.insert("huge", 4, 1000);
+        assert_eq!(lru.len(), 2);
         // Replacing re-weighs.
         lru.insert("a", 5, 10);
         assert_eq!(lru.used(), 50);
         assert_eq!(lru.remove(&"c"), Some(3));
         assert_eq!(lru.used(), 10);
-        // Heavier than the budget: kept, alone, until something else comes.
-        lru.insert("huge", 4, 1000);
-        assert_eq!((lru.len(), lru.get(&"huge")), (1, Some(4)));
-        lru.insert("d", 6, 10);
-        assert_eq!((lru.len(), lru.used()), (1, 10));
     }
 }

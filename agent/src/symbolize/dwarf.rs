@@ -13,20 +13,49 @@ use crate::model::Line;
 
 type Reader = EndianArcSlice<RunTimeEndian>;
 
-/// The sections lines and inlined functions come from. Location lists,
-/// macros and type units (often a third of the DWARF) are never copied.
-const NEEDED: &[gimli::SectionId] = &[
-    gimli::SectionId::DebugAbbrev,
-    gimli::SectionId::DebugAddr,
-    gimli::SectionId::DebugAranges,
-    gimli::SectionId::DebugInfo,
-    gimli::SectionId::DebugLine,
-    gimli::SectionId::DebugLineStr,
-    gimli::SectionId::DebugRanges,
-    gimli::SectionId::DebugRngLists,
-    gimli::SectionId::DebugStr,
-    gimli::SectionId::DebugStrOffsets,
-];
+/// Largest believable expansion of a compressed debug section: real DWARF
+/// compresses 3-10x, and zlib cannot exceed ~1032x. The header's size is
+/// allocated (and zeroed) up front, so a few KB claiming gigabytes would
+/// otherwise exhaust memory (found by fuzzing).
+const MAX_EXPANSION: u64 = 1024;
+/// Largest uncompressed debug section accepted, whatever its compressed size.
+const MAX_SECTION_BYTES: u64 = 2 << 30;
+
+/// Whether addr2line needs a section to name functions and lines: location
+/// lists (where variables live) and macros, often a third of optimized
+/// code's DWARF, are never read, so they are not kept.
+fn is_needed(name: &str) -> bool {
+    let name = name
+        .strip_prefix(".zdebug_")
+        .or_else(|| name.strip_prefix(".debug_"));
+    name.is_some_and(|name| !matches!(name, "loc" | "loclists" | "macinfo" | "macro"))
+}
+
+/// The bytes of a debug section, decompressed; a compressed section whose
+/// header claims an implausible size is refused before anything is allocated.
+fn section_data(
+    section: &object::Section,
+    name: &'static str,
+) -> Result<Arc<[u8]>, SymbolizeError> {
+    let section_error = |source| SymbolizeError::Section { name, source };
+    let compressed = section.compressed_data().map_err(section_error)?;
+    if compressed.format != object::CompressionFormat::None {
+        let limit = (compressed.data.len() as u64)
+            .saturating_mul(MAX_EXPANSION)
+            .min(MAX_SECTION_BYTES);
+        if compressed.uncompressed_size > limit {
+            return Err(SymbolizeError::SectionTooLarge {
+                name,
+                claimed: compressed.uncompressed_size,
+                compressed: compressed.data.len(),
+            });
+        }
+    }
+    Ok(match compressed.decompress().map_err(section_error)? {
+        Cow::Borrowed(data) => Arc::from(data),
+        Cow::Owned(data) => Arc::from(data),
+    })
+}
 
 /// DWARF of one file, ready for lookups.
 pub struct Dwarf {
@@ -38,10 +67,27 @@ pub struct Dwarf {
 }
 
 impl Dwarf {
-    /// Loads the DWARF of `file`; `None` when it has no `.debug_info`.
-    pub fn load(file: &object::File) -> Result<Option<Self>, SymbolizeError> {
+    /// Loads the DWARF of `file`; `None` when it has no `.debug_info`. Fails
+    /// when the sections would hold more than `limit` bytes (the estimate of
+    /// [`Dwarf::estimated_size`]), before reading any of them.
+    pub fn load(file: &object::File, limit: usize) -> Result<Option<Self>, SymbolizeError> {
         if file.section_by_name(".debug_info").is_none() {
             return Ok(None);
+        }
+        let needed = file
+            .sections()
+            .filter(|section| section.name().is_ok_and(is_needed))
+            .map(|section| {
+                section
+                    .compressed_data()
+                    .map_or(section.size(), |data| data.uncompressed_size)
+            })
+            .fold(0u64, u64::saturating_add);
+        let estimate = usize::try_from(needed)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2);
+        if estimate > limit {
+            return Err(SymbolizeError::DwarfTooLarge { estimate, limit });
         }
         let endian = if file.is_little_endian() {
             RunTimeEndian::Little
@@ -50,21 +96,9 @@ impl Dwarf {
         };
         let mut section_bytes = 0;
         let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, SymbolizeError> {
-            if !NEEDED.contains(&id) {
-                return Ok(EndianArcSlice::new(Arc::from(&[][..]), endian));
-            }
-            let data: Arc<[u8]> = match file.section_by_name(id.name()) {
-                Some(section) => match section.uncompressed_data() {
-                    Ok(Cow::Borrowed(data)) => Arc::from(data),
-                    Ok(Cow::Owned(data)) => Arc::from(data),
-                    Err(source) => {
-                        return Err(SymbolizeError::Section {
-                            name: id.name(),
-                            source,
-                        });
-                    }
-                },
-                None => Arc::from(&[][..]),
+            let data = match file.section_by_name(id.name()) {
+                Some(section) if is_needed(id.name()) => section_data(&section, id.name())?,
+                _ => Arc::from(&[][..]),
             };
             section_bytes += data.len();
             Ok(EndianArcSlice::new(data, endian))
@@ -80,6 +114,11 @@ impl Dwarf {
     /// line is where execution was inside that function. Empty when DWARF
     /// does not cover the address.
     pub fn lookup(&self, address: u64) -> Vec<Line> {
+        // addr2line probes [address, address + 1), which overflows (a panic
+        // with overflow checks) at the last address; no code lives there.
+        if address == u64::MAX {
+            return Vec::new();
+        }
         let Ok(context) = self.context.lock() else {
             return Vec::new();
         };
@@ -122,8 +161,33 @@ impl Dwarf {
 
     /// Rough memory held: the sections plus what addr2line builds from them.
     pub fn estimated_size(&self) -> usize {
-        // addr2line parses units lazily: what it builds is a fraction of
-        // the sections (one quarter, measured generously).
-        self.section_bytes.saturating_add(self.section_bytes / 4)
+        self.section_bytes.saturating_mul(2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &[u8] = include_bytes!("../../../fuzz/corpus/elf_symbolize/sym_dwarf5.so");
+
+    #[test]
+    fn dwarf_over_the_limit_is_not_loaded() {
+        let file = object::File::parse(SEED).unwrap();
+        let dwarf = Dwarf::load(&file, usize::MAX).unwrap().unwrap();
+        let estimate = dwarf.estimated_size();
+        assert!(Dwarf::load(&file, estimate).unwrap().is_some());
+        assert!(matches!(
+            Dwarf::load(&file, estimate - 1),
+            Err(SymbolizeError::DwarfTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn location_lists_and_macros_are_not_kept() {
+        assert!(is_needed(".debug_info") && is_needed(".zdebug_line"));
+        assert!(is_needed(".debug_rnglists") && is_needed(".debug_str_offsets"));
+        assert!(!is_needed(".debug_loclists") && !is_needed(".debug_loc"));
+        assert!(!is_needed(".debug_macro") && !is_needed(".text"));
     }
 }

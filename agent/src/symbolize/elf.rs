@@ -65,10 +65,12 @@ impl ElfSymbols {
 
     /// Translates a file offset to the address the ELF's symbols use.
     pub fn offset_to_address(&self, file_offset: u64) -> Option<u64> {
+        // Wrapping and saturating: segment fields come from the file, and a
+        // hostile one must not panic (found by fuzzing).
         self.segments.iter().find_map(|&(offset, size, address)| {
-            (offset..offset + size)
+            (offset..offset.saturating_add(size))
                 .contains(&file_offset)
-                .then(|| address + (file_offset - offset))
+                .then(|| address.wrapping_add(file_offset - offset))
         })
     }
 
@@ -80,7 +82,7 @@ impl ElfSymbols {
         let (start, size, name) = self.symbols.get(index.checked_sub(1)?)?;
         // A sized symbol must contain the address; an unsized one (hand-written
         // assembly) covers up to the next symbol.
-        if *size != 0 && address >= start + size {
+        if *size != 0 && address - start >= *size {
             return None;
         }
         Some(name)
@@ -151,5 +153,23 @@ impl std::io::Write for Limited {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by fuzzing: segment and symbol extents from the file that
+    /// overflow when added.
+    #[test]
+    fn extents_at_the_end_of_the_address_space() {
+        let symbols = ElfSymbols {
+            symbols: vec![(u64::MAX - 1, u64::MAX, Arc::from("f"))],
+            segments: vec![(u64::MAX - 4, u64::MAX, u64::MAX - 2)],
+        };
+        assert_eq!(symbols.offset_to_address(u64::MAX - 1), Some(0));
+        assert_eq!(symbols.offset_to_address(1), None);
+        assert_eq!(symbols.lookup_name(u64::MAX).map(|name| &**name), Some("f"));
     }
 }

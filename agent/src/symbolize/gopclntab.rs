@@ -67,7 +67,8 @@ pub fn parse(data: &[u8], text_fallback: Option<u64>) -> Option<Vec<(u64, u64, A
             u32::from_le_bytes(pair[4..].try_into().ok()?),
         ))
     };
-    let mut functions = Vec::with_capacity(nfunc);
+    // nfunc comes from the file: never reserve more than the table can hold.
+    let mut functions = Vec::with_capacity(nfunc.min(func_data.len() / 8));
     for index in 0..nfunc {
         let (start, func_offset) = entry(index)?;
         let (end, _) = entry(index + 1)?;
@@ -80,8 +81,12 @@ pub fn parse(data: &[u8], text_fallback: Option<u64>) -> Option<Vec<(u64, u64, A
         let Ok(name) = std::str::from_utf8(name) else {
             continue;
         };
+        // A start past the end of the address space is not a function.
+        let Some(start_address) = text_start.checked_add(u64::from(start)) else {
+            continue;
+        };
         functions.push((
-            text_start + u64::from(start),
+            start_address,
             u64::from(end.saturating_sub(start)),
             Arc::from(name),
         ));
@@ -143,6 +148,20 @@ mod tests {
         let functions = parse(&table(0), Some(0x1000)).unwrap();
         assert_eq!(functions[1].0, 0x1040);
         assert!(parse(&table(0), None).is_none());
+    }
+
+    /// Found by fuzzing: header fields past what the data can hold.
+    #[test]
+    fn hostile_header_fields_do_not_panic() {
+        // A text start so high that function addresses would wrap.
+        let functions = parse(&table(u64::MAX - 0x10), None).unwrap();
+        assert_eq!(functions.len(), 1);
+        assert_eq!(functions[0].0, u64::MAX - 0x10);
+        // A function count far beyond the table: no huge reservation, and
+        // the table's end stops the parse.
+        let mut data = table(0x401000);
+        data[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(parse(&data, None).is_none());
     }
 
     #[test]

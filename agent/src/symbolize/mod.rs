@@ -45,14 +45,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use buildid::{gnu_build_id, htlhash, kernel_build_id};
+pub use buildid::{Note, gnu_build_id, htlhash, htlhash_of_bytes, kernel_build_id, notes};
 use cache::SizedLru;
 use debuginfo::DebugDirs;
 pub use demangle::demangle;
 pub use elf::ElfSymbols;
+pub use gopclntab::parse as parse_gopclntab;
 pub use kallsyms::KernelSymbols;
 pub use module::Module;
-use perfmap::PerfMap;
+pub use perfmap::PerfMap;
 pub use rootfs::Root;
 
 use crate::model::{BuildIds, Frame, FrameKind, Line, Mapping};
@@ -85,6 +86,20 @@ pub enum SymbolizeError {
         #[source]
         source: object::Error,
     },
+    #[error(
+        "section {name} claims {claimed} bytes uncompressed from {compressed}: corrupt, ignored"
+    )]
+    SectionTooLarge {
+        name: &'static str,
+        claimed: u64,
+        compressed: usize,
+    },
+    #[error(
+        "DWARF would take ~{} MiB, more than the {} MiB a file may use in the symbol cache",
+        estimate >> 20,
+        limit >> 20
+    )]
+    DwarfTooLarge { estimate: usize, limit: usize },
     #[error("malformed DWARF: {0}")]
     Dwarf(#[source] gimli::Error),
 }
@@ -166,6 +181,9 @@ pub struct Symbolizer {
     kernel: KernelSymbols,
     kernel_build_id: Option<Arc<str>>,
     debug_dirs: DebugDirs,
+    /// Most bytes one file's DWARF may take: half the modules' budget, so
+    /// one huge binary cannot evict everything else (or never fit).
+    dwarf_limit: usize,
     state: Mutex<State>,
 }
 
@@ -202,6 +220,7 @@ impl Symbolizer {
             debug_dirs: DebugDirs {
                 extra: options.debug_dirs,
             },
+            dwarf_limit: module_budget / 2,
             state: Mutex::new(State {
                 files: HashMap::new(),
                 failed: HashMap::new(),
@@ -413,7 +432,14 @@ impl Symbolizer {
             return Ok(loaded);
         }
         let started = Instant::now();
-        let module = match Module::load(&file, stamp.size, path, root, &self.debug_dirs) {
+        let module = match Module::load(
+            &file,
+            stamp.size,
+            path,
+            root,
+            &self.debug_dirs,
+            self.dwarf_limit,
+        ) {
             Ok(module) => {
                 tracing::debug!(
                     "loaded {path} ({} bytes, dwarf: {}) in {:?}",
@@ -453,7 +479,18 @@ impl Symbolizer {
                 checked_at: Instant::now(),
             },
         );
-        state.failed.remove(&key);
+        if weight > self.dwarf_limit.saturating_mul(2) {
+            // Too heavy to cache even without DWARF (symbol tables alone):
+            // use it for this frame, then leave the file alone for a while
+            // rather than parse it again on every sample.
+            tracing::debug!(
+                "{path}: {} MiB of symbols exceed the symbol cache; not cached",
+                weight >> 20
+            );
+            state.failed.insert(key, Instant::now());
+        } else {
+            state.failed.remove(&key);
+        }
         Ok(loaded)
     }
 

@@ -1,6 +1,6 @@
 //! One loaded executable or library: its identity, symbols and DWARF, merged
 //! from the file itself and its separate debug file.
-use std::{fs::File, sync::Arc};
+use std::{fs::File, path::PathBuf, sync::Arc};
 
 use object::Object;
 
@@ -20,33 +20,59 @@ pub struct Module {
 
 impl Module {
     /// Loads `file` (`len` bytes long), which a process whose root is `root`
-    /// maps at `path`; separate debug files are looked up in `dirs`.
+    /// maps at `path`; separate debug files are looked up in `dirs`. DWARF
+    /// whose estimated size exceeds `dwarf_limit` bytes is left out.
     pub fn load(
         file: &File,
         len: u64,
         path: &str,
         root: Option<&Root>,
         dirs: &DebugDirs,
+        dwarf_limit: usize,
     ) -> Result<Self, SymbolizeError> {
         let data = map_file(file).map_err(|source| SymbolizeError::Open {
             path: path.to_string(),
             source,
         })?;
-        let object = object::File::parse(&*data).map_err(SymbolizeError::Parse)?;
+        let htlhash = buildid::htlhash(file, len).ok().map(Arc::from);
+        Self::from_data(&data, htlhash, path, root, dirs, dwarf_limit)
+    }
+
+    /// Parses an ELF image held in memory (`data`, the whole file), with
+    /// separate debug files looked up in the host directories `debug_dirs`
+    /// and `/usr/lib/debug`. For tools and fuzzing: malformed input gives an
+    /// error or fewer names, never a panic.
+    pub fn from_bytes(data: &[u8], debug_dirs: &[PathBuf]) -> Result<Self, SymbolizeError> {
+        let dirs = DebugDirs {
+            extra: debug_dirs.to_vec(),
+        };
+        let htlhash = Some(Arc::from(buildid::htlhash_of_bytes(data)));
+        Self::from_data(data, htlhash, "", None, &dirs, usize::MAX)
+    }
+
+    fn from_data(
+        data: &[u8],
+        htlhash: Option<Arc<str>>,
+        path: &str,
+        root: Option<&Root>,
+        dirs: &DebugDirs,
+        dwarf_limit: usize,
+    ) -> Result<Self, SymbolizeError> {
+        let object = object::File::parse(data).map_err(SymbolizeError::Parse)?;
         let build_ids = BuildIds {
             gnu: buildid::gnu_build_id(&object),
             go: buildid::go_build_id(&object),
-            htlhash: buildid::htlhash(file, len).ok().map(Arc::from),
+            htlhash,
         };
         let is_go = build_ids.go.is_some() || object.section_by_name(".gopclntab").is_some();
         let mut symbols = ElfSymbols::from_object(&object);
-        let mut dwarf = load_dwarf(&object, path);
+        let mut dwarf = load_dwarf(&object, path, dwarf_limit);
         if dwarf.is_none()
             && let Some(debug_data) = dirs.find(&object, path, root)
             && let Ok(debug) = object::File::parse(&*debug_data)
         {
             symbols.merge(ElfSymbols::from_object(&debug));
-            dwarf = load_dwarf(&debug, path);
+            dwarf = load_dwarf(&debug, path, dwarf_limit);
         }
         Ok(Module {
             symbols,
@@ -120,8 +146,8 @@ impl Module {
     }
 }
 
-fn load_dwarf(object: &object::File, path: &str) -> Option<Dwarf> {
-    Dwarf::load(object).unwrap_or_else(|err| {
+fn load_dwarf(object: &object::File, path: &str, limit: usize) -> Option<Dwarf> {
+    Dwarf::load(object, limit).unwrap_or_else(|err| {
         tracing::debug!("{path}: ignoring DWARF: {err}");
         None
     })

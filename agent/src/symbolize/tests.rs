@@ -97,3 +97,84 @@ fn perf_map_names_anonymous_code() {
     assert_eq!(frame.lines.len(), 1);
     assert_eq!(&*frame.lines[0].function, "jitted_function_one");
 }
+
+/// A fuzzing seed: `tests/programs/sym_target.c`, -Os, DWARF 5, built by
+/// `fuzz/make_seeds.sh`.
+const SEED_DWARF5: &[u8] = include_bytes!("../../../fuzz/corpus/elf_symbolize/sym_dwarf5.so");
+
+#[test]
+fn module_from_bytes_names_functions_with_lines() {
+    let module = Module::from_bytes(SEED_DWARF5, &[]).unwrap();
+    assert!(module.has_dwarf());
+    assert!(module.build_ids().gnu.is_some());
+    assert_eq!(
+        module.build_ids().htlhash.as_deref().map(str::len),
+        Some(32)
+    );
+    let object = object::File::parse(SEED_DWARF5).unwrap();
+    let address = object::Object::symbols(&object)
+        .find(|symbol| object::ObjectSymbol::name(symbol) == Ok("outer_function"))
+        .map(|symbol| object::ObjectSymbol::address(&symbol))
+        .unwrap();
+    let lines = module.lookup_address(address);
+    let outer = lines.last().unwrap();
+    assert_eq!(&*outer.function, "outer_function");
+    assert!(outer.file.as_deref().unwrap().ends_with("sym_target.c"));
+    assert!(outer.line > 0);
+}
+
+/// Found by fuzzing: addr2line probes `address + 1`, which overflowed.
+#[test]
+fn dwarf_lookup_at_the_last_address() {
+    let module = Module::from_bytes(SEED_DWARF5, &[]).unwrap();
+    assert!(module.lookup_address(u64::MAX).is_empty());
+}
+
+#[test]
+fn module_from_bytes_rejects_garbage() {
+    assert!(Module::from_bytes(b"not an ELF file", &[]).is_err());
+}
+
+/// Found by fuzzing: a compressed debug section whose header claims 16 GiB
+/// made a 6 KB file allocate (and zero) all of it. Now its DWARF is ignored.
+#[test]
+fn compressed_section_claiming_gigabytes_is_refused() {
+    let seed = include_bytes!("../../../fuzz/corpus/elf_symbolize/sym_dwarf4_zlib.so");
+    let object = object::File::parse(&seed[..]).unwrap();
+    let section = object::Object::section_by_name(&object, ".debug_info").unwrap();
+    let (offset, _) = object::ObjectSection::file_range(&section).unwrap();
+    // Elf64_Chdr: ch_type, ch_reserved, then ch_size.
+    let mut data = seed.to_vec();
+    let at = offset as usize + 8;
+    data[at..at + 8].copy_from_slice(&(16u64 << 30).to_le_bytes());
+    let module = Module::from_bytes(&data, &[]).unwrap();
+    assert!(!module.has_dwarf());
+    // The symbol table still names functions.
+    let unpatched = Module::from_bytes(seed, &[]).unwrap();
+    assert!(unpatched.has_dwarf());
+}
+
+/// A file too heavy for the cache even without DWARF is used for the frame
+/// at hand, then left alone instead of being parsed again on every sample.
+#[test]
+fn a_file_heavier_than_the_cache_is_not_parsed_per_sample() {
+    std::hint::black_box(marker_function_for_symbolizer_tests());
+    let address = marker_function_for_symbolizer_tests as *const () as u64;
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        cache_bytes: 64 << 10,
+        ..SymbolizerOptions::default()
+    });
+    let mut frame = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut frame, false);
+    let outer = frame.lines.last().expect("named from the symbol table");
+    assert!(
+        outer
+            .function
+            .ends_with("marker_function_for_symbolizer_tests")
+    );
+    assert!(outer.file.is_none(), "DWARF over the limit was loaded");
+    assert_eq!(symbolizer.cache_usage().0, 0);
+    let mut again = frame_at(address);
+    symbolizer.symbolize(std::process::id(), &mut again, false);
+    assert!(again.lines.is_empty(), "parsed again: {:?}", again.lines);
+}
