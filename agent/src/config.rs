@@ -92,15 +92,26 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("configuration file {} is not valid TOML: {message}", path.display())]
+    #[error(
+        "configuration file {} is not valid TOML: {}",
+        path.display(),
+        message.escape_debug()
+    )]
     Syntax { path: PathBuf, message: String },
     #[error(
-        "configuration file {}: unknown key `{key}`; known keys: {}",
+        "configuration file {}: unknown key `{}`; known keys: {}",
         path.display(),
+        key.escape_debug(),
         known_keys()
     )]
     UnknownKey { path: PathBuf, key: String },
-    #[error("{place}: invalid value `{value}` for `{key}`: {problem} (allowed: {allowed})")]
+    // Values and problems are escaped: the message stays on one line whatever
+    // the input holds (found by fuzzing).
+    #[error(
+        "{place}: invalid value `{}` for `{key}`: {} (allowed: {allowed})",
+        value.escape_debug(),
+        problem.escape_debug()
+    )]
     Invalid {
         place: String,
         key: &'static str,

@@ -97,7 +97,8 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
         .sections()
         .filter(|section| section.kind() == object::SectionKind::Text)
         .map(|section| section.size())
-        .sum();
+        // Sizes come from the file: a hostile one may claim anything (fuzzing).
+        .fold(0u64, u64::saturating_add);
     let endian = if file.is_little_endian() {
         RunTimeEndian::Little
     } else {
@@ -121,7 +122,7 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
     }
     if rows.is_empty()
         && let Some(section) = file.section_by_name(".debug_frame")
-        && let Ok(bytes) = section.uncompressed_data()
+        && let Some(bytes) = plausible_uncompressed(&section)
         && !bytes.is_empty()
     {
         let mut debug_frame = DebugFrame::new(&bytes, endian);
@@ -147,6 +148,26 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
         kind: TableKind::Rows(finish(rows)),
         text_bytes,
     })
+}
+
+/// The section's bytes, decompressed, unless its header claims a size no
+/// real `.debug_frame` has (a few KB claiming gigabytes would be allocated
+/// up front: found by fuzzing).
+fn plausible_uncompressed<'a>(
+    section: &object::Section<'a, '_>,
+) -> Option<std::borrow::Cow<'a, [u8]>> {
+    const MAX_EXPANSION: u64 = 1024;
+    const MAX_BYTES: u64 = 512 << 20;
+    let compressed = section.compressed_data().ok()?;
+    if compressed.format != object::CompressionFormat::None {
+        let limit = (compressed.data.len() as u64)
+            .saturating_mul(MAX_EXPANSION)
+            .min(MAX_BYTES);
+        if compressed.uncompressed_size > limit {
+            return None;
+        }
+    }
+    compressed.decompress().ok()
 }
 
 /// Rows of every FDE of `section`, each followed by a not-covered row at its end.
@@ -283,7 +304,7 @@ fn add_plt_rows(arch: Arch, file: &object::File, rows: &mut Vec<UnwindRow>) {
         };
         let (Ok(start), Ok(end)) = (
             u32::try_from(section.address()),
-            u32::try_from(section.address() + section.size()),
+            u32::try_from(section.address().saturating_add(section.size())),
         ) else {
             continue;
         };
@@ -358,10 +379,11 @@ pub fn vaddr_of_offset(data: &[u8], file_offset: u64) -> Option<u64> {
     for segment in file.segments() {
         let (offset, size) = segment.file_range();
         let aligned = offset & !(PAGE - 1);
-        if !(aligned <= file_offset && file_offset < offset + size.max(1)) {
+        // Offsets, sizes and addresses come from the file: saturate.
+        if !(aligned <= file_offset && file_offset < offset.saturating_add(size.max(1))) {
             continue;
         }
-        let vaddr = (segment.address() & !(PAGE - 1)) + (file_offset - aligned);
+        let vaddr = (segment.address() & !(PAGE - 1)).wrapping_add(file_offset - aligned);
         let executable = matches!(
             segment.flags(),
             object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
