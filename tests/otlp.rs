@@ -315,18 +315,12 @@ async fn agent_delivers_after_the_collector_comes_back() {
     let requests = collector.requests();
     assert_valid(&requests);
     // Windows cut while the collector was down arrive too (they were queued).
-    let earliest = requests
+    let times: Vec<u64> = requests
         .iter()
         .flat_map(|r| &r.resource_profiles)
         .map(|g| g.scope_profiles[0].profiles[0].time_unix_nano)
-        .min()
-        .unwrap();
-    let latest = requests
-        .iter()
-        .flat_map(|r| &r.resource_profiles)
-        .map(|g| g.scope_profiles[0].profiles[0].time_unix_nano)
-        .max()
-        .unwrap();
+        .collect();
+    let (earliest, latest) = (times.iter().min().unwrap(), times.iter().max().unwrap());
     assert!(
         latest - earliest >= 4_000_000_000,
         "queued windows from the outage were not delivered:\n{stderr}"

@@ -272,6 +272,17 @@ impl Counter {
         Counter::UnwindUnknownProcess,
         Counter::UnwindNoMapping,
     ];
+    /// Every reason a table-driven user-stack walk stops before the end of
+    /// the stack (one is counted per truncated stack).
+    pub const UNWIND_STOPS: [Counter; 7] = [
+        Counter::UnwindNoTable,
+        Counter::UnwindPcNotCovered,
+        Counter::UnwindUnsupportedRule,
+        Counter::UnwindReadFault,
+        Counter::UnwindDepthLimit,
+        Counter::UnwindBadFrame,
+        Counter::UnwindNoMapping,
+    ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;
 

@@ -249,14 +249,7 @@ mod sampler {
         ) else {
             return None;
         };
-        state.regs = Regs {
-            pc,
-            sp,
-            fp,
-            lr,
-            interrupted: 1,
-            fp_valid: 1,
-        };
+        state.regs = Regs::interrupted(pc, sp, fp, lr);
         state.tgid = tgid;
         state.frames[0] = pc;
         state.len = 1;

@@ -120,7 +120,7 @@ pub fn spawn(
                         symbols_state
                             .unsymbolized_samples
                             .fetch_add(1, Ordering::Relaxed);
-                        enrich_from_cache(&symbolizer, sample);
+                        enrich_from_cache(&symbolizer, &mut enricher, sample);
                     } else {
                         symbolize_sample(&symbolizer, &mut enricher, sample);
                     }
@@ -263,7 +263,7 @@ pub fn symbolize_sample(
         previous_kind = Some(frame.kind == FrameKind::Kernel);
         symbolizer.symbolize(pid, frame, !leaf);
         if let Some(mapping) = &frame.mapping {
-            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping));
+            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping, Load::IfNeeded));
         }
     }
     if sample.off_cpu.is_some() {
@@ -272,16 +272,15 @@ pub fn symbolize_sample(
 }
 
 /// Build ids for the sample's mappings from what is already loaded, no names.
-fn enrich_from_cache(symbolizer: &Symbolizer, sample: &mut ResolvedSample) {
+fn enrich_from_cache(
+    symbolizer: &Symbolizer,
+    enricher: &mut MappingEnricher,
+    sample: &mut ResolvedSample,
+) {
+    let pid = sample.process.pid;
     for frame in &mut sample.frames {
-        let Some(mapping) = &frame.mapping else {
-            continue;
-        };
-        if let Some(build_ids) = symbolizer.cached_build_ids(mapping) {
-            frame.mapping = Some(Arc::new(Mapping {
-                build_ids,
-                ..(**mapping).clone()
-            }));
+        if let Some(mapping) = &frame.mapping {
+            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping, Load::Never));
         }
     }
 }
@@ -303,6 +302,14 @@ fn strip_tracing_frames(frames: &mut Vec<Frame>) {
     }
 }
 
+/// Whether finding a mapping's build ids may load its file.
+#[derive(Clone, Copy)]
+enum Load {
+    IfNeeded,
+    /// Behind or stopping: only what the symbolizer already holds.
+    Never,
+}
+
 /// Gives mappings their build ids once per mapping, not once per frame.
 #[derive(Default)]
 pub struct MappingEnricher {
@@ -320,15 +327,24 @@ impl MappingEnricher {
         symbolizer: &Symbolizer,
         pid: u32,
         mapping: &Arc<Mapping>,
+        load: Load,
     ) -> Arc<Mapping> {
         let key = Arc::as_ptr(mapping) as usize;
         if let Some((_, enriched)) = self.enriched.get(&key) {
             return enriched.clone();
         }
+        let build_ids = match load {
+            Load::IfNeeded => symbolizer.build_ids(pid, mapping),
+            // Not loaded yet: leave the entry for a later full look.
+            Load::Never => match symbolizer.cached_build_ids(mapping) {
+                Some(build_ids) => Some(build_ids),
+                None => return mapping.clone(),
+            },
+        };
         if self.enriched.len() >= Self::MAX_ENTRIES {
             self.enriched.clear();
         }
-        let enriched = match symbolizer.build_ids(pid, mapping) {
+        let enriched = match build_ids {
             Some(build_ids) => Arc::new(Mapping {
                 build_ids,
                 ..(**mapping).clone()

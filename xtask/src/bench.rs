@@ -55,6 +55,19 @@ struct Row {
     kernel_ns_per_sample: Option<f64>,
 }
 
+impl Row {
+    /// The profiler's CPU seconds per 1000 samples.
+    fn cpu_per_1k(&self) -> f64 {
+        self.usage.cpu.as_secs_f64() * 1000.0 / self.samples.max(1) as f64
+    }
+
+    /// The eBPF program's time per sample, or `n/a` for perf.
+    fn kernel_text(&self) -> String {
+        self.kernel_ns_per_sample
+            .map_or("n/a".to_string(), |ns| format!("{ns:.0}"))
+    }
+}
+
 pub fn run(seconds: u64) -> Result<()> {
     let hostprof = build(None)?;
     let dir = root().join("target/bench");
@@ -77,18 +90,14 @@ pub fn run(seconds: u64) -> Result<()> {
         "profiler", "samples", "CPU s", "CPU s/1k samples", "peak RSS MiB", "kernel ns/sample"
     );
     for row in rows {
-        let per_1k = row.usage.cpu.as_secs_f64() * 1000.0 / row.samples.max(1) as f64;
-        let kernel = row
-            .kernel_ns_per_sample
-            .map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
         println!(
             "{:<28} {:>9} {:>8.3} {:>16.4} {:>13.1} {:>16}",
             row.name,
             row.samples,
             row.usage.cpu.as_secs_f64(),
-            per_1k,
+            row.cpu_per_1k(),
             row.usage.max_rss_kib as f64 / 1024.0,
-            kernel
+            row.kernel_text()
         );
     }
     println!(
@@ -372,17 +381,13 @@ fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
     );
     for row in [tables, frame_pointers, perf] {
-        let per_1k = row.usage.cpu.as_secs_f64() * 1000.0 / row.samples.max(1) as f64;
-        let kernel = row
-            .kernel_ns_per_sample
-            .map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
         println!(
             "{:<36} {:>9} {:>8.3} {:>16.4} {:>16}",
             row.name,
             row.samples,
             row.usage.cpu.as_secs_f64(),
-            per_1k,
-            kernel
+            row.cpu_per_1k(),
+            row.kernel_text()
         );
     }
     if let Some(line) = text.lines().find(|line| line.contains("unwind tables:")) {

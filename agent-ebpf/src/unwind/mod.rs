@@ -142,6 +142,20 @@ pub struct Regs {
     pub fp_valid: u32,
 }
 
+impl Regs {
+    /// Where a thread was interrupted: the registers every unwind starts from.
+    pub const fn interrupted(pc: u64, sp: u64, fp: u64, lr: u64) -> Self {
+        Regs {
+            pc,
+            sp,
+            fp,
+            lr,
+            interrupted: 1,
+            fp_valid: 1,
+        }
+    }
+}
+
 /// What the unwinder found about an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {

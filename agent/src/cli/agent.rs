@@ -165,8 +165,12 @@ async fn watch_until_end<T: Send + 'static>(
         }
     };
     tokio::pin!(end);
-    let mut refresh =
-        tokio::time::interval(SNAPSHOT_PERIOD.min(status_interval.max(Duration::from_millis(100))));
+    // Often enough for short status intervals; no faster when they are off.
+    let period = match status_interval {
+        Duration::ZERO => SNAPSHOT_PERIOD,
+        interval => SNAPSHOT_PERIOD.min(interval.max(Duration::from_millis(100))),
+    };
+    let mut refresh = tokio::time::interval(period);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_status = Instant::now();
     loop {

@@ -514,24 +514,16 @@ pub(super) fn unwind_report(
     let Some(tables) = tables else {
         return String::new();
     };
-    let reasons: Vec<String> = [
-        Counter::UnwindNoTable,
-        Counter::UnwindPcNotCovered,
-        Counter::UnwindUnsupportedRule,
-        Counter::UnwindReadFault,
-        Counter::UnwindDepthLimit,
-        Counter::UnwindBadFrame,
-        Counter::UnwindNoMapping,
-    ]
-    .iter()
-    .map(|counter| {
-        let name = counter
-            .name()
-            .trim_start_matches("unwind_")
-            .replace('_', " ");
-        format!("{name} {}", counters.get(*counter))
-    })
-    .collect();
+    let reasons: Vec<String> = Counter::UNWIND_STOPS
+        .iter()
+        .map(|counter| {
+            let name = counter
+                .name()
+                .trim_start_matches("unwind_")
+                .replace('_', " ");
+            format!("{name} {}", counters.get(*counter))
+        })
+        .collect();
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     format!(
         "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \

@@ -104,14 +104,7 @@ fn prstatus_regs(arch: Arch, desc: &[u8]) -> Option<Regs> {
         Arch::X86_64 => (reg(16)?, reg(19)?, reg(4)?, 0),
         Arch::Aarch64 => (reg(32)?, reg(31)?, reg(29)?, reg(30)?),
     };
-    Some(Regs {
-        pc,
-        sp,
-        fp,
-        lr,
-        interrupted: 1,
-        fp_valid: 1,
-    })
+    Some(Regs::interrupted(pc, sp, fp, lr))
 }
 
 /// A snapshot's process, as `agent_ebpf::unwind` sees it.
@@ -325,14 +318,7 @@ impl RecordedSample {
             snapshot: Snapshot {
                 arch: HOST_ARCH,
                 // As the eBPF program starts its unwind.
-                regs: Regs {
-                    pc,
-                    sp,
-                    fp,
-                    lr,
-                    interrupted: 1,
-                    fp_valid: 1,
-                },
+                regs: Regs::interrupted(pc, sp, fp, lr),
                 memory: vec![(sp, copy.stack.clone())],
                 mappings,
             },
@@ -416,14 +402,12 @@ impl RecordedSample {
                 }
                 "flags" => flags = dec(field(0)?)? as u32,
                 "regs" => {
-                    regs = Some(Regs {
-                        pc: hex(field(0)?)?,
-                        sp: hex(field(1)?)?,
-                        fp: hex(field(2)?)?,
-                        lr: hex(field(3)?)?,
-                        interrupted: 1,
-                        fp_valid: 1,
-                    })
+                    regs = Some(Regs::interrupted(
+                        hex(field(0)?)?,
+                        hex(field(1)?)?,
+                        hex(field(2)?)?,
+                        hex(field(3)?)?,
+                    ))
                 }
                 "frames" => {
                     kernel_frames = fields.iter().map(|f| hex(f)).collect::<Result<_, _>>()?
