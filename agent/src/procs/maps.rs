@@ -38,6 +38,11 @@ impl ExecutableMaps {
         })
     }
 
+    /// Every executable mapping, by start address.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Mapping>> {
+        self.mappings.iter()
+    }
+
     pub fn len(&self) -> usize {
         self.mappings.len()
     }

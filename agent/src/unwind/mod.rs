@@ -138,32 +138,26 @@ pub(crate) fn own_vdso() -> Option<FileData> {
 
 /// The executable mappings of a live process.
 pub fn process_mappings(pid: u32) -> Option<Vec<MappedFile>> {
-    use procfs::process::{MMPermissions, MMapPath};
-    let maps = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .maps()
-        .ok()?;
+    // The same parser as attribution's (procfs's panics on some paths a
+    // process can choose).
+    let text = std::fs::read(format!("/proc/{pid}/maps")).ok()?;
+    let maps = crate::procs::parse_maps(&text).ok()?;
     Some(
-        maps.into_iter()
-            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
-            .filter_map(|map| {
-                let path: Arc<str> = match &map.pathname {
-                    MMapPath::Path(path) => {
-                        crate::procs::strip_deleted(&path.to_string_lossy()).into()
-                    }
-                    MMapPath::Vdso => "[vdso]".into(),
-                    // The legacy vsyscall page is above user space.
-                    MMapPath::Vsyscall => return None,
-                    _ => "".into(),
-                };
-                Some(MappedFile {
-                    start: map.address.0,
-                    end: map.address.1,
-                    file_offset: map.offset,
-                    path,
-                    dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
-                    inode: map.inode,
-                })
+        maps.iter()
+            // The legacy vsyscall page is above user space.
+            .filter(|map| &*map.path != "[vsyscall]")
+            .map(|map| MappedFile {
+                start: map.start,
+                end: map.end,
+                file_offset: map.file_offset,
+                // Anonymous memory, named or not, has no file to read.
+                path: if map.inode == 0 && &*map.path != "[vdso]" {
+                    "".into()
+                } else {
+                    map.path.clone()
+                },
+                dev: map.dev,
+                inode: map.inode,
             })
             .collect(),
     )
