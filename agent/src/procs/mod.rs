@@ -23,12 +23,19 @@ use crate::model::{Mapping, ProcessInfo};
 /// Re-read a process's maps at most this often when addresses miss.
 const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Check at most this often whether a cached pid now belongs to another
+/// process. The check reads /proc/PID/stat: done per sample it was most of
+/// the agent's CPU on a busy host.
+const REUSE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 struct Process {
     info: Arc<ProcessInfo>,
     /// `starttime` from /proc/PID/stat: tells a reused pid from the old process.
     start_time: u64,
     maps: ExecutableMaps,
     refreshed_at: Instant,
+    /// When the pid was last checked for reuse.
+    checked_at: Instant,
     /// False when /proc had nothing (exited, or caught mid-fork).
     readable: bool,
 }
@@ -87,7 +94,7 @@ impl ProcessTable {
     }
 
     fn entry(&mut self, pid: u32, comm: &str) -> &mut Process {
-        let stale = match self.processes.get(&pid) {
+        let stale = match self.processes.get_mut(&pid) {
             None => true,
             // A first look can miss a process caught mid-fork or mid-exec:
             // look again, rate-limited, while samples of it keep coming.
@@ -97,9 +104,13 @@ impl ProcessTable {
             // Pid reuse: same number, another process. Only worth checking when
             // the cached entry is old enough to have been reused.
             Some(cached) => {
-                cached.refreshed_at.elapsed() > Duration::from_secs(1)
-                    && cached.readable
-                    && start_time(pid).is_some_and(|start| start != cached.start_time)
+                let now = Instant::now();
+                if now.duration_since(cached.checked_at) > REUSE_CHECK_INTERVAL {
+                    cached.checked_at = now;
+                    start_time(pid).is_some_and(|start| start != cached.start_time)
+                } else {
+                    false
+                }
             }
         };
         if stale {
@@ -162,6 +173,7 @@ fn read_process(pid: u32, comm: &str) -> Process {
         start_time: stat.starttime,
         maps,
         refreshed_at: now,
+        checked_at: now,
         readable: true,
     }
 }
@@ -179,6 +191,7 @@ fn unreadable(pid: u32, comm: &str, now: Instant) -> Process {
         start_time: 0,
         maps: ExecutableMaps::default(),
         refreshed_at: now,
+        checked_at: now,
         readable: false,
     }
 }
