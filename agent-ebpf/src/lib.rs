@@ -79,6 +79,44 @@ pub const MAX_UNWIND_PROCESSES: u32 = 1024;
 /// Per-CPU [`UnwindState`] scratch: one slot for the sampler, one for the
 /// off-CPU tracepoint.
 pub const MAP_UNWIND_STATE: &str = "UNWIND_STATE";
+/// [`PROGRAM_SAMPLE`] for kernels without `bpf_loop` (before 5.17) or
+/// `bpf_task_pt_regs` / `bpf_get_current_task_btf` (before 5.15): the same
+/// sampler, with the unwinder's loops bounded in the program itself and the
+/// user registers found at the top of the task's kernel stack
+/// ([`GLOBAL_TASK_STACK_OFFSET`], [`GLOBAL_PT_REGS_SIZE`]). The agent loads
+/// one variant or the other, never both.
+pub const PROGRAM_SAMPLE_LEGACY: &str = "sample_legacy";
+/// [`PROGRAM_OFF_CPU_SWITCH`] for the same older kernels.
+pub const PROGRAM_OFF_CPU_SWITCH_LEGACY: &str = "off_cpu_legacy";
+/// Program array of the legacy unwinders: a legacy program walks a few
+/// frames per run and tail-calls the next run, because the verifier of
+/// those kernels accepts no loop over a whole stack in one program.
+pub const MAP_LEGACY_UNWIND: &str = "LEGACY_UNWIND";
+/// The tail-called programs of the legacy variant, by their index in
+/// [`MAP_LEGACY_UNWIND`]: for each of [`PROGRAM_SAMPLE_LEGACY`] (perf_event
+/// programs) and [`PROGRAM_OFF_CPU_SWITCH_LEGACY`] (raw tracepoints), an
+/// unwinder that walks a few frames and calls itself, and the program that
+/// writes the record once the stack is walked.
+pub const LEGACY_TAIL_PROGRAMS: [(u32, &str); 4] = [
+    (0, "sample_legacy_unwind"),
+    (1, "sample_legacy_emit"),
+    (2, "off_cpu_legacy_unwind"),
+    (3, "off_cpu_legacy_emit"),
+];
+/// The first two of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
+pub const LEGACY_TAIL_PERF_EVENT: usize = 2;
+/// Global `u32`: byte offset of `stack` (the kernel stack's base) in
+/// `task_struct`, from BTF; only the legacy programs read it.
+pub const GLOBAL_TASK_STACK_OFFSET: &str = "TASK_STACK_OFFSET";
+/// Global `u32`: `sizeof(struct pt_regs)` in the running kernel, from BTF.
+/// `task_pt_regs(task)` is `task->stack + THREAD_SIZE - sizeof(pt_regs)` on
+/// both x86_64 and arm64.
+pub const GLOBAL_PT_REGS_SIZE: &str = "PT_REGS_SIZE";
+/// Global `u32`: the kernel stack size (`THREAD_SIZE`), 16 KiB on x86_64 and
+/// on arm64 with 4 KiB pages, both without KASAN (the distributions' kernels).
+pub const GLOBAL_THREAD_SIZE: &str = "THREAD_SIZE";
+/// Default of [`GLOBAL_THREAD_SIZE`].
+pub const DEFAULT_THREAD_SIZE: u32 = 16 << 10;
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
@@ -96,7 +134,8 @@ pub struct UnwindState {
     pub tgid: u32,
     pub len: u32,
     pub reason: u32,
-    pub _pad: u32,
+    /// Legacy programs: tail calls made so far for this unwind.
+    pub tail_calls: u32,
     pub frames: [u64; MAX_USER_STACK_DEPTH],
 }
 

@@ -10,18 +10,24 @@
 //! its library (the shared contract), so the host build has nothing to do here.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// `#[inline(always)]` on closures (the eBPF object is built with nightly).
+#![cfg_attr(target_arch = "bpf", feature(stmt_expr_attributes))]
 
 #[cfg(target_arch = "bpf")]
 mod sampler {
-    use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
+    use core::{
+        ffi::c_void,
+        mem::size_of,
+        ptr::{read_volatile, write_volatile},
+    };
 
     use agent_ebpf::{
-        COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_UNWIND_CHUNKS, MAX_FILTER_TGIDS,
-        MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
-        MAX_USER_STACK_DEPTH, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
-        SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
-        SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT,
-        Sample, StackSample, UNWIND_DWARF, UnwindState,
+        COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_THREAD_SIZE, DEFAULT_UNWIND_CHUNKS,
+        MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH,
+        MAX_UNWIND_PROCESSES, MAX_USER_STACK_DEPTH, RING_WAKEUP_BYTES, RowChunk,
+        SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR,
+        SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
+        SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState,
         unwind::{
             self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
         },
@@ -33,12 +39,13 @@ mod sampler {
             bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
             bpf_probe_read_user,
             generated::{
-                bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_get_smp_processor_id,
-                bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_task_pt_regs,
+                bpf_get_current_task, bpf_get_current_task_btf, bpf_get_prandom_u32,
+                bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
+                bpf_task_pt_regs,
             },
         },
         macros::{map, perf_event, raw_tracepoint},
-        maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+        maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
         programs::{PerfEventContext, RawTracePointContext},
     };
 
@@ -65,6 +72,18 @@ mod sampler {
     /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_PID_OFFSET`).
     #[unsafe(no_mangle)]
     static TASK_PID_OFFSET: u32 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STACK_OFFSET`).
+    #[unsafe(no_mangle)]
+    static TASK_STACK_OFFSET: u32 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_PT_REGS_SIZE`).
+    #[unsafe(no_mangle)]
+    static PT_REGS_SIZE: u32 = 0;
+
+    /// Set by the agent at load time (`agent_ebpf::GLOBAL_THREAD_SIZE`).
+    #[unsafe(no_mangle)]
+    static THREAD_SIZE: u32 = DEFAULT_THREAD_SIZE;
 
     #[map(name = "OFF_CPU_START")]
     static OFF_CPU_START: LruHashMap<u32, Sample> =
@@ -118,44 +137,256 @@ mod sampler {
     /// `UnwindState::reason` while the unwind is still going.
     const RUNNING: u32 = u32::MAX;
 
-    /// The unwinder's view of the current process: user memory and the
-    /// tables the agent loaded.
-    struct KernelProcess {
-        mappings: *const ProcessMappings,
-        tgid: u32,
+    /// What differs between the kernels the sampler runs on: how it finds
+    /// the user registers and how it loops. Each program exists in two
+    /// variants, `Modern` (Linux 5.17+: `bpf_loop`, `bpf_task_pt_regs`) and
+    /// `Legacy` (5.10+: loops bounded in the program itself, registers read
+    /// from the top of the task's kernel stack); the agent probes the kernel
+    /// and loads one. The verifier of a kernel without `bpf_loop` rejects a
+    /// program that merely mentions a loop callback, so the variants must be
+    /// separate programs.
+    trait Kernel {
+        /// The current task's user registers (`struct pt_regs`, saved on
+        /// kernel entry: right whether the sample hit user or kernel code),
+        /// or null.
+        fn user_regs() -> *const u8;
+        /// The current task's user stack, unwound with the tables into `dst`
+        /// (see [`unwind_user`]).
+        fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)>;
+        /// The last element `<= target` of a sorted run: the process's
+        /// mappings or a table's rows.
+        fn search(
+            process: &KernelProcess<Self>,
+            what: Sorted,
+            len: u32,
+            target: u64,
+        ) -> Option<u32>
+        where
+            Self: Sized;
     }
 
-    impl unwind::Process for KernelProcess {
+    /// Linux 5.17 and later.
+    struct Modern;
+
+    impl Kernel for Modern {
+        #[inline(always)]
+        fn user_regs() -> *const u8 {
+            unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+        }
+
+        /// Unwinds right here, one `bpf_loop` call per frame.
+        #[inline(always)]
+        fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+            unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+            let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
+            start_unwind::<Modern>(state, tgid)?;
+            let mut ctx_slot = slot;
+            unsafe {
+                bpf_loop(
+                    MAX_USER_STACK_DEPTH as u32,
+                    unwind_frame as *mut c_void,
+                    (&mut ctx_slot as *mut u32).cast(),
+                    0,
+                )
+            };
+            Some(finish_unwind(state, dst))
+        }
+
+        #[inline(always)]
+        fn search(
+            process: &KernelProcess<Self>,
+            what: Sorted,
+            len: u32,
+            target: u64,
+        ) -> Option<u32> {
+            let mut ctx = SearchCtx {
+                search: Search::new(len, target),
+                tgid: process.tgid,
+                table_start: match what {
+                    Sorted::Mappings => SEARCH_MAPPINGS,
+                    Sorted::Rows { start } => start,
+                },
+            };
+            unsafe {
+                bpf_loop(
+                    unwind::MAX_SEARCH_STEPS,
+                    search_probe as *mut c_void,
+                    (&mut ctx as *mut SearchCtx).cast(),
+                    0,
+                )
+            };
+            ctx.search.result()
+        }
+    }
+
+    /// Linux 5.10 to 5.16.
+    struct Legacy;
+
+    /// Probes of a legacy search over a process's mappings: enough for
+    /// `MAX_PROCESS_MAPPINGS` (64) of them.
+    const LEGACY_MAPPING_PROBES: u32 = 7;
+    const _: () = assert!(1 << LEGACY_MAPPING_PROBES > unwind::MAX_PROCESS_MAPPINGS);
+    /// Probes of a legacy search over a table's rows: tables of up to 4 M rows
+    /// (64 MiB); a longer table's addresses past that count as not covered.
+    /// Fewer probes than `bpf_loop`'s 32 keep the verifier's work in bounds.
+    const LEGACY_ROW_PROBES: u32 = 22;
+
+    impl Kernel for Legacy {
+        #[inline(always)]
+        fn user_regs() -> *const u8 {
+            let task = unsafe { bpf_get_current_task() } as *const u8;
+            let offset = unsafe { read_volatile(&TASK_STACK_OFFSET) } as usize;
+            let size = unsafe { read_volatile(&PT_REGS_SIZE) } as u64;
+            let thread_size = unsafe { read_volatile(&THREAD_SIZE) } as u64;
+            if offset == 0 || size == 0 || task.is_null() {
+                return core::ptr::null();
+            }
+            match unsafe { bpf_probe_read_kernel(task.add(offset).cast::<u64>()) } {
+                // task_pt_regs(): the registers sit at the very top of the stack.
+                Ok(stack) if stack != 0 => (stack + thread_size - size) as *const u8,
+                _ => core::ptr::null(),
+            }
+        }
+
+        /// Hands over the unwind that [`legacy_start`] and the tail calls
+        /// of [`legacy_continue`] did before this program run reached here.
+        #[inline(always)]
+        fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+            let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
+            if state.reason == IDLE || state.tgid != tgid {
+                return None;
+            }
+            let unwound = finish_unwind(state, dst);
+            state.reason = IDLE;
+            Some(unwound)
+        }
+
+        #[inline(always)]
+        /// Branch-free probes (see `Search::probe_branchless`); rows are
+        /// read with `bpf_probe_read_kernel` from the rows map's flat memory,
+        /// because a map lookup per probe is a branch (its NULL check) too.
+        #[inline(always)]
+        fn search(
+            process: &KernelProcess<Self>,
+            what: Sorted,
+            len: u32,
+            target: u64,
+        ) -> Option<u32> {
+            match what {
+                Sorted::Mappings => {
+                    let key = |index: u32| {
+                        let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+                        Some(process.mappings.mappings[index].start)
+                    };
+                    unwind::search_last_le_branchless(len, target, LEGACY_MAPPING_PROBES, key)
+                }
+                Sorted::Rows { start } => {
+                    let base = process.rows_base;
+                    if base == 0 {
+                        return None;
+                    }
+                    let key = |index: u32| {
+                        let at = base
+                            + u64::from(start.wrapping_add(index)) * size_of::<UnwindRow>() as u64;
+                        // A failed read (past the map's end, only for the probes after
+                        // the search is over) leaves "greater than any target".
+                        let mut pc = u32::MAX;
+                        unsafe {
+                            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                                (&mut pc as *mut u32).cast(),
+                                size_of::<u32>() as u32,
+                                at as *const c_void,
+                            )
+                        };
+                        Some(u64::from(pc))
+                    };
+                    unwind::search_last_le_branchless(len, target, LEGACY_ROW_PROBES, key)
+                }
+            }
+        }
+    }
+
+    /// The current task's user pc, sp, frame pointer and link register.
+    #[inline(always)]
+    fn read_user_regs<K: Kernel>() -> Option<[u64; 4]> {
+        let regs = K::user_regs();
+        if regs.is_null() {
+            return None;
+        }
+        // One read into a zeroed array: nothing undefined for old verifiers
+        // to trip on (see `unwind::frame_pointer_step`).
+        let mut values = [0u64; 4];
+        for (value, offset) in values.iter_mut().zip(PT_REGS) {
+            let read = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                    (value as *mut u64).cast(),
+                    size_of::<u64>() as u32,
+                    regs.add(offset).cast(),
+                )
+            };
+            if read != 0 {
+                return None;
+            }
+        }
+        Some(values)
+    }
+
+    /// The unwinder's view of the current process: user memory and the
+    /// tables the agent loaded.
+    struct KernelProcess<'a, K> {
+        mappings: &'a ProcessMappings,
+        tgid: u32,
+        /// Legacy only: the address of the rows map's first row, as a plain
+        /// number (see [`rows_base`]); 0 when unknown.
+        rows_base: u64,
+        kernel: core::marker::PhantomData<K>,
+    }
+
+    /// The address of the rows map's first row, as a number the verifier
+    /// does not track as a pointer: an array map's values are one flat
+    /// block, so row `i` is at `base + 16 * i`, which legacy searches read
+    /// with `bpf_probe_read_kernel` (a pointer into the map could not be
+    /// moved that far).
+    #[inline(always)]
+    fn rows_base() -> u64 {
+        let Some(first) = UNWIND_ROWS.get_ptr(0) else {
+            return 0;
+        };
+        let pointer = first as u64;
+        let mut base = 0u64;
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                (&mut base as *mut u64).cast(),
+                size_of::<u64>() as u32,
+                (&pointer as *const u64).cast(),
+            )
+        };
+        base
+    }
+
+    impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
         #[inline(always)]
         fn read_u64(&mut self, address: u64) -> Option<u64> {
-            unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+            // Zeroed first: a failed read leaves nothing undefined behind.
+            let mut value = 0u64;
+            let read = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    (&mut value as *mut u64).cast(),
+                    size_of::<u64>() as u32,
+                    address as *const c_void,
+                )
+            };
+            (read == 0).then_some(value)
         }
 
         #[inline(always)]
         fn lookup(&mut self, pc: u64) -> Lookup {
-            // SAFETY: a value of PROCESS_MAPPINGS, valid during this program run.
-            let mappings = unsafe { &*self.mappings };
-            let tgid = self.tgid;
-            let search = |what: Sorted, len: u32, target: u64| {
-                let mut ctx = SearchCtx {
-                    search: Search::new(len, target),
-                    tgid,
-                    table_start: match what {
-                        Sorted::Mappings => SEARCH_MAPPINGS,
-                        Sorted::Rows { start } => start,
-                    },
-                };
-                unsafe {
-                    bpf_loop(
-                        unwind::MAX_SEARCH_STEPS,
-                        search_probe as *mut c_void,
-                        (&mut ctx as *mut SearchCtx).cast(),
-                        0,
-                    )
-                };
-                ctx.search.result()
-            };
-            unwind::lookup_in(mappings, pc, search, row)
+            let this = &*self;
+            // Forced inline: a closure called twice is otherwise a BPF
+            // subprogram, which old verifiers check less kindly.
+            let search = #[inline(always)]
+            |what: Sorted, len: u32, target: u64| K::search(this, what, len, target);
+            unwind::lookup_in(self.mappings, pc, search, row)
         }
     }
 
@@ -207,62 +438,67 @@ mod sampler {
             state.reason = unwind::reason::UNKNOWN_PROCESS;
             return 1;
         };
-        let mut process = KernelProcess {
+        i64::from(frame::<Modern>(state, mappings, 0))
+    }
+
+    /// Walks one frame of the unwind in `state`; true when the unwind is over
+    /// (`state.reason` says why).
+    #[inline(always)]
+    fn frame<K: Kernel>(
+        state: &mut UnwindState,
+        mappings: &ProcessMappings,
+        rows_base: u64,
+    ) -> bool {
+        let mut process = KernelProcess::<K> {
             mappings,
-            tgid: state.tgid,
+            tgid: unsafe { read_volatile(&state.tgid) },
+            rows_base,
+            kernel: core::marker::PhantomData,
         };
-        match unwind::step(ARCH, &mut state.regs, &mut process) {
+        // Through memory, not registers, from one frame to the next: what
+        // a frame leaves in registers (which rule it took, constants such
+        // as `interrupted`) would keep the verifier from seeing that the
+        // next frame starts the same way whatever the path, and the paths
+        // would multiply frame after frame.
+        let mut regs = unsafe { read_volatile(&state.regs) };
+        let step = unwind::step(ARCH, &mut regs, &mut process);
+        unsafe { write_volatile(&mut state.regs, regs) };
+        match step {
             Step::Caller => {
-                let len = state.len as usize;
+                let len = unsafe { read_volatile(&state.len) } as usize;
                 if len >= MAX_USER_STACK_DEPTH {
                     state.reason = unwind::reason::DEPTH_LIMIT;
-                    return 1;
+                    return true;
                 }
                 // Masked for the verifier (the depth is a power of two).
-                state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = state.regs.pc;
-                state.len += 1;
-                0
+                state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = regs.pc;
+                unsafe { write_volatile(&mut state.len, len as u32 + 1) };
+                false
             }
             Step::Stop(reason) => {
-                state.reason = reason;
-                1
+                unsafe { write_volatile(&mut state.reason, reason) };
+                true
             }
         }
     }
 
-    /// Walks the current task's user stack with the unwind tables into
-    /// `dst`; `None` when the process has none loaded (the caller then uses
-    /// frame pointers).
+    /// Starts an unwind of the current task in `state`; `None` when its
+    /// registers cannot be read.
     #[inline(always)]
-    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
-        unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
-        let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
-        // The user registers, saved on kernel entry: right whether the
-        // sample hit user or kernel code.
-        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
-        let read = |offset: usize| unsafe { bpf_probe_read_kernel(regs.add(offset).cast::<u64>()) };
-        let (Ok(pc), Ok(sp), Ok(fp), Ok(lr)) = (
-            read(PT_REGS[0]),
-            read(PT_REGS[1]),
-            read(PT_REGS[2]),
-            read(PT_REGS[3]),
-        ) else {
-            return None;
-        };
+    fn start_unwind<K: Kernel>(state: &mut UnwindState, tgid: u32) -> Option<()> {
+        let [pc, sp, fp, lr] = read_user_regs::<K>()?;
         state.regs = Regs::interrupted(pc, sp, fp, lr);
         state.tgid = tgid;
         state.frames[0] = pc;
         state.len = 1;
         state.reason = RUNNING;
-        let mut ctx_slot = slot;
-        unsafe {
-            bpf_loop(
-                MAX_USER_STACK_DEPTH as u32,
-                unwind_frame as *mut c_void,
-                (&mut ctx_slot as *mut u32).cast(),
-                0,
-            )
-        };
+        Some(())
+    }
+
+    /// Copies a finished unwind into `dst`, counts why it stopped; returns
+    /// (frames, sample flags).
+    #[inline(always)]
+    fn finish_unwind(state: &mut UnwindState, dst: *mut u64) -> (u32, u32) {
         if state.reason == RUNNING {
             state.reason = unwind::reason::DEPTH_LIMIT;
         }
@@ -282,14 +518,122 @@ mod sampler {
             bump(Counter::Truncated);
             flags |= SAMPLE_FLAG_USER_TRUNCATED;
         }
-        Some((state.len, flags))
+        (state.len, flags)
+    }
+
+    /// `UnwindState::reason` of a legacy slot with no unwind waiting to be
+    /// handed over (the process has no tables: frame pointers serve).
+    const IDLE: u32 = u32::MAX - 1;
+
+    /// The tail-call targets of the legacy programs
+    /// (`agent_ebpf::LEGACY_TAIL_PROGRAMS`): unwinders that walk
+    /// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
+    /// programs that then write the record. Tail calls, not a loop, because
+    /// the verifiers of those kernels walk every path of a loop: a whole
+    /// stack in one program is more than they accept, and so is the record's
+    /// code after every way an unwind can end.
+    #[map(name = "LEGACY_UNWIND")]
+    static LEGACY_UNWIND: ProgramArray = ProgramArray::with_max_entries(4, 0);
+
+    /// Frames one legacy unwinder run walks.
+    const LEGACY_FRAMES_PER_CALL: usize = 3;
+    /// Unwinder runs per stack: the kernel allows 32 tail calls in a row
+    /// (33 since 5.16); one starts the unwind and one writes the record.
+    const LEGACY_UNWIND_CALLS: u32 = 30;
+
+    /// Tail-call indices (`agent_ebpf::LEGACY_TAIL_PROGRAMS`).
+    const TAIL_SAMPLE_UNWIND: u32 = 0;
+    const TAIL_SAMPLE_EMIT: u32 = 1;
+    const TAIL_OFF_CPU_UNWIND: u32 = 2;
+    const TAIL_OFF_CPU_EMIT: u32 = 3;
+
+    /// Starts the unwind of the current task in `slot` when its process has
+    /// tables, then jumps to the unwinder at `next` in [`LEGACY_UNWIND`].
+    /// Returns when there is nothing to unwind (or the jump failed): the
+    /// caller then writes the record itself.
+    #[inline(always)]
+    fn legacy_start<C: EbpfContext>(ctx: &C, slot: u32, next: u32, tgid: u32) {
+        let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+            return;
+        };
+        // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
+        let state = unsafe { &mut *state };
+        state.reason = IDLE;
+        state.tail_calls = 0;
+        let dwarf = unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF;
+        if !dwarf || unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none() {
+            return;
+        }
+        if start_unwind::<Legacy>(state, tgid).is_some() {
+            unsafe { LEGACY_UNWIND.tail_call(ctx, next) };
+        }
+    }
+
+    /// Walks the next frames of the unwind in `slot`; jumps to itself
+    /// (`again`) while there are more, then to the program that writes the
+    /// record (`emit`). An unwind still going after the last run counts as
+    /// cut at the depth limit.
+    #[inline(always)]
+    fn legacy_continue<C: EbpfContext>(ctx: &C, slot: u32, again: u32, emit: u32) {
+        let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+            return;
+        };
+        // SAFETY: as in `legacy_start`.
+        let state = unsafe { &mut *state };
+        if let Some(mappings) = unsafe { PROCESS_MAPPINGS.get(&state.tgid) } {
+            let base = rows_base();
+            for _ in 0..LEGACY_FRAMES_PER_CALL {
+                let reason = unsafe { read_volatile(&state.reason) };
+                if reason != RUNNING || frame::<Legacy>(state, mappings, base) {
+                    break;
+                }
+            }
+        } else {
+            state.reason = unwind::reason::UNKNOWN_PROCESS;
+        }
+        if state.reason == RUNNING && state.tail_calls < LEGACY_UNWIND_CALLS {
+            state.tail_calls += 1;
+            unsafe { LEGACY_UNWIND.tail_call(ctx, again) };
+        }
+        unsafe { LEGACY_UNWIND.tail_call(ctx, emit) };
+        // Both jumps failed: the record is lost.
+        bump(Counter::RingFull);
     }
 
     #[perf_event]
     pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
-        try_sample_cpu(&ctx);
+        try_sample_cpu::<Modern>(&ctx);
         0
     }
+
+    /// `sample_cpu` for kernels before 5.17 (`agent_ebpf::PROGRAM_SAMPLE_LEGACY`).
+    #[perf_event]
+    pub fn sample_legacy(ctx: PerfEventContext) -> u32 {
+        if let Some(pid_tgid) = sample_wanted() {
+            legacy_start(&ctx, SLOT_CPU, TAIL_SAMPLE_UNWIND, (pid_tgid >> 32) as u32);
+            emit_cpu_sample::<Legacy>(&ctx, pid_tgid);
+        }
+        0
+    }
+
+    /// The unwinder of `sample_legacy`.
+    #[perf_event]
+    pub fn sample_legacy_unwind(ctx: PerfEventContext) -> u32 {
+        legacy_continue(&ctx, SLOT_CPU, TAIL_SAMPLE_UNWIND, TAIL_SAMPLE_EMIT);
+        0
+    }
+
+    /// Writes the record of `sample_legacy` once its stack is walked.
+    #[perf_event]
+    pub fn sample_legacy_emit(ctx: PerfEventContext) -> u32 {
+        emit_cpu_sample::<Legacy>(&ctx, bpf_get_current_pid_tgid());
+        0
+    }
+
+    /// UNWIND_STATE slots: the sampler and the off-CPU tracepoint never
+    /// share one.
+    const SLOT_CPU: u32 = 0;
+    const SLOT_OFF_CPU: u32 = 1;
 
     #[inline(always)]
     fn bump(counter: Counter) {
@@ -344,7 +688,7 @@ mod sampler {
 
     /// Fills `sample` with the current thread and both its stacks.
     #[inline(always)]
-    unsafe fn fill<C: EbpfContext>(
+    unsafe fn fill<K: Kernel, C: EbpfContext>(
         ctx: &C,
         sample: *mut Sample,
         pid_tgid: u64,
@@ -366,11 +710,13 @@ mod sampler {
             let tgid = (pid_tgid >> 32) as u32;
             let user = (*sample).user_stack.as_mut_ptr();
             let dwarf = read_volatile(&UNWIND_MODE) == UNWIND_DWARF;
-            // One scratch slot per program: the sampler and the off-CPU
-            // tracepoint never share one.
-            let slot = if kind == SAMPLE_KIND_CPU { 0 } else { 1 };
+            let slot = if kind == SAMPLE_KIND_CPU {
+                SLOT_CPU
+            } else {
+                SLOT_OFF_CPU
+            };
             let tables = if dwarf {
-                unwind_user(slot, tgid, user)
+                K::unwind_user(slot, tgid, user)
             } else {
                 None
             };
@@ -425,21 +771,15 @@ mod sampler {
     /// Copies the user registers and the top `bytes` of the user stack into
     /// a stack sample (`--stack-copy`), or as much of it as is mapped.
     #[inline(always)]
-    unsafe fn copy_stack(dst: *mut StackSample, bytes: u32) {
+    unsafe fn copy_stack<K: Kernel>(dst: *mut StackSample, bytes: u32) {
         unsafe {
             (*dst).regs_valid = 0;
             (*dst).stack_len = 0;
-            let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
-            let read = |offset: usize| bpf_probe_read_kernel(regs.add(offset).cast::<u64>());
-            let (Ok(pc), Ok(sp), Ok(fp), Ok(lr)) = (
-                read(PT_REGS[0]),
-                read(PT_REGS[1]),
-                read(PT_REGS[2]),
-                read(PT_REGS[3]),
-            ) else {
+            let Some(regs) = read_user_regs::<K>() else {
                 return;
             };
-            (*dst).regs = [pc, sp, fp, lr];
+            let sp = regs[1];
+            (*dst).regs = regs;
             (*dst).regs_valid = 1;
             // Near the top of the stack the whole read faults: then try up to
             // the end of sp's page and 3, 2, 1 or 0 pages past it.
@@ -469,18 +809,34 @@ mod sampler {
         }
     }
 
-    fn try_sample_cpu(ctx: &PerfEventContext) {
+    /// The current `pid_tgid` when this CPU sample is to be recorded;
+    /// counts it either way.
+    #[inline(always)]
+    fn sample_wanted() -> Option<u64> {
         bump(Counter::Fired);
         let pid_tgid = bpf_get_current_pid_tgid();
         // The per-CPU idle task (swapper) is the only task with pid 0.
         if pid_tgid as u32 == 0 {
             bump(Counter::Idle);
-            return;
+            return None;
         }
         if !wanted((pid_tgid >> 32) as u32) {
             bump(Counter::Filtered);
-            return;
+            return None;
         }
+        Some(pid_tgid)
+    }
+
+    #[inline(always)]
+    fn try_sample_cpu<K: Kernel>(ctx: &PerfEventContext) {
+        if let Some(pid_tgid) = sample_wanted() {
+            emit_cpu_sample::<K>(ctx, pid_tgid);
+        }
+    }
+
+    /// Writes the CPU sample of the current task to the ring.
+    #[inline(always)]
+    fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) {
         let copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
         if copy != 0 {
             let Some(mut entry) = SAMPLES.reserve::<StackSample>(0) else {
@@ -489,7 +845,7 @@ mod sampler {
             };
             let dst = entry.as_mut_ptr();
             let flags = unsafe {
-                fill(
+                fill::<K, _>(
                     ctx,
                     &raw mut (*dst).sample,
                     pid_tgid,
@@ -497,7 +853,7 @@ mod sampler {
                     bpf_ktime_get_ns(),
                     0,
                 );
-                copy_stack(dst, copy);
+                copy_stack::<K>(dst, copy);
                 (*dst).sample.flags
             };
             entry.submit(wakeup_flags(flags));
@@ -509,7 +865,7 @@ mod sampler {
             return;
         };
         unsafe {
-            fill(
+            fill::<K, _>(
                 ctx,
                 entry.as_mut_ptr(),
                 pid_tgid,
@@ -528,9 +884,57 @@ mod sampler {
     /// runs as `prev`, just before it leaves the CPU.
     #[raw_tracepoint(tracepoint = "sched_switch")]
     pub fn off_cpu_switch(ctx: RawTracePointContext) -> i32 {
+        off_cpu::<Modern>(&ctx)
+    }
+
+    #[inline(always)]
+    fn off_cpu<K: Kernel>(ctx: &RawTracePointContext) -> i32 {
+        let now = unsafe { bpf_ktime_get_ns() };
+        off_cpu_back(ctx, now);
+        if let Some(state) = off_cpu_leaving(ctx) {
+            off_cpu_record::<K>(ctx, now, state);
+        }
+        0
+    }
+
+    /// `off_cpu_switch` for kernels before 5.17
+    /// (`agent_ebpf::PROGRAM_OFF_CPU_SWITCH_LEGACY`).
+    #[raw_tracepoint(tracepoint = "sched_switch")]
+    pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
         let now = unsafe { bpf_ktime_get_ns() };
         off_cpu_back(&ctx, now);
-        off_cpu_leave(&ctx, now);
+        let Some(state) = off_cpu_leaving(&ctx) else {
+            return 0;
+        };
+        let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        // What the record needs after the tail calls.
+        unsafe {
+            (*scratch).ktime_ns = now;
+            (*scratch).thread_state = state;
+        }
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        legacy_start(&ctx, SLOT_OFF_CPU, TAIL_OFF_CPU_UNWIND, tgid);
+        off_cpu_record::<Legacy>(&ctx, now, state);
+        0
+    }
+
+    /// The unwinder of `off_cpu_legacy`.
+    #[raw_tracepoint(tracepoint = "sched_switch")]
+    pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
+        legacy_continue(&ctx, SLOT_OFF_CPU, TAIL_OFF_CPU_UNWIND, TAIL_OFF_CPU_EMIT);
+        0
+    }
+
+    /// Records the thread `off_cpu_legacy` saw leave, once its stack is walked.
+    #[raw_tracepoint(tracepoint = "sched_switch")]
+    pub fn off_cpu_legacy_emit(ctx: RawTracePointContext) -> i32 {
+        let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        let (now, state) = unsafe { ((*scratch).ktime_ns, (*scratch).thread_state) };
+        off_cpu_record::<Legacy>(&ctx, now, state);
         0
     }
 
@@ -575,18 +979,19 @@ mod sampler {
         let _ = OFF_CPU_START.remove(&tid);
     }
 
-    /// `prev` (the current thread) leaves: record where and why.
+    /// `prev` (the current thread) leaves: its state (`__state`) when it is
+    /// to be recorded.
     #[inline(always)]
-    fn off_cpu_leave(ctx: &RawTracePointContext, now: u64) {
+    fn off_cpu_leaving(ctx: &RawTracePointContext) -> Option<u32> {
         let pid_tgid = bpf_get_current_pid_tgid();
         let tid = pid_tgid as u32;
         if tid == 0 || !wanted((pid_tgid >> 32) as u32) {
-            return;
+            return None;
         }
         // Probabilistic tracking bounds the cost on hosts that switch a lot.
         let ppm = unsafe { read_volatile(&OFF_CPU_SAMPLE_PPM) };
         if ppm < 1_000_000 && unsafe { bpf_get_prandom_u32() } % 1_000_000 >= ppm {
-            return;
+            return None;
         }
         let preempted: u64 = ctx.arg(0);
         let prev: *const u8 = ctx.arg(1);
@@ -601,12 +1006,20 @@ mod sampler {
             state = 0;
         }
         if state & TASK_DEAD != 0 {
-            return;
+            return None;
         }
+        Some(state)
+    }
+
+    /// Records where the current thread leaves the CPU, and why (`state`).
+    #[inline(always)]
+    fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, state: u32) {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let tid = pid_tgid as u32;
         let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
             return;
         };
-        unsafe { fill(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+        unsafe { fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
         if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
             bump(Counter::OffCpuMapFull);
         }

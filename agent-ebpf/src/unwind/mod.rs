@@ -326,14 +326,19 @@ fn frame_pointer_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, 
     if fp < regs.sp {
         return Step::Stop(why);
     }
-    let (Some(caller_fp), Some(return_address)) =
-        (process.read_u64(fp), process.read_u64(fp.wrapping_add(8)))
-    else {
-        return Step::Stop(if why == reason::COMPLETE {
-            reason::READ_FAULT
-        } else {
-            why
-        });
+    // One read at a time, each failure returning at once: reads combined in
+    // a tuple let the compiler pick a failed read's (undefined) value from
+    // any stack slot, which verifiers before 6.x reject as uninitialized.
+    let fault = if why == reason::COMPLETE {
+        reason::READ_FAULT
+    } else {
+        why
+    };
+    let Some(caller_fp) = process.read_u64(fp) else {
+        return Step::Stop(fault);
+    };
+    let Some(return_address) = process.read_u64(fp.wrapping_add(8)) else {
+        return Step::Stop(fault);
     };
     let cfa = fp.wrapping_add(16);
     // x86_64 frame pointers point at the saved rbp, aarch64 ones at the frame
@@ -404,11 +409,14 @@ fn signal_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step
         Arch::Aarch64 => AARCH64_SIGNAL_FRAME,
     };
     let base = regs.sp;
-    let (Some(pc), Some(sp), Some(fp)) = (
-        process.read_u64(base.wrapping_add(frame.pc)),
-        process.read_u64(base.wrapping_add(frame.sp)),
-        process.read_u64(base.wrapping_add(frame.fp)),
-    ) else {
+    // One read at a time (see `frame_pointer_step`).
+    let Some(pc) = process.read_u64(base.wrapping_add(frame.pc)) else {
+        return Step::Stop(reason::READ_FAULT);
+    };
+    let Some(sp) = process.read_u64(base.wrapping_add(frame.sp)) else {
+        return Step::Stop(reason::READ_FAULT);
+    };
+    let Some(fp) = process.read_u64(base.wrapping_add(frame.fp)) else {
         return Step::Stop(reason::READ_FAULT);
     };
     if arch == Arch::Aarch64 {
@@ -478,6 +486,32 @@ impl Search {
         true
     }
 
+    /// One probe that branches on nothing it reads, for kernels without
+    /// `bpf_loop`: their verifier walks every path through a loop, and a
+    /// search whose probes branch doubles its paths with each probe. Here
+    /// the comparison becomes arithmetic (the sign of a difference), so
+    /// each probe is one path. Once the search is over, probes change
+    /// nothing, so callers run a fixed number of them. Keys and the target
+    /// compare as 63-bit values (user addresses and table offsets are far
+    /// below that); `key` returning `None` counts as "greater than the
+    /// target".
+    #[inline(always)]
+    pub fn probe_branchless(&mut self, key: impl FnOnce(u32) -> Option<u64>) {
+        const KEY_MASK: u64 = (1 << 63) - 1;
+        let (low, high) = (self.low as u64, self.high as u64);
+        // 1 while low < high: the sign bit of low - high.
+        let active = low.wrapping_sub(high) >> 63;
+        let mid = low.wrapping_add((high.wrapping_sub(low) >> 1).wrapping_mul(active));
+        let value = key(mid as u32).map_or(KEY_MASK, |value| value & KEY_MASK);
+        // 1 when value > target: the sign bit of target - value.
+        let greater = (self.target & KEY_MASK).wrapping_sub(value) >> 63;
+        let right = (greater ^ 1) & active;
+        let left = greater & active;
+        self.low =
+            low.wrapping_add(right.wrapping_mul(mid.wrapping_add(1).wrapping_sub(low))) as u32;
+        self.high = high.wrapping_sub(left.wrapping_mul(high.wrapping_sub(mid))) as u32;
+    }
+
     /// The index found, if the search is over and found one.
     #[inline(always)]
     pub fn result(&self) -> Option<u32> {
@@ -499,6 +533,22 @@ pub fn search_last_le(
         if !search.probe(&mut key) {
             break;
         }
+    }
+    search.result()
+}
+
+/// [`search_last_le`] with [`Search::probe_branchless`] and at most
+/// `probes` probes (the legacy eBPF programs' way).
+#[inline(always)]
+pub fn search_last_le_branchless(
+    len: u32,
+    target: u64,
+    probes: u32,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> Option<u32> {
+    let mut search = Search::new(len, target);
+    for _ in 0..probes {
+        search.probe_branchless(&mut key);
     }
     search.result()
 }

@@ -167,6 +167,11 @@ pub struct RecordArgs {
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+    /// Log level or RUST_LOG-style filter for messages on stderr (`debug`
+    /// shows, among others, the kernel verifier's log when a program is
+    /// rejected) [default: warn; RUST_LOG wins].
+    #[arg(long = "log-level", value_name = "FILTER", value_parser = config::parse_log_level)]
+    pub log_level: Option<String>,
     /// Command to start and profile (with its threads) until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -302,7 +307,10 @@ pub fn init_logging(format: config::LogFormat, level: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => {
-            init_logging(config::LogFormat::Text, "warn");
+            init_logging(
+                config::LogFormat::Text,
+                args.log_level.as_deref().unwrap_or("warn"),
+            );
             record::run(args).await
         }
         Command::Agent(args) => agent::run(args).await,

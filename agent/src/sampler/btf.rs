@@ -7,34 +7,67 @@
 
 /// Byte offset of `member` in `struct name`, if the BTF describes it.
 pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
+    let strings = btf.get(Header::parse(btf)?.strings)?;
+    let mut found = None;
+    for_each_type(btf, |info, type_name, _, members| {
+        let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
+        if kind != KIND_STRUCT || vlen == 0 || type_name != name.as_bytes() {
+            return false;
+        }
+        // Members of structs with bitfields encode (bits << 24 | offset).
+        let kind_flag = info >> 31 == 1;
+        for entry in members.chunks_exact(12) {
+            if string_at(strings, u32_at(entry, 0).unwrap_or(u32::MAX)) == Some(member.as_bytes()) {
+                let raw = u32_at(entry, 8).unwrap_or(1);
+                let bits = if kind_flag { raw & 0x00ff_ffff } else { raw };
+                found = (bits % 8 == 0).then_some(bits / 8);
+                return true;
+            }
+        }
+        false
+    })?;
+    found
+}
+
+/// `sizeof(struct name)`, if the BTF describes the struct.
+pub fn struct_size(btf: &[u8], name: &str) -> Option<u32> {
+    let mut found = None;
+    for_each_type(btf, |info, type_name, size, _| {
+        let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
+        if kind == KIND_STRUCT && vlen > 0 && type_name == name.as_bytes() {
+            found = Some(size);
+            return true;
+        }
+        false
+    })?;
+    found
+}
+
+/// Calls `visit(info, name, size_or_type, trailing bytes)` for each type
+/// until it returns true; `None` when the BTF is malformed.
+fn for_each_type(btf: &[u8], mut visit: impl FnMut(u32, &[u8], u32, &[u8]) -> bool) -> Option<()> {
     let header = Header::parse(btf)?;
     let types = btf.get(header.types.clone())?;
     let strings = btf.get(header.strings.clone())?;
-    let string_at = |offset: u32| -> Option<&[u8]> {
-        let rest = strings.get(offset as usize..)?;
-        Some(&rest[..rest.iter().position(|&b| b == 0)?])
-    };
     let mut at = 0usize;
     while at + 12 <= types.len() {
-        let name_off = u32_at(types, at)?;
         let info = u32_at(types, at + 4)?;
         let vlen = (info & 0xffff) as usize;
         let kind = (info >> 24) & 0x1f;
-        let kind_flag = info >> 31 == 1;
         let body = at + 12;
-        if kind == KIND_STRUCT && vlen > 0 && string_at(name_off)? == name.as_bytes() {
-            for index in 0..vlen {
-                let entry = body + index * 12;
-                if string_at(u32_at(types, entry)?)? == member.as_bytes() {
-                    let raw = u32_at(types, entry + 8)?;
-                    let bits = if kind_flag { raw & 0x00ff_ffff } else { raw };
-                    return (bits % 8 == 0).then_some(bits / 8);
-                }
-            }
+        let end = body + trailing_bytes(kind, vlen)?;
+        let name = string_at(strings, u32_at(types, at)?)?;
+        if visit(info, name, u32_at(types, at + 8)?, types.get(body..end)?) {
+            return Some(());
         }
-        at = body + trailing_bytes(kind, vlen)?;
+        at = end;
     }
-    None
+    Some(())
+}
+
+fn string_at(strings: &[u8], offset: u32) -> Option<&[u8]> {
+    let rest = strings.get(offset as usize..)?;
+    Some(&rest[..rest.iter().position(|&b| b == 0)?])
 }
 
 const KIND_STRUCT: u32 = 4;
@@ -96,6 +129,22 @@ mod tests {
         assert_eq!(tgid, pid + 4);
         assert!(member_offset(&btf, "task_struct", "no_such_member").is_none());
         assert!(member_offset(&btf, "no_such_struct", "pid").is_none());
+    }
+
+    #[test]
+    fn finds_pt_regs_size_and_task_stack_in_the_running_kernel() {
+        let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("skipping: this kernel has no BTF");
+            return;
+        };
+        let size = struct_size(&btf, "pt_regs").expect("struct pt_regs");
+        // x86_64: 21 registers; arm64: at least regs[31], sp, pc, pstate.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(size, 21 * 8);
+        #[cfg(target_arch = "aarch64")]
+        assert!(size >= 34 * 8);
+        assert!(member_offset(&btf, "task_struct", "stack").is_some());
+        assert!(struct_size(&btf, "no_such_struct").is_none());
     }
 
     #[test]

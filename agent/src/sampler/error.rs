@@ -12,12 +12,32 @@ pub enum SamplerError {
         source: Box<dyn StdError + Send + Sync>,
     },
     #[error(
-        "this kernel does not support {what}: hostprof needs Linux 5.15 or later with BPF and perf events enabled"
+        "this kernel (Linux {release}) does not support {what}: hostprof needs Linux 5.10 or later \
+         with BPF, BTF and perf events enabled"
     )]
     Unsupported {
         what: String,
+        release: String,
         source: Box<dyn StdError + Send + Sync>,
     },
+    #[error(
+        "the kernel (Linux {release}) rejected the eBPF program {program}: {errno}; \
+         run with --log-level debug to see the verifier's log, and report it with the kernel version"
+    )]
+    Rejected {
+        program: String,
+        release: String,
+        // Not a `source`: the message already says it, once.
+        errno: io::Error,
+    },
+    #[error(
+        "this kernel (Linux {release}) has no BTF (/sys/kernel/btf/vmlinux: {source}): hostprof \
+         needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, as Debian, Ubuntu, RHEL and Amazon \
+         Linux build theirs from 5.10 on"
+    )]
+    NoBtf { release: String, source: io::Error },
+    #[error("{0:?} is not a program variant: set {var} to modern, legacy or auto", var = super::VARIANT_ENV)]
+    BadVariant(String),
     #[error("{what} failed: {source}")]
     Other {
         what: String,
@@ -41,30 +61,86 @@ impl SamplerError {
         let what = what.into();
         let errno = io_errno(&source);
         let source = Box::new(source);
+        let release = super::kernel_release();
         match errno {
             Some(libc::EPERM | libc::EACCES) => SamplerError::PermissionDenied { what, source },
-            Some(libc::ENOSYS | libc::EOPNOTSUPP) => SamplerError::Unsupported { what, source },
+            Some(libc::ENOSYS | libc::EOPNOTSUPP) => SamplerError::Unsupported {
+                what,
+                release,
+                source,
+            },
             // perf_event_open: no such event on this kernel or CPU.
             Some(libc::ENOENT | libc::ENODEV) if what.starts_with(ATTACH) => {
-                SamplerError::Unsupported { what, source }
+                SamplerError::Unsupported {
+                    what,
+                    release,
+                    source,
+                }
             }
             _ => SamplerError::Other { what, source },
         }
     }
 
     pub(crate) fn load(err: aya::EbpfError) -> Self {
-        Self::classify("loading the eBPF object", err)
+        match err {
+            aya::EbpfError::ProgramError(err) => Self::program("the eBPF object", err),
+            err => Self::classify("loading the eBPF object", err),
+        }
     }
 
     pub(crate) fn load_program(err: aya::programs::ProgramError) -> Self {
-        Self::classify("loading the eBPF program", err)
+        Self::program("hostprof", err)
     }
 
     /// Loading the named program failed.
     pub(crate) fn load_named(
         program: &'static str,
     ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
-        move |err| Self::classify(format!("loading the eBPF program {program}"), err)
+        move |err| Self::program(program, err)
+    }
+
+    /// Duplicating a program's descriptor failed.
+    pub(crate) fn load_program_io(err: io::Error) -> Self {
+        Self::classify("loading the eBPF program", err)
+    }
+
+    /// Probing the kernel's helpers failed.
+    pub(crate) fn probe(err: aya::programs::ProgramError) -> Self {
+        Self::classify("probing the kernel's BPF helpers", err)
+    }
+
+    /// `/sys/kernel/btf/vmlinux` cannot be read.
+    pub(crate) fn no_btf(source: io::Error) -> Self {
+        SamplerError::NoBtf {
+            release: super::kernel_release(),
+            source,
+        }
+    }
+
+    /// A program failed to load: the verifier's log goes to the debug log,
+    /// never into the one-line error.
+    fn program(program: &str, err: aya::programs::ProgramError) -> Self {
+        match err {
+            aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => {
+                tracing::debug!("the verifier's log for {program}:\n{verifier_log}");
+                // EACCES is the verifier's own "unsafe program".
+                match io_error.raw_os_error() {
+                    Some(libc::EPERM) => SamplerError::PermissionDenied {
+                        what: format!("loading the eBPF program {program}"),
+                        source: Box::new(io_error),
+                    },
+                    _ => SamplerError::Rejected {
+                        program: program.to_string(),
+                        release: super::kernel_release(),
+                        errno: io_error,
+                    },
+                }
+            }
+            err => Self::classify(format!("loading the eBPF program {program}"), err),
+        }
     }
 
     /// Attaching the named program failed.

@@ -5,6 +5,7 @@
 //! every perf event and unloads the program.
 mod btf;
 mod error;
+mod kernel;
 mod reader;
 
 use std::{os::fd::OwnedFd, time::Duration};
@@ -12,7 +13,7 @@ use std::{os::fd::OwnedFd, time::Duration};
 use agent_ebpf::{Counter, Sample};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{
@@ -22,6 +23,7 @@ use aya::{
     util::online_cpus,
 };
 pub use error::SamplerError;
+pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use reader::{ReaderStats, read_ring, read_ring_with_copies};
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
@@ -105,6 +107,7 @@ impl Counters {
 /// The loaded and attached eBPF sampler.
 pub struct Sampler {
     ebpf: Ebpf,
+    variant: Variant,
     links: Vec<PerfEventLinkId>,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
@@ -146,7 +149,29 @@ impl Sampler {
         let stack_copy = options
             .stack_copy_bytes
             .min(agent_ebpf::MAX_STACK_COPY as u32);
+        let variant = Variant::detect()?;
+        tracing::info!(
+            "linux {}: eBPF programs with {}",
+            kernel_release(),
+            variant.describe()
+        );
+        // The legacy programs find the user registers at the top of the
+        // task's kernel stack; only needed where user registers are read.
+        let needs_regs = options.unwind == UnwindMode::Tables || stack_copy > 0;
+        let (stack_offset, pt_regs_size) = if variant == Variant::Legacy && needs_regs {
+            let btf = read_btf()?;
+            (
+                btf::member_offset(&btf, "task_struct", "stack")
+                    .ok_or(SamplerError::MissingKernelType("task_struct.stack"))?,
+                btf::struct_size(&btf, "pt_regs")
+                    .ok_or(SamplerError::MissingKernelType("struct pt_regs"))?,
+            )
+        } else {
+            (0, 0)
+        };
         let ebpf = EbpfLoader::new()
+            .override_global(agent_ebpf::GLOBAL_TASK_STACK_OFFSET, &stack_offset, true)
+            .override_global(agent_ebpf::GLOBAL_PT_REGS_SIZE, &pt_regs_size, true)
             .override_global(agent_ebpf::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
             .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
             .override_global(agent_ebpf::GLOBAL_UNWIND_MODE, &unwind_mode, true)
@@ -161,6 +186,7 @@ impl Sampler {
             .map_err(SamplerError::load)?;
         let mut sampler = Sampler {
             ebpf,
+            variant,
             links: Vec::new(),
             _stats: stats,
         };
@@ -228,23 +254,42 @@ impl Sampler {
     }
 
     fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
-        let switch: &mut RawTracePoint = self
+        if self.variant == Variant::Legacy {
+            for (index, name) in
+                &agent_ebpf::LEGACY_TAIL_PROGRAMS[agent_ebpf::LEGACY_TAIL_PERF_EVENT..]
+            {
+                let program: &mut RawTracePoint = self
+                    .ebpf
+                    .program_mut(name)
+                    .ok_or(SamplerError::MissingObject(name))?
+                    .try_into()
+                    .map_err(SamplerError::load_program)?;
+                program.load().map_err(SamplerError::load_named(name))?;
+                let fd = program.fd().map_err(SamplerError::load_program)?;
+                let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
+                self.set_legacy_unwinder(*index, &fd)?;
+            }
+        }
+        self.attach_raw_tracepoint(self.variant.off_cpu_program(), "sched_switch")
+    }
+
+    /// Puts a loaded legacy unwinder at `index` of the tail-call map.
+    fn set_legacy_unwinder(
+        &mut self,
+        index: u32,
+        fd: &aya::programs::ProgramFd,
+    ) -> Result<(), SamplerError> {
+        let map = self
             .ebpf
-            .program_mut(agent_ebpf::PROGRAM_OFF_CPU_SWITCH)
-            .ok_or(SamplerError::MissingObject(
-                agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
-            ))?
-            .try_into()
-            .map_err(SamplerError::load_program)?;
-        switch
-            .load()
-            .map_err(SamplerError::load_named(agent_ebpf::PROGRAM_OFF_CPU_SWITCH))?;
-        switch
-            .attach("sched_switch")
-            .map_err(SamplerError::attach_named(
-                agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
-            ))?;
-        Ok(())
+            .map_mut(agent_ebpf::MAP_LEGACY_UNWIND)
+            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_LEGACY_UNWIND))?;
+        let mut tails = ProgramArray::try_from(map).map_err(SamplerError::map)?;
+        tails.set(index, fd, 0).map_err(SamplerError::map)
+    }
+
+    /// The program variant this kernel runs.
+    pub fn variant(&self) -> Variant {
+        self.variant
     }
 
     /// Removes exited processes from the in-kernel filter, so following a
@@ -268,16 +313,34 @@ impl Sampler {
     }
 
     fn program(&mut self) -> Result<&mut PerfEvent, SamplerError> {
+        let name = self.variant.sample_program();
         self.ebpf
-            .program_mut(agent_ebpf::PROGRAM_SAMPLE)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_SAMPLE))?
+            .program_mut(name)
+            .ok_or(SamplerError::MissingObject(name))?
             .try_into()
             .map_err(SamplerError::load_program)
     }
 
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+        if self.variant == Variant::Legacy {
+            for (index, name) in
+                &agent_ebpf::LEGACY_TAIL_PROGRAMS[..agent_ebpf::LEGACY_TAIL_PERF_EVENT]
+            {
+                let program: &mut PerfEvent = self
+                    .ebpf
+                    .program_mut(name)
+                    .ok_or(SamplerError::MissingObject(name))?
+                    .try_into()
+                    .map_err(SamplerError::load_program)?;
+                program.load().map_err(SamplerError::load_named(name))?;
+                let fd = program.fd().map_err(SamplerError::load_program)?;
+                let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
+                self.set_legacy_unwinder(*index, &fd)?;
+            }
+        }
+        let name = self.variant.sample_program();
         let program = self.program()?;
-        program.load().map_err(SamplerError::load_program)?;
+        program.load().map_err(SamplerError::load_named(name))?;
         let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
         let mut links = Vec::with_capacity(cpus.len());
         for cpu in cpus {
@@ -344,10 +407,11 @@ impl Sampler {
     /// The program's total run time and run count since it was loaded; zero
     /// unless started with `bpf_stats`.
     pub fn program_stats(&self) -> Result<(Duration, u64), SamplerError> {
+        let name = self.variant.sample_program();
         let program: &PerfEvent = self
             .ebpf
-            .program(agent_ebpf::PROGRAM_SAMPLE)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_SAMPLE))?
+            .program(name)
+            .ok_or(SamplerError::MissingObject(name))?
             .try_into()
             .map_err(SamplerError::load_program)?;
         let info = program.info().map_err(SamplerError::load_program)?;
@@ -358,15 +422,16 @@ impl Sampler {
 /// The offset in the running kernel's `task_struct` of the first of `names`
 /// it has.
 fn task_member_offset(names: &[&'static str]) -> Result<u32, SamplerError> {
-    let btf =
-        std::fs::read("/sys/kernel/btf/vmlinux").map_err(|err| SamplerError::Unsupported {
-            what: "BTF (/sys/kernel/btf/vmlinux)".into(),
-            source: Box::new(err),
-        })?;
+    let btf = read_btf()?;
     names
         .iter()
         .find_map(|name| btf::member_offset(&btf, "task_struct", name))
         .ok_or(SamplerError::MissingKernelType(names[0]))
+}
+
+/// The running kernel's BTF.
+fn read_btf() -> Result<Vec<u8>, SamplerError> {
+    std::fs::read("/sys/kernel/btf/vmlinux").map_err(SamplerError::no_btf)
 }
 
 /// A CPU sample with its raw user stack (`SamplerOptions::stack_copy_bytes`).

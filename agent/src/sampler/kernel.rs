@@ -1,0 +1,131 @@
+//! What the running kernel can do, and so which variant of the eBPF programs
+//! to load.
+//!
+//! The sampler exists twice in the eBPF object (see `agent_ebpf`
+//! `PROGRAM_SAMPLE_LEGACY`): one variant uses `bpf_loop` and
+//! `bpf_task_pt_regs` (Linux 5.17+), the other bounded loops and the task's
+//! kernel stack (Linux 5.10+). Helpers are probed, not guessed from the
+//! version number, because distributions backport them.
+use aya::{
+    programs::ProgramType,
+    sys::{BpfHelper, is_helper_supported},
+};
+
+use super::SamplerError;
+
+/// Which programs to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// `bpf_loop`, `bpf_task_pt_regs` and `bpf_get_current_task_btf`.
+    Modern,
+    /// Bounded loops; user registers from the top of the task's stack.
+    Legacy,
+}
+
+/// Environment variable that forces a variant (`modern` or `legacy`), for
+/// tests and for working around a kernel whose probes mislead.
+pub const VARIANT_ENV: &str = "HOSTPROF_BPF_VARIANT";
+
+impl Variant {
+    /// The perf_event sampler of this variant.
+    pub fn sample_program(self) -> &'static str {
+        match self {
+            Variant::Modern => agent_ebpf::PROGRAM_SAMPLE,
+            Variant::Legacy => agent_ebpf::PROGRAM_SAMPLE_LEGACY,
+        }
+    }
+
+    /// The off-CPU tracepoint of this variant.
+    pub fn off_cpu_program(self) -> &'static str {
+        match self {
+            Variant::Modern => agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
+            Variant::Legacy => agent_ebpf::PROGRAM_OFF_CPU_SWITCH_LEGACY,
+        }
+    }
+
+    /// How its loops work, for the log.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Variant::Modern => "bpf_loop and bpf_task_pt_regs (Linux 5.17+)",
+            Variant::Legacy => "bounded loops, registers from the task's stack (Linux 5.10+)",
+        }
+    }
+
+    /// The variant this kernel runs: forced by [`VARIANT_ENV`], or the
+    /// modern one when every helper it calls is there.
+    pub fn detect() -> Result<Variant, SamplerError> {
+        match std::env::var(VARIANT_ENV).ok().as_deref() {
+            Some("modern") => return Ok(Variant::Modern),
+            Some("legacy") => return Ok(Variant::Legacy),
+            Some("" | "auto") | None => {}
+            Some(other) => {
+                return Err(SamplerError::BadVariant(other.to_string()));
+            }
+        }
+        let missing = missing_modern_helpers()?;
+        if missing.is_empty() {
+            return Ok(Variant::Modern);
+        }
+        tracing::debug!(
+            "linux {}: no {}; using the legacy programs",
+            kernel_release(),
+            missing.join(", ")
+        );
+        Ok(Variant::Legacy)
+    }
+}
+
+/// The helpers of the modern variant this kernel lacks.
+fn missing_modern_helpers() -> Result<Vec<&'static str>, SamplerError> {
+    let helpers = [
+        (BpfHelper::BPF_FUNC_loop, "bpf_loop"),
+        (BpfHelper::BPF_FUNC_task_pt_regs, "bpf_task_pt_regs"),
+        (
+            BpfHelper::BPF_FUNC_get_current_task_btf,
+            "bpf_get_current_task_btf",
+        ),
+    ];
+    let mut missing = Vec::new();
+    for (helper, name) in helpers {
+        let supported =
+            is_helper_supported(ProgramType::PerfEvent, helper).map_err(SamplerError::probe)?;
+        if !supported {
+            missing.push(name);
+        }
+    }
+    Ok(missing)
+}
+
+/// The running kernel's release (`uname -r`), or `unknown`.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|release| release.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_variant_names_its_own_programs() {
+        assert_ne!(
+            Variant::Modern.sample_program(),
+            Variant::Legacy.sample_program()
+        );
+        assert_ne!(
+            Variant::Modern.off_cpu_program(),
+            Variant::Legacy.off_cpu_program()
+        );
+        // The kernel keeps 15 bytes of a program's name.
+        for variant in [Variant::Modern, Variant::Legacy] {
+            assert!(variant.sample_program().len() <= 15);
+            assert!(variant.off_cpu_program().len() <= 15);
+        }
+    }
+
+    #[test]
+    fn the_release_is_read() {
+        assert_ne!(kernel_release(), "unknown");
+    }
+}
