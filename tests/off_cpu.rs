@@ -128,6 +128,34 @@ fn blocking_functions_dominate_with_their_designed_times_and_states() {
     }
 }
 
+/// The off-CPU tracepoint for Linux 5.10 to 5.16 (its unwinder in tail
+/// calls), forced on this kernel: the blocking functions still show, under
+/// main, with the designed order of their times.
+#[test]
+fn legacy_variant_finds_the_blocking_functions() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = off_cpu_program();
+    let output = run_ok(
+        hostprof()
+            .env(hostprof::sampler::VARIANT_ENV, "legacy")
+            .args(["record", "--off-cpu", "-o", "-"])
+            .arg("--")
+            .arg(&program)
+            .arg("10"),
+    );
+    let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
+    let (sleep, pipe, lock) = (
+        blocked_in(&stacks, "in_sleep"),
+        blocked_in(&stacks, "in_pipe"),
+        blocked_in(&stacks, "in_lock"),
+    );
+    // 10 rounds of 50/30/20 ms.
+    assert!(sleep > 300_000, "in_sleep {sleep} us");
+    assert!(sleep > pipe && pipe > lock && lock > 100_000, "{sleep} {pipe} {lock}");
+}
+
 #[test]
 fn threshold_drops_shorter_blocks() {
     let Some(_serial) = require_ebpf() else {

@@ -200,6 +200,46 @@ fn deep_recursion_is_unwound_to_main() {
     assert_eq!(deepest, 81, "recurse(80) has 81 frames\n{stderr}");
 }
 
+/// The programs for Linux 5.10 to 5.16 (tail calls, registers from the
+/// task's kernel stack), forced on this kernel: the same complete stacks,
+/// the same split, and recursion as deep as the modern variant sees it
+/// (`cargo xtask vmtest` runs them on a real 5.10).
+#[test]
+fn legacy_variant_reaches_main_and_walks_deep_recursion() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let program = build_c("unwind_c.c", "unwind_legacy", FLAGS);
+    let record_legacy = |args: &[&str]| {
+        let output = run_ok(
+            hostprof()
+                .env(hostprof::sampler::VARIANT_ENV, "legacy")
+                .args(["record", "-F", "999", "--log-level", "info", "-o", "-"])
+                .arg("--")
+                .arg(&program)
+                .args(args),
+        );
+        (
+            parse_folded(&String::from_utf8_lossy(&output.stdout)),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (stacks, stderr) = record_legacy(&["split", "3"]);
+    assert!(stderr.contains("bounded loops"), "{stderr}");
+    assert_complete(&stacks, "unwind_legacy", &stderr);
+    let hot = leaf_share(&stacks, "unwind_legacy", "hot_work");
+    assert!((hot - 0.75).abs() < 0.08, "hot_work {hot:.3}\n{stderr}");
+    let (stacks, stderr) = record_legacy(&["recurse", "3"]);
+    assert_complete(&stacks, "unwind_legacy", &stderr);
+    let deepest = stacks
+        .iter()
+        .filter(|(frames, _)| frames[0] == "unwind_legacy")
+        .map(|(frames, _)| frames.iter().filter(|frame| *frame == "recurse").count())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(deepest, 81, "recurse(80) has 81 frames\n{stderr}");
+}
+
 #[test]
 fn cpp_and_rust_release_builds_reach_main() {
     let Some(_serial) = require_ebpf() else {

@@ -36,6 +36,11 @@ pub enum SamplerError {
          Linux build theirs from 5.10 on"
     )]
     NoBtf { release: String, source: io::Error },
+    #[error(
+        "this kernel (Linux {release}) is older than Linux 5.10, the oldest hostprof supports: \
+         upgrade the kernel"
+    )]
+    TooOld { release: String },
     #[error("{0:?} is not a program variant: set {var} to modern, legacy or auto", var = super::VARIANT_ENV)]
     BadVariant(String),
     #[error("{what} failed: {source}")]

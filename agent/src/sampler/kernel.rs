@@ -96,6 +96,32 @@ fn missing_modern_helpers() -> Result<Vec<&'static str>, SamplerError> {
     Ok(missing)
 }
 
+/// The oldest kernel hostprof supports (and tests, in `cargo xtask vmtest`).
+pub const MIN_KERNEL: (u32, u32) = (5, 10);
+
+/// `major.minor` of a release string such as `5.10.0-46-amd64`.
+pub fn parse_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Fails with one line when the kernel is older than [`MIN_KERNEL`] or has
+/// no BTF, before anything is loaded.
+pub fn check_supported() -> Result<(), SamplerError> {
+    let release = kernel_release();
+    if let Some(version) = parse_version(&release)
+        && version < MIN_KERNEL
+    {
+        return Err(SamplerError::TooOld { release });
+    }
+    match std::fs::metadata("/sys/kernel/btf/vmlinux") {
+        Ok(_) => Ok(()),
+        Err(err) => Err(SamplerError::no_btf(err)),
+    }
+}
+
 /// The running kernel's release (`uname -r`), or `unknown`.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -122,6 +148,18 @@ mod tests {
             assert!(variant.sample_program().len() <= 15);
             assert!(variant.off_cpu_program().len() <= 15);
         }
+    }
+
+    #[test]
+    fn versions_are_parsed_and_compared() {
+        assert_eq!(parse_version("5.10.0-46-amd64"), Some((5, 10)));
+        assert_eq!(parse_version("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(parse_version("4.19"), Some((4, 19)));
+        assert_eq!(parse_version("unknown"), None);
+        assert!(parse_version("4.19.0-27-amd64").unwrap() < MIN_KERNEL);
+        assert!(parse_version("5.9.16").unwrap() < MIN_KERNEL);
+        assert!(parse_version("5.10.0-46-amd64").unwrap() >= MIN_KERNEL);
+        assert!(parse_version("6.1.0-40-arm64").unwrap() >= MIN_KERNEL);
     }
 
     #[test]

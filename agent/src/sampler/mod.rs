@@ -116,6 +116,7 @@ pub struct Sampler {
 impl Sampler {
     /// Loads the program and attaches it to every online CPU.
     pub fn start(options: &SamplerOptions) -> Result<Self, SamplerError> {
+        kernel::check_supported()?;
         let stats = if options.bpf_stats {
             Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(SamplerError::stats)?)
         } else {
