@@ -440,3 +440,124 @@ fn c_cpp_and_libc_names_agree_with_llvm_symbolizer() {
     }
 }
 
+/// A BPF program the test loaded: where the kernel put its code, its tag.
+struct LoadedBpfProgram {
+    child: Child,
+    address: u64,
+    length: u64,
+    tag: String,
+    name: String,
+}
+
+impl LoadedBpfProgram {
+    fn load() -> LoadedBpfProgram {
+        let binary = build_c("bpf_prog_named.c", "bpf_prog_named", &["-O1"]);
+        let mut child = Command::new(&binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start bpf_prog_named");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read program info");
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let [address, length, tag, name] = fields[..] else {
+            panic!("bpf_prog_named printed {line:?}");
+        };
+        LoadedBpfProgram {
+            address: u64::from_str_radix(address, 16).expect("hex address"),
+            length: length.parse().expect("decimal length"),
+            tag: tag.to_string(),
+            name: name.to_string(),
+            child,
+        }
+    }
+}
+
+impl Drop for LoadedBpfProgram {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kernel_name(symbolizer: &Symbolizer, address: u64) -> Option<String> {
+    symbolizer
+        .kernel_symbol(address)
+        .map(|line| line.function.to_string())
+}
+
+#[test]
+fn bpf_programs_loaded_after_start_are_named_with_tag_and_name() {
+    if !is_root() {
+        return;
+    }
+    // Symbols read before the program exists; it must be found by reading
+    // them again (here on every lookup outside the kernel image).
+    let symbolizer = Symbolizer::new().with_kernel_recheck(std::time::Duration::ZERO);
+    let program = LoadedBpfProgram::load();
+    assert!(
+        program.length > 0 && program.address > 0,
+        "not JIT-compiled?"
+    );
+    let expected = format!("bpf_prog_{}_{} [bpf]", program.tag, program.name);
+    for address in [
+        program.address,
+        program.address + program.length / 2,
+        program.address + program.length - 1,
+    ] {
+        assert_eq!(
+            kernel_name(&symbolizer, address).as_deref(),
+            Some(&*expected),
+            "{address:#x}"
+        );
+    }
+}
+
+#[test]
+fn module_symbols_are_named_with_their_module() {
+    if !is_root() {
+        return;
+    }
+    // Keep a BPF program loaded, so that there is at least one symbol
+    // outside the kernel image even on kernels without modules.
+    let program = LoadedBpfProgram::load();
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").expect("read kallsyms");
+    let symbolizer = Symbolizer::new();
+    let mut starts: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut module_symbols = Vec::new();
+    for line in kallsyms.lines() {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let Ok(address) = u64::from_str_radix(fields[0], 16) else {
+            continue;
+        };
+        if !matches!(fields[1], "t" | "T") {
+            continue;
+        }
+        *starts.entry(address).or_default() += 1;
+        // Other BPF programs come and go as other tools run: only ours.
+        if let [_, _, name, module] = fields[..]
+            && (module != "[bpf]" || name.ends_with(&program.name))
+        {
+            module_symbols.push((address, format!("{name} {module}")));
+        }
+    }
+    // Symbols alone at their address (of two at one address, either may be
+    // kept), one per module.
+    module_symbols.retain(|(address, _)| starts[address] == 1);
+    module_symbols.sort_by(|a, b| a.1.rsplit(' ').next().cmp(&b.1.rsplit(' ').next()));
+    module_symbols.dedup_by(|a, b| a.1.rsplit(' ').next() == b.1.rsplit(' ').next());
+    assert!(
+        !module_symbols.is_empty(),
+        "no symbol with a [module] in /proc/kallsyms"
+    );
+    for (address, expected) in &module_symbols {
+        eprintln!("{address:#x}: {expected}");
+        assert_eq!(
+            kernel_name(&symbolizer, *address).as_deref(),
+            Some(&**expected)
+        );
+    }
+}
