@@ -11,7 +11,11 @@ use std::{
     sync::Arc,
 };
 
-use common::{build_c, has_section, program_source, run_ok, split_debug_by_build_id, work_dir};
+use common::{
+    build_c, has_section,
+    llvm::{Comparison, Symbols, compare, pick_addresses, summary},
+    program_source, require_tool, run_ok, split_debug_by_build_id, work_dir,
+};
 use hostprof::{
     model::{Frame, FrameKind},
     procs::ProcessTable,
@@ -301,4 +305,259 @@ fn perf_map_names_jit_frames() {
     // Outside the described range: no name.
     let outside = target.symbolize(&Symbolizer::new(), target.address + 0x100);
     assert!(outside.lines.is_empty(), "{:?}", outside.lines);
+}
+
+/// Builds `tests/programs/rswork.rs` as `debug = "line-tables-only"` does.
+fn build_line_tables_only_rust() -> PathBuf {
+    let binary = work_dir().join("rswork");
+    run_ok(
+        Command::new("rustc")
+            .args(["-O", "-C", "debuginfo=line-tables-only"])
+            .args(["--crate-name", "rswork", "-o"])
+            .arg(&binary)
+            .arg(program_source("rswork.rs")),
+    );
+    binary
+}
+
+/// Every 4th byte of the functions of `binary` whose demangled name starts
+/// with `prefix`.
+fn addresses_of_functions(binary: &std::path::Path, prefix: &str) -> Vec<u64> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(binary).expect("read binary");
+    let file = object::File::parse(&*data).expect("parse binary");
+    file.symbols()
+        .filter(|symbol| symbol.kind() == object::SymbolKind::Text)
+        .filter(|symbol| {
+            symbol
+                .name()
+                .is_ok_and(|name| hostprof::symbolize::demangle(name).starts_with(prefix))
+        })
+        .flat_map(|symbol| (symbol.address()..symbol.address() + symbol.size()).step_by(4))
+        .collect()
+}
+
+/// Panics listing the first addresses where hostprof and llvm-symbolizer
+/// differ, except in the ways hostprof chooses to (see
+/// [`Comparison::explained`]), if any.
+fn assert_agreement(binary: &std::path::Path, comparisons: &[Comparison]) {
+    let symbols = Symbols::of(binary);
+    let summary = summary(binary, comparisons, &symbols);
+    eprintln!("{summary}");
+    let different: Vec<_> = comparisons
+        .iter()
+        .filter(|c| c.explained(&symbols).is_none())
+        .collect();
+    assert!(
+        different.is_empty(),
+        "{summary}\nfirst differences:\n{:#?}",
+        &different[..different.len().min(5)]
+    );
+}
+
+#[test]
+fn line_tables_only_rust_names_are_qualified_as_llvm_symbolizer_says() {
+    if !require_tool("llvm-symbolizer") {
+        return;
+    }
+    let binary = build_line_tables_only_rust();
+    assert!(
+        has_section(&binary, ".debug_line"),
+        "built without line tables"
+    );
+
+    // The live process, as the pipeline names it.
+    let target = Target::start(&mut Command::new(&binary));
+    let frame = target.symbolize(&Symbolizer::new(), target.address);
+    let outer = frame.lines.last().expect("symbolized");
+    assert_eq!(&*outer.function, "rswork::hot_path", "{:?}", frame.lines);
+    assert!(
+        outer
+            .file
+            .as_deref()
+            .is_some_and(|f| f.ends_with("rswork.rs"))
+            && outer.line > 0,
+        "DWARF's line is kept: {outer:?}"
+    );
+
+    // The program's own functions, byte by byte, and a sample of the rest
+    // (std), all as llvm-symbolizer names them.
+    let mut addresses = addresses_of_functions(&binary, "rswork::");
+    addresses.extend(addresses_of_functions(&binary, "<rswork::"));
+    addresses.extend(pick_addresses(&binary, 3000));
+    addresses.sort_unstable();
+    addresses.dedup();
+    let comparisons = compare(&binary, &addresses);
+    assert_agreement(&binary, &comparisons);
+
+    // Qualified names, outermost, for every function of the program.
+    let module = Symbolizer::new().module_for_path(&binary).expect("load");
+    let outermost: std::collections::BTreeSet<String> = addresses
+        .iter()
+        .filter_map(|&address| Some(module.lookup_address(address).last()?.function.to_string()))
+        .collect();
+    for name in [
+        "rswork::hot_path",
+        "rswork::main",
+        "rswork::stats::histogram",
+        "<rswork::Square as rswork::Shape>::area",
+    ] {
+        assert!(outermost.contains(name), "{name} missing: {outermost:?}");
+    }
+}
+
+/// The shared C library this test process runs with.
+fn our_libc() -> PathBuf {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("read our maps")
+        .lines()
+        .filter_map(|line| line.split_ascii_whitespace().nth(5))
+        .find(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|name| name.starts_with("libc.so"))
+        })
+        .map(PathBuf::from)
+        .expect("libc is mapped")
+}
+
+#[test]
+fn c_cpp_and_libc_names_agree_with_llvm_symbolizer() {
+    if !require_tool("llvm-symbolizer") {
+        return;
+    }
+    let c = build_c("sym_target.c", "names_c", &["-g", "-O2"]);
+    let cpp = work_dir().join("names_cpp");
+    run_ok(
+        Command::new("g++")
+            .args(["-g", "-O2", "-o"])
+            .arg(&cpp)
+            .arg(program_source("names_cpp.cpp")),
+    );
+    for binary in [c, cpp, our_libc()] {
+        let comparisons = compare(&binary, &pick_addresses(&binary, 3000));
+        assert_agreement(&binary, &comparisons);
+    }
+}
+
+/// A BPF program the test loaded: where the kernel put its code, its tag.
+struct LoadedBpfProgram {
+    child: Child,
+    address: u64,
+    length: u64,
+    tag: String,
+    name: String,
+}
+
+impl LoadedBpfProgram {
+    fn load() -> LoadedBpfProgram {
+        let binary = build_c("bpf_prog_named.c", "bpf_prog_named", &["-O1"]);
+        let mut child = Command::new(&binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start bpf_prog_named");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read program info");
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let [address, length, tag, name] = fields[..] else {
+            panic!("bpf_prog_named printed {line:?}");
+        };
+        LoadedBpfProgram {
+            address: u64::from_str_radix(address, 16).expect("hex address"),
+            length: length.parse().expect("decimal length"),
+            tag: tag.to_string(),
+            name: name.to_string(),
+            child,
+        }
+    }
+}
+
+impl Drop for LoadedBpfProgram {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kernel_name(symbolizer: &Symbolizer, address: u64) -> Option<String> {
+    symbolizer
+        .kernel_symbol(address)
+        .map(|line| line.function.to_string())
+}
+
+#[test]
+fn bpf_programs_loaded_after_start_are_named_with_tag_and_name() {
+    if !is_root() {
+        return;
+    }
+    // Symbols read before the program exists; it must be found by reading
+    // them again (here on every lookup outside the kernel image).
+    let symbolizer = Symbolizer::new().with_kernel_recheck(std::time::Duration::ZERO);
+    let program = LoadedBpfProgram::load();
+    assert!(
+        program.length > 0 && program.address > 0,
+        "not JIT-compiled?"
+    );
+    let expected = format!("bpf_prog_{}_{} [bpf]", program.tag, program.name);
+    for address in [
+        program.address,
+        program.address + program.length / 2,
+        program.address + program.length - 1,
+    ] {
+        assert_eq!(
+            kernel_name(&symbolizer, address).as_deref(),
+            Some(&*expected),
+            "{address:#x}"
+        );
+    }
+}
+
+#[test]
+fn module_symbols_are_named_with_their_module() {
+    if !is_root() {
+        return;
+    }
+    // Keep a BPF program loaded, so that there is at least one symbol
+    // outside the kernel image even on kernels without modules.
+    let program = LoadedBpfProgram::load();
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").expect("read kallsyms");
+    let symbolizer = Symbolizer::new();
+    let mut starts: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut module_symbols = Vec::new();
+    for line in kallsyms.lines() {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let Ok(address) = u64::from_str_radix(fields[0], 16) else {
+            continue;
+        };
+        if !matches!(fields[1], "t" | "T") {
+            continue;
+        }
+        *starts.entry(address).or_default() += 1;
+        // Other BPF programs come and go as other tools run: only ours.
+        if let [_, _, name, module] = fields[..]
+            && (module != "[bpf]" || name.ends_with(&program.name))
+        {
+            module_symbols.push((address, format!("{name} {module}")));
+        }
+    }
+    // Symbols alone at their address (of two at one address, either may be
+    // kept), one per module.
+    module_symbols.retain(|(address, _)| starts[address] == 1);
+    module_symbols.sort_by(|a, b| a.1.rsplit(' ').next().cmp(&b.1.rsplit(' ').next()));
+    module_symbols.dedup_by(|a, b| a.1.rsplit(' ').next() == b.1.rsplit(' ').next());
+    assert!(
+        !module_symbols.is_empty(),
+        "no symbol with a [module] in /proc/kallsyms"
+    );
+    for (address, expected) in &module_symbols {
+        eprintln!("{address:#x}: {expected}");
+        assert_eq!(
+            kernel_name(&symbolizer, *address).as_deref(),
+            Some(&**expected)
+        );
+    }
 }

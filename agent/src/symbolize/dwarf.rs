@@ -126,7 +126,13 @@ impl Dwarf {
         let Ok(mut frames) = context.find_frames(address).skip_all_loads() else {
             return lines;
         };
+        // The unit the frames' DIEs belong to, for their declaration lines.
+        let unit = context.find_dwarf_and_unit(address).skip_all_loads();
         while let Ok(Some(frame)) = frames.next() {
+            let start_line = unit
+                .zip(frame.dw_die_offset)
+                .and_then(|(unit, offset)| decl_line(unit, offset))
+                .unwrap_or(0);
             let system_name: Option<Arc<str>> = frame
                 .function
                 .as_ref()
@@ -153,7 +159,7 @@ impl Dwarf {
                 file,
                 line,
                 column,
-                start_line: 0,
+                start_line,
             });
         }
         lines
@@ -163,6 +169,37 @@ impl Dwarf {
     pub fn estimated_size(&self) -> usize {
         self.section_bytes.saturating_mul(2)
     }
+}
+
+/// Most `DW_AT_abstract_origin`/`DW_AT_specification` links followed to find
+/// a declaration line (real chains are 1-2 long; a cycle must end).
+const MAX_ORIGIN_LINKS: usize = 8;
+
+/// The line where the function of the DIE at `offset` begins
+/// (`DW_AT_decl_line`), found as llvm-symbolizer does: on the DIE itself, else
+/// on the DIE it is a concrete or inlined instance (`DW_AT_abstract_origin`)
+/// or the definition (`DW_AT_specification`) of. `None` without one, as in
+/// line-tables-only DWARF; links into other units are not followed.
+fn decl_line(unit: gimli::UnitRef<'_, Reader>, offset: gimli::UnitOffset) -> Option<u32> {
+    let mut offset = offset;
+    for _ in 0..=MAX_ORIGIN_LINKS {
+        let entry = unit.entry(offset).ok()?;
+        if let Some(line) = entry
+            .attr_value(gimli::DW_AT_decl_line)
+            .and_then(|value| value.udata_value())
+        {
+            return u32::try_from(line).ok().filter(|line| *line > 0);
+        }
+        let next = entry
+            .attr_value(gimli::DW_AT_abstract_origin)
+            .or_else(|| entry.attr_value(gimli::DW_AT_specification))?;
+        offset = match next {
+            gimli::AttributeValue::UnitRef(offset) => offset,
+            gimli::AttributeValue::DebugInfoRef(offset) => offset.to_unit_offset(&unit.header)?,
+            _ => return None,
+        };
+    }
+    None
 }
 
 #[cfg(test)]

@@ -13,6 +13,9 @@ use crate::model::Line;
 /// anything bigger is corrupt or hostile.
 const MAX_MINIDEBUGINFO: usize = 256 << 20;
 
+/// A code symbol: start, size (0 when unknown), raw name.
+type Symbol = (u64, u64, Arc<str>);
+
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
@@ -49,17 +52,19 @@ impl ElfSymbols {
         {
             symbols.extend(functions);
         }
-        // Prefer the sized entry when several tables name an address.
-        symbols.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        // Prefer the sized entry when several tables name an address, then
+        // the first listed (stable sort).
+        symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         symbols.dedup_by_key(|(start, _, _)| *start);
         ElfSymbols { symbols, segments }
     }
 
     /// Adds symbols from another file of the same build (a debug file).
     pub fn merge(&mut self, other: ElfSymbols) {
+        // Stable: at one address, the file's own names win.
         self.symbols.extend(other.symbols);
         self.symbols
-            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            .sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         self.symbols.dedup_by_key(|(start, _, _)| *start);
     }
 
@@ -114,15 +119,33 @@ impl ElfSymbols {
     }
 }
 
-fn code_symbols(file: &object::File) -> Vec<(u64, u64, Arc<str>)> {
-    file.symbols()
+/// The file's code symbols, the preferred names of an address first (the
+/// table sorts stably and keeps the first): the fewest leading underscores
+/// (public names: `abort` over glibc's `__GI_abort`, `isalnum_l` over
+/// `__isalnum_l`), then global, weak, local symbols.
+fn code_symbols(file: &object::File) -> Vec<Symbol> {
+    let mut symbols: Vec<((usize, u8), Symbol)> = file
+        .symbols()
         .chain(file.dynamic_symbols())
         .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.address() != 0)
         .filter_map(|symbol| {
             let name = symbol.name().ok().filter(|name| !name.is_empty())?;
-            Some((symbol.address(), symbol.size(), Arc::from(name)))
+            let binding = if symbol.is_weak() {
+                1
+            } else if symbol.is_global() {
+                0
+            } else {
+                2
+            };
+            let underscores = name.bytes().take_while(|byte| *byte == b'_').count();
+            Some((
+                (underscores, binding),
+                (symbol.address(), symbol.size(), Arc::from(name)),
+            ))
         })
-        .collect()
+        .collect();
+    symbols.sort_by_key(|(preference, _)| *preference);
+    symbols.into_iter().map(|(_, symbol)| symbol).collect()
 }
 
 /// The decompressed MiniDebugInfo ELF, if the file has one.

@@ -1,4 +1,8 @@
-//! Kernel symbols from `/proc/kallsyms`, modules included.
+//! Kernel symbols from `/proc/kallsyms`: the kernel image, modules
+//! (`ext4_readdir [ext4]`) and JIT-compiled BPF programs
+//! (`bpf_prog_6deef7357e7b4530_sample_cpu [bpf]`, with
+//! `net.core.bpf_jit_kallsyms=1`, the default when the JIT is hardened or
+//! always on).
 use std::{io, sync::Arc};
 
 use crate::model::Line;
@@ -6,8 +10,12 @@ use crate::model::Line;
 /// A sorted table of kernel text symbols.
 #[derive(Debug, Default)]
 pub struct KernelSymbols {
-    /// (start address, name), sorted by address.
+    /// (start address, name), sorted by address. Symbols of modules and BPF
+    /// programs carry their module: `name [module]`.
     symbols: Vec<(u64, Arc<str>)>,
+    /// The kernel image's text, `_stext..=_etext`: unlike modules and BPF
+    /// programs, it never changes while the system runs.
+    image: Option<(u64, u64)>,
 }
 
 impl KernelSymbols {
@@ -17,8 +25,10 @@ impl KernelSymbols {
         Ok(Self::parse(&std::fs::read_to_string("/proc/kallsyms")?))
     }
 
-    /// Parses kallsyms text: `ADDR TYPE NAME [MODULE]` per line.
+    /// Parses kallsyms text: `ADDR TYPE NAME` per line, then a tab and
+    /// `[MODULE]` for symbols outside the kernel image.
     pub fn parse(text: &str) -> Self {
+        let mut image = (None, None);
         let mut symbols: Vec<(u64, Arc<str>)> = text
             .lines()
             .filter_map(|line| {
@@ -32,14 +42,24 @@ impl KernelSymbols {
                 }
                 let name: Arc<str> = match fields.next() {
                     Some(module) => format!("{name} {module}").into(),
-                    None => name.into(),
+                    None => {
+                        match name {
+                            "_stext" => image.0 = Some(address),
+                            "_etext" => image.1 = Some(address),
+                            _ => {}
+                        }
+                        name.into()
+                    }
                 };
                 Some((address, name))
             })
             .collect();
         symbols.sort_unstable_by_key(|(address, _)| *address);
         symbols.dedup_by_key(|(address, _)| *address);
-        KernelSymbols { symbols }
+        KernelSymbols {
+            symbols,
+            image: image.0.zip(image.1),
+        }
     }
 
     /// True when no symbol could be read (e.g. hidden by `kptr_restrict`).
@@ -47,10 +67,24 @@ impl KernelSymbols {
         self.symbols.is_empty()
     }
 
-    /// The function containing `address`, if any.
+    /// Whether `address` is in the kernel image's text, which a newer
+    /// reading of `/proc/kallsyms` would name the same way.
+    pub fn in_image(&self, address: u64) -> bool {
+        self.image
+            .is_some_and(|(start, end)| (start..=end).contains(&address))
+    }
+
+    /// The function containing `address`, if any. Past the kernel image's
+    /// text only symbols of modules and BPF programs count: that is where
+    /// they live (maybe loaded after this reading), and the image's symbols
+    /// there (init code, freed after boot) do not extend over them.
     pub fn lookup(&self, address: u64) -> Option<Line> {
         let index = self.symbols.partition_point(|(start, _)| *start <= address);
         let (_, name) = self.symbols.get(index.checked_sub(1)?)?;
+        let in_module = name.ends_with(']');
+        if !in_module && self.image.is_some_and(|(_, end)| address > end) {
+            return None;
+        }
         Some(Line::named(name.clone(), name.clone()))
     }
 }
@@ -59,33 +93,73 @@ impl KernelSymbols {
 mod tests {
     use super::*;
 
+    /// As the kernel prints it: a tab before `[module]`.
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff81000100 t do_syscall_64
+ffffffff81000200 D some_data
+ffffffff81000300 W weak_code
+ffffffff81002000 T _etext
+ffffffff83783000 T _sinittext
+ffffffffc0000000 t ext4_read\t[ext4]
+ffffffffc0000100 t ext4_write\t[ext4]
+ffffffffc0000200 d ext4_data\t[ext4]
+ffffffffc0022064 t bpf_prog_59f4a931744dcdc6_hp_named_prog\t[bpf]
+ffffffffc0201000 t ftrace_trampoline\t[__builtin__ftrace]
+";
+
+    fn name(table: &KernelSymbols, address: u64) -> Option<String> {
+        table.lookup(address).map(|line| {
+            assert_eq!(line.function, line.system_name);
+            line.function.to_string()
+        })
+    }
+
     #[test]
-    fn finds_the_enclosing_text_symbol_and_module() {
-        let table = KernelSymbols::parse(
-            "ffffffff81000000 T _stext\n\
-             ffffffff81000100 t do_syscall_64\n\
-             ffffffff81000200 D some_data\n\
-             ffffffffc0000000 t ext4_read [ext4]\n",
-        );
+    fn names_the_enclosing_text_symbol_with_its_module() {
+        let table = KernelSymbols::parse(KALLSYMS);
+        assert_eq!(name(&table, 0xffffffff81000150).unwrap(), "do_syscall_64");
+        // Data symbols do not end a function; weak code symbols are code.
+        assert_eq!(name(&table, 0xffffffff81000250).unwrap(), "do_syscall_64");
+        assert_eq!(name(&table, 0xffffffff81000300).unwrap(), "weak_code");
         assert_eq!(
-            &*table.lookup(0xffffffff81000150).unwrap().function,
-            "do_syscall_64"
-        );
-        // Data symbols do not end a function.
-        assert_eq!(
-            &*table.lookup(0xffffffff81000250).unwrap().function,
-            "do_syscall_64"
-        );
-        assert_eq!(
-            &*table.lookup(0xffffffffc0000010).unwrap().function,
+            name(&table, 0xffffffffc0000010).unwrap(),
             "ext4_read [ext4]"
         );
+        assert_eq!(
+            name(&table, 0xffffffffc0000250).unwrap(),
+            "ext4_write [ext4]"
+        );
+        assert_eq!(
+            name(&table, 0xffffffffc0022064 + 0x10).unwrap(),
+            "bpf_prog_59f4a931744dcdc6_hp_named_prog [bpf]"
+        );
+        assert_eq!(
+            name(&table, 0xffffffffc0201000).unwrap(),
+            "ftrace_trampoline [__builtin__ftrace]"
+        );
         assert!(table.lookup(0x1000).is_none());
+    }
+
+    #[test]
+    fn past_the_image_only_modules_and_programs_name_addresses() {
+        let table = KernelSymbols::parse(KALLSYMS);
+        assert!(table.in_image(0xffffffff81000000) && table.in_image(0xffffffff81002000));
+        assert!(!table.in_image(0xffffffff81002001) && !table.in_image(0xffffffffc0000000));
+        // Between the image and the first module, or in the module area
+        // before any module symbol (a program loaded since this reading):
+        // no name rather than the image's last symbol, or its init code's.
+        assert!(table.lookup(0xffffffff81002010).is_none());
+        assert!(table.lookup(0xffffffffa0000000).is_none());
+        assert!(table.lookup(0xffffffffbfffffff).is_none());
+        assert!(table.lookup(0xffffffffc0000000).is_some());
     }
 
     #[test]
     fn hidden_addresses_leave_the_table_empty() {
         let table = KernelSymbols::parse("0000000000000000 T _stext\n0000000000000000 t foo\n");
         assert!(table.is_empty());
+        assert!(!table.in_image(0));
+        assert!(table.lookup(0xffffffff81000000).is_none());
     }
 }

@@ -65,6 +65,10 @@ const REVALIDATE_AFTER: Duration = Duration::from_secs(30);
 const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 /// How often a process's perf map is checked for new JIT entries.
 const PERF_MAP_RECHECK: Duration = Duration::from_secs(1);
+/// How often `/proc/kallsyms` may be read again for an address outside the
+/// kernel image (a module or BPF program loaded since): a reading takes
+/// ~0.1 s of CPU for its ~120 000 lines.
+const KALLSYMS_RECHECK: Duration = Duration::from_secs(30);
 /// Share of the cache budget for per-address results; the rest is modules.
 const RESULTS_SHARE: usize = 8;
 /// Index entries (one per device/inode seen) before the index is reset.
@@ -176,9 +180,17 @@ struct State {
     next_serial: u64,
 }
 
+/// The kernel's symbols and when they were read.
+struct KernelTable {
+    symbols: Arc<KernelSymbols>,
+    read_at: Instant,
+}
+
 /// Resolves kernel and user addresses to function names.
 pub struct Symbolizer {
-    kernel: KernelSymbols,
+    kernel: Mutex<KernelTable>,
+    /// How old the kernel's symbols may be for an address outside its image.
+    kernel_recheck: Duration,
     kernel_build_id: Option<Arc<str>>,
     debug_dirs: DebugDirs,
     /// Most bytes one file's DWARF may take: half the modules' budget, so
@@ -201,12 +213,7 @@ impl Symbolizer {
 
     /// Loads kernel symbols; user files are read lazily.
     pub fn with_options(options: SymbolizerOptions) -> Self {
-        let kernel = KernelSymbols::load().unwrap_or_else(|err| {
-            tracing::warn!(
-                "cannot read /proc/kallsyms ({err}): kernel frames will show as addresses"
-            );
-            KernelSymbols::default()
-        });
+        let kernel = read_kallsyms();
         if kernel.is_empty() {
             tracing::warn!(
                 "/proc/kallsyms hides kernel addresses: run as root or set kernel.kptr_restrict=0"
@@ -215,7 +222,11 @@ impl Symbolizer {
         let results_budget = options.cache_bytes / RESULTS_SHARE;
         let module_budget = options.cache_bytes - results_budget;
         Symbolizer {
-            kernel,
+            kernel: Mutex::new(KernelTable {
+                symbols: Arc::new(kernel),
+                read_at: Instant::now(),
+            }),
+            kernel_recheck: KALLSYMS_RECHECK,
             kernel_build_id: kernel_build_id(),
             debug_dirs: DebugDirs {
                 extra: options.debug_dirs,
@@ -234,9 +245,42 @@ impl Symbolizer {
         }
     }
 
-    /// The kernel function containing `address`.
+    /// Reads `/proc/kallsyms` again for an address outside the kernel image
+    /// when the symbols are older than `every` (default 30 s; each reading
+    /// costs ~0.1 s of CPU).
+    pub fn with_kernel_recheck(mut self, every: Duration) -> Self {
+        self.kernel_recheck = every;
+        self
+    }
+
+    /// The kernel function containing `address`: `name`, or `name [module]`
+    /// in a module or BPF program. Outside the kernel image, the symbols are
+    /// read again (at most every 30 s, [`Symbolizer::with_kernel_recheck`])
+    /// when they may be older than the module or program holding the address.
     pub fn kernel_symbol(&self, address: u64) -> Option<Line> {
-        self.kernel.lookup(address)
+        let symbols = {
+            let mut table = self.kernel_table();
+            let symbols = table.symbols.clone();
+            if symbols.in_image(address) || table.read_at.elapsed() < self.kernel_recheck {
+                return symbols.lookup(address);
+            }
+            // Claimed before reading, so one reading serves every caller.
+            table.read_at = Instant::now();
+            symbols
+        };
+        let fresh = Arc::new(read_kallsyms());
+        if fresh.is_empty() && !symbols.is_empty() {
+            return symbols.lookup(address);
+        }
+        self.kernel_table().symbols = fresh.clone();
+        fresh.lookup(address)
+    }
+
+    fn kernel_table(&self) -> std::sync::MutexGuard<'_, KernelTable> {
+        // Replaced whole, never left half-updated by a panic.
+        self.kernel
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The running kernel's GNU build-id (`/sys/kernel/notes`).
@@ -515,6 +559,14 @@ impl Symbolizer {
         );
         lookup
     }
+}
+
+/// The kernel's symbols, empty (after a warning) when unreadable.
+fn read_kallsyms() -> KernelSymbols {
+    KernelSymbols::load().unwrap_or_else(|err| {
+        tracing::warn!("cannot read /proc/kallsyms ({err}): kernel frames will show as addresses");
+        KernelSymbols::default()
+    })
 }
 
 /// Reads `pid`'s perf map unless `previous` is still current.

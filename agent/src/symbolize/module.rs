@@ -111,27 +111,39 @@ impl Module {
 
     /// Functions at ELF address `address`, innermost first: every inlined
     /// call from DWARF, else the symbol table's function.
+    ///
+    /// The outermost (not inlined) function takes the name of the symbol
+    /// holding the address, as llvm-symbolizer does, unless DWARF's name is
+    /// qualified: DWARF without linkage names (Rust's `line-tables-only`,
+    /// clang's `-gmlt`) says `hot_path` where the symbol says
+    /// `rswork::hot_path`, and glibc's says `__GI_abort` for `abort`. C++ and
+    /// Rust linkage names stay DWARF's, and so does `f` for GCC's clones of
+    /// it (symbols `f.isra.0`, `f.cold`): a function keeps one name. Inlined
+    /// functions have no symbol and keep DWARF's names.
     pub fn lookup_address(&self, address: u64) -> Vec<Line> {
         let mut lines = self
             .dwarf
             .as_ref()
             .map(|dwarf| dwarf.lookup(address))
             .unwrap_or_default();
-        // DWARF without a subprogram for the address (assembly, or a unit
-        // built without debug info for functions) still gives the line; the
-        // symbol table gives the name.
         if let Some(outermost) = lines.pop() {
+            // A location without a function (assembly, or a unit built
+            // without debug info for functions) still gives the line.
             lines.retain(|line| !line.system_name.is_empty());
-            if outermost.system_name.is_empty() {
-                if let Some(name) = self.symbols.lookup_name(address) {
+            match self.symbols.lookup_name(address) {
+                Some(name)
+                    if outermost.system_name.is_empty()
+                        || !(is_qualified(&outermost)
+                            || is_clone_of(name, &outermost.system_name)) =>
+                {
                     lines.push(Line {
                         function: demangle(name),
                         system_name: name.clone(),
                         ..outermost
-                    });
+                    })
                 }
-            } else {
-                lines.push(outermost);
+                _ if !outermost.system_name.is_empty() => lines.push(outermost),
+                _ => {}
             }
         }
         if lines.is_empty() {
@@ -151,4 +163,42 @@ fn load_dwarf(object: &object::File, path: &str, limit: usize) -> Option<Dwarf> 
         tracing::debug!("{path}: ignoring DWARF: {err}");
         None
     })
+}
+
+/// Whether DWARF named a function with its full path: a linkage name
+/// (mangled, so demangling changed it), or a name with a path.
+fn is_qualified(line: &Line) -> bool {
+    !line.system_name.is_empty() && (line.function != line.system_name || has_path(&line.function))
+}
+
+/// Whether symbol `clone` is `function` with GCC clone suffixes
+/// (`f.isra.0`, `f.constprop.0.cold`, `f.part.1`).
+fn is_clone_of(clone: &str, function: &str) -> bool {
+    clone.strip_prefix(function).is_some_and(|suffix| {
+        suffix.starts_with('.')
+            && suffix.split('.').skip(1).all(|part| {
+                matches!(
+                    part,
+                    "isra" | "constprop" | "part" | "cold" | "lto_priv" | "localalias"
+                ) || (!part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
+            })
+    })
+}
+
+/// Whether a (demangled) name has `::` outside its generic arguments and
+/// parameters: `rswork::hot_path` does, `fold<core::ops::Range<u64>>` and C
+/// names do not.
+fn has_path(name: &str) -> bool {
+    let mut depth = 0usize;
+    let mut previous = '\0';
+    for c in name.chars() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' => depth = depth.saturating_sub(1),
+            ':' if previous == ':' && depth == 0 => return true,
+            _ => {}
+        }
+        previous = c;
+    }
+    false
 }
