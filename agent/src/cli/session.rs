@@ -68,6 +68,9 @@ pub(super) struct Finished<T> {
     pub unwind: Option<LoaderStats>,
 }
 
+/// Longest wait for the unwind tables of `-p` processes before sampling.
+const PRELOAD_WAIT: Duration = Duration::from_secs(10);
+
 impl<T: Send + 'static> Session<T> {
     /// Loads and attaches the sampler, then runs `work` on a thread of its own
     /// with the resolved batches; they end when the session stops. The
@@ -79,8 +82,10 @@ impl<T: Send + 'static> Session<T> {
         copies: Option<mpsc::Sender<StackCopy>>,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
-        let mut sampler = Sampler::start(options)?;
+        let mut sampler = Sampler::load(options)?;
         if mode == Mode::Agent {
+            // Perf events need CAP_PERFMON, dropped below.
+            sampler.start_sampling(options.frequency_hz)?;
             // Before any thread below exists: capabilities are per thread,
             // and new threads inherit the creator's reduced set.
             match crate::privileges::drop_after_setup() {
@@ -101,17 +106,26 @@ impl<T: Send + 'static> Session<T> {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;
                 let preload = options.pids.clone().unwrap_or_default();
-                let (requests, stats) = crate::unwind::spawn_service(
+                let (requests, stats, preloaded) = crate::unwind::spawn_service(
                     maps,
                     options.unwind_chunks,
                     preload,
                     options.pids.is_none(),
                 )
                 .context("cannot start the unwind table thread")?;
+                // The named processes' tables before their first sample, so
+                // their stacks are complete from the start; bounded, for a
+                // process with huge binaries on a slow machine.
+                if options.pids.is_some() && preloaded.recv_timeout(PRELOAD_WAIT).is_err() {
+                    tracing::info!(
+                        "unwind tables still loading after {PRELOAD_WAIT:?}: sampling starts anyway"
+                    );
+                }
                 (Some(requests), Some(stats))
             }
             UnwindMode::FramePointers => (None, None),
         };
+        sampler.start_sampling(options.frequency_hz)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
         let (progress_tx, reader_progress) = watch::channel(ReaderStats::default());

@@ -116,6 +116,16 @@ pub struct Sampler {
 impl Sampler {
     /// Loads the program and attaches it to every online CPU.
     pub fn start(options: &SamplerOptions) -> Result<Self, SamplerError> {
+        let mut sampler = Self::load(options)?;
+        sampler.start_sampling(options.frequency_hz)?;
+        Ok(sampler)
+    }
+
+    /// Loads and attaches everything but the perf events: nothing is sampled
+    /// until [`Sampler::start_sampling`], so the maps can be filled first
+    /// (`record -p` loads the processes' unwind tables before its first
+    /// sample).
+    pub fn load(options: &SamplerOptions) -> Result<Self, SamplerError> {
         kernel::check_supported()?;
         let stats = if options.bpf_stats {
             Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(SamplerError::stats)?)
@@ -203,8 +213,15 @@ impl Sampler {
         if options.unwind == UnwindMode::Tables {
             sampler.attach_raw_tracepoint(agent_ebpf::PROGRAM_FORGET_EXEC, "sched_process_exec")?;
         }
-        sampler.attach(options.frequency_hz)?;
         Ok(sampler)
+    }
+
+    /// Starts sampling every online CPU (once).
+    pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+        if self.links.is_empty() {
+            self.attach(frequency_hz)?;
+        }
+        Ok(())
     }
 
     fn follow_forks(&mut self) -> Result<(), SamplerError> {

@@ -195,7 +195,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 pub type SharedStats = Arc<Mutex<LoaderStats>>;
 
 /// Starts the thread that loads tables for the processes asked for (and
-/// `preload` right away); it ends when every [`Requests`] is dropped.
+/// `preload` right away, which the returned receiver signals when done); it
+/// ends when every [`Requests`] is dropped.
 ///
 /// `background`: host-wide profiling, where building tables for many large
 /// binaries must not starve the pipeline; the thread then runs at a lower
@@ -205,8 +206,9 @@ pub fn spawn_service(
     capacity_chunks: u32,
     preload: Vec<u32>,
     background: bool,
-) -> std::io::Result<(Requests, SharedStats)> {
+) -> std::io::Result<(Requests, SharedStats, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::sync_channel::<u32>(1024);
+    let (preloaded_tx, preloaded) = mpsc::sync_channel(1);
     let stats: SharedStats = Arc::default();
     let shared = stats.clone();
     let pending: Arc<Mutex<HashSet<u32>>> = Arc::default();
@@ -254,6 +256,7 @@ pub fn spawn_service(
                 load(&mut loader, pid);
             }
             *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
+            let _ = preloaded_tx.send(());
             let mut last_sweep = Instant::now();
             loop {
                 match rx.recv_timeout(SWEEP_INTERVAL) {
@@ -279,7 +282,7 @@ pub fn spawn_service(
                 *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
             }
         })?;
-    Ok((Requests { tx, pending }, stats))
+    Ok((Requests { tx, pending }, stats, preloaded))
 }
 
 #[cfg(test)]
