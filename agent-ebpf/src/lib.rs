@@ -88,20 +88,42 @@ pub const MAP_UNWIND_STATE: &str = "UNWIND_STATE";
 pub const PROGRAM_SAMPLE_LEGACY: &str = "sample_legacy";
 /// [`PROGRAM_OFF_CPU_SWITCH`] for the same older kernels.
 pub const PROGRAM_OFF_CPU_SWITCH_LEGACY: &str = "off_cpu_legacy";
-/// Program array of the legacy unwinders: a legacy program walks a few
-/// frames per run and tail-calls the next run, because the verifier of
-/// those kernels accepts no loop over a whole stack in one program.
-pub const MAP_LEGACY_UNWIND: &str = "LEGACY_UNWIND";
-/// The tail-called programs of the legacy variant, by their index in
-/// [`MAP_LEGACY_UNWIND`]: for each of [`PROGRAM_SAMPLE_LEGACY`] (perf_event
-/// programs) and [`PROGRAM_OFF_CPU_SWITCH_LEGACY`] (raw tracepoints), an
-/// unwinder that walks a few frames and calls itself, and the program that
-/// writes the record once the stack is walked.
-pub const LEGACY_TAIL_PROGRAMS: [(u32, &str); 4] = [
-    (0, "sample_legacy_unwind"),
-    (1, "sample_legacy_emit"),
-    (2, "off_cpu_legacy_unwind"),
-    (3, "off_cpu_legacy_emit"),
+/// Program arrays of the legacy programs' tail calls, one per program type
+/// (a program array serves one type): a legacy program walks a few frames
+/// per run and tail-calls the next run, because the verifier of those
+/// kernels accepts no loop over a whole stack in one program.
+pub const MAP_LEGACY_SAMPLE_TAILS: &str = "LEGACY_SAMPLE_TAILS";
+/// The off-CPU tracepoint's tail calls (raw tracepoints).
+pub const MAP_LEGACY_OFF_CPU_TAILS: &str = "LEGACY_OFFCPU_TAILS";
+/// Index, in each tails map, of the unwinder that walks a few frames and
+/// calls itself.
+pub const LEGACY_TAIL_UNWIND: u32 = 0;
+/// Index, in each tails map, of the program that writes the record once the
+/// stack is walked.
+pub const LEGACY_TAIL_EMIT: u32 = 1;
+/// (tails map, index, program) of every tail-called program; the first two
+/// are perf_event programs, the last two raw tracepoints.
+pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 4] = [
+    (
+        MAP_LEGACY_SAMPLE_TAILS,
+        LEGACY_TAIL_UNWIND,
+        "sample_legacy_unwind",
+    ),
+    (
+        MAP_LEGACY_SAMPLE_TAILS,
+        LEGACY_TAIL_EMIT,
+        "sample_legacy_emit",
+    ),
+    (
+        MAP_LEGACY_OFF_CPU_TAILS,
+        LEGACY_TAIL_UNWIND,
+        "off_cpu_legacy_unwind",
+    ),
+    (
+        MAP_LEGACY_OFF_CPU_TAILS,
+        LEGACY_TAIL_EMIT,
+        "off_cpu_legacy_emit",
+    ),
 ];
 /// The first two of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
 pub const LEGACY_TAIL_PERF_EVENT: usize = 2;

@@ -37,7 +37,6 @@ mod sampler {
         bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
             bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-            bpf_probe_read_user,
             generated::{
                 bpf_get_current_task, bpf_get_current_task_btf, bpf_get_prandom_u32,
                 bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
@@ -261,7 +260,6 @@ mod sampler {
             Some(unwound)
         }
 
-        #[inline(always)]
         /// Branch-free probes (see `Search::probe_branchless`); rows are
         /// read with `bpf_probe_read_kernel` from the rows map's flat memory,
         /// because a map lookup per probe is a branch (its NULL check) too.
@@ -525,15 +523,20 @@ mod sampler {
     /// handed over (the process has no tables: frame pointers serve).
     const IDLE: u32 = u32::MAX - 1;
 
-    /// The tail-call targets of the legacy programs
+    /// The tail-call targets of the legacy sampler
     /// (`agent_ebpf::LEGACY_TAIL_PROGRAMS`): unwinders that walk
     /// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
     /// programs that then write the record. Tail calls, not a loop, because
     /// the verifiers of those kernels walk every path of a loop: a whole
     /// stack in one program is more than they accept, and so is the record's
     /// code after every way an unwind can end.
-    #[map(name = "LEGACY_UNWIND")]
-    static LEGACY_UNWIND: ProgramArray = ProgramArray::with_max_entries(4, 0);
+    #[map(name = "LEGACY_SAMPLE_TAILS")]
+    static LEGACY_SAMPLE_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+    /// The same for the off-CPU tracepoint (a program array serves one
+    /// program type).
+    #[map(name = "LEGACY_OFFCPU_TAILS")]
+    static LEGACY_OFFCPU_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
     /// Frames one legacy unwinder run walks.
     const LEGACY_FRAMES_PER_CALL: usize = 3;
@@ -541,18 +544,16 @@ mod sampler {
     /// (33 since 5.16); one starts the unwind and one writes the record.
     const LEGACY_UNWIND_CALLS: u32 = 30;
 
-    /// Tail-call indices (`agent_ebpf::LEGACY_TAIL_PROGRAMS`).
-    const TAIL_SAMPLE_UNWIND: u32 = 0;
-    const TAIL_SAMPLE_EMIT: u32 = 1;
-    const TAIL_OFF_CPU_UNWIND: u32 = 2;
-    const TAIL_OFF_CPU_EMIT: u32 = 3;
+    /// Tail-call indices in each tails map.
+    const TAIL_UNWIND: u32 = agent_ebpf::LEGACY_TAIL_UNWIND;
+    const TAIL_EMIT: u32 = agent_ebpf::LEGACY_TAIL_EMIT;
 
     /// Starts the unwind of the current task in `slot` when its process has
-    /// tables, then jumps to the unwinder at `next` in [`LEGACY_UNWIND`].
+    /// tables, then jumps to the unwinder in `tails`.
     /// Returns when there is nothing to unwind (or the jump failed): the
     /// caller then writes the record itself.
     #[inline(always)]
-    fn legacy_start<C: EbpfContext>(ctx: &C, slot: u32, next: u32, tgid: u32) {
+    fn legacy_start<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgid: u32) {
         let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
             return;
         };
@@ -565,16 +566,15 @@ mod sampler {
             return;
         }
         if start_unwind::<Legacy>(state, tgid).is_some() {
-            unsafe { LEGACY_UNWIND.tail_call(ctx, next) };
+            unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
         }
     }
 
-    /// Walks the next frames of the unwind in `slot`; jumps to itself
-    /// (`again`) while there are more, then to the program that writes the
-    /// record (`emit`). An unwind still going after the last run counts as
+    /// Walks the next frames of the unwind in `slot`; jumps to itself while
+    /// there are more, then to the program that writes the record. An unwind still going after the last run counts as
     /// cut at the depth limit.
     #[inline(always)]
-    fn legacy_continue<C: EbpfContext>(ctx: &C, slot: u32, again: u32, emit: u32) {
+    fn legacy_continue<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32) {
         let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
             return;
         };
@@ -593,9 +593,9 @@ mod sampler {
         }
         if state.reason == RUNNING && state.tail_calls < LEGACY_UNWIND_CALLS {
             state.tail_calls += 1;
-            unsafe { LEGACY_UNWIND.tail_call(ctx, again) };
+            unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
         }
-        unsafe { LEGACY_UNWIND.tail_call(ctx, emit) };
+        unsafe { tails.tail_call(ctx, TAIL_EMIT) };
         // Both jumps failed: the record is lost.
         bump(Counter::RingFull);
     }
@@ -610,7 +610,8 @@ mod sampler {
     #[perf_event]
     pub fn sample_legacy(ctx: PerfEventContext) -> u32 {
         if let Some(pid_tgid) = sample_wanted() {
-            legacy_start(&ctx, SLOT_CPU, TAIL_SAMPLE_UNWIND, (pid_tgid >> 32) as u32);
+            let tgid = (pid_tgid >> 32) as u32;
+            legacy_start(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU, tgid);
             emit_cpu_sample::<Legacy>(&ctx, pid_tgid);
         }
         0
@@ -619,7 +620,7 @@ mod sampler {
     /// The unwinder of `sample_legacy`.
     #[perf_event]
     pub fn sample_legacy_unwind(ctx: PerfEventContext) -> u32 {
-        legacy_continue(&ctx, SLOT_CPU, TAIL_SAMPLE_UNWIND, TAIL_SAMPLE_EMIT);
+        legacy_continue(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
         0
     }
 
@@ -915,7 +916,7 @@ mod sampler {
             (*scratch).thread_state = state;
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        legacy_start(&ctx, SLOT_OFF_CPU, TAIL_OFF_CPU_UNWIND, tgid);
+        legacy_start(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU, tgid);
         off_cpu_record::<Legacy>(&ctx, now, state);
         0
     }
@@ -923,7 +924,7 @@ mod sampler {
     /// The unwinder of `off_cpu_legacy`.
     #[raw_tracepoint(tracepoint = "sched_switch")]
     pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
-        legacy_continue(&ctx, SLOT_OFF_CPU, TAIL_OFF_CPU_UNWIND, TAIL_OFF_CPU_EMIT);
+        legacy_continue(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
         0
     }
 

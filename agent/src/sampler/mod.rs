@@ -273,7 +273,7 @@ impl Sampler {
 
     fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
-            for (index, name) in
+            for (map, index, name) in
                 &agent_ebpf::LEGACY_TAIL_PROGRAMS[agent_ebpf::LEGACY_TAIL_PERF_EVENT..]
             {
                 let program: &mut RawTracePoint = self
@@ -285,22 +285,23 @@ impl Sampler {
                 program.load().map_err(SamplerError::load_named(name))?;
                 let fd = program.fd().map_err(SamplerError::load_program)?;
                 let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
-                self.set_legacy_unwinder(*index, &fd)?;
+                self.set_legacy_unwinder(map, *index, &fd)?;
             }
         }
         self.attach_raw_tracepoint(self.variant.off_cpu_program(), "sched_switch")
     }
 
-    /// Puts a loaded legacy unwinder at `index` of the tail-call map.
+    /// Puts a loaded legacy tail-call program at `index` of the tails map `map`.
     fn set_legacy_unwinder(
         &mut self,
+        map: &'static str,
         index: u32,
         fd: &aya::programs::ProgramFd,
     ) -> Result<(), SamplerError> {
         let map = self
             .ebpf
-            .map_mut(agent_ebpf::MAP_LEGACY_UNWIND)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_LEGACY_UNWIND))?;
+            .map_mut(map)
+            .ok_or(SamplerError::MissingObject(map))?;
         let mut tails = ProgramArray::try_from(map).map_err(SamplerError::map)?;
         tails.set(index, fd, 0).map_err(SamplerError::map)
     }
@@ -341,7 +342,7 @@ impl Sampler {
 
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
-            for (index, name) in
+            for (map, index, name) in
                 &agent_ebpf::LEGACY_TAIL_PROGRAMS[..agent_ebpf::LEGACY_TAIL_PERF_EVENT]
             {
                 let program: &mut PerfEvent = self
@@ -353,7 +354,7 @@ impl Sampler {
                 program.load().map_err(SamplerError::load_named(name))?;
                 let fd = program.fd().map_err(SamplerError::load_program)?;
                 let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
-                self.set_legacy_unwinder(*index, &fd)?;
+                self.set_legacy_unwinder(map, *index, &fd)?;
             }
         }
         let name = self.variant.sample_program();
