@@ -18,10 +18,15 @@ ip link set lo up
 
 say() { echo "VMTEST $*"; }
 # detail FILE [PATTERN]: the line of a log that says what went wrong, its
-# first error, else its first line matching PATTERN, else its first line.
-detail() { grep -m 1 -e 'error:' -e 'ERROR' "$1" || grep -m 1 "${2:-^}" "$1" || head -n 1 "$1"; }
+# first error, else its first line matching PATTERN, else its first line;
+# without terminal colours.
+esc=$(printf '\033')
+plain() { sed "s/$esc\[[0-9;]*m//g" "$@"; }
+detail() {
+    { grep -m 1 -e 'error:' -e 'ERROR' "$1" || grep -m 1 "${2:-^}" "$1" || head -n 1 "$1"; } | plain
+}
 # Shows a file on the console (not parsed), for the log.
-show() { sed "s/^/[$1] /" "$2"; }
+show() { plain "$2" | sed "s/^/[$1] /"; }
 # Whether PID runs (a zombie does not).
 alive() {
     stat=$(cat /proc/$1/stat 2>/dev/null) || return 1
@@ -110,7 +115,7 @@ say check=agent exit=$rc requests=$requests with_samples=$with_samples detail="$
 timeout 60 as_nobody /bin/hostprof record -d 1 -o /tmp/nobody.folded 2>/tmp/nobody.err
 rc=$?
 show error-line /tmp/nobody.err
-say check=error-line exit=$rc lines=$(wc -l </tmp/nobody.err) detail="$(head -n 3 /tmp/nobody.err | sed '2,$s/^/ | /' | tr -d '\n')"
+say check=error-line exit=$rc lines=$(wc -l </tmp/nobody.err) detail="$(head -n 3 /tmp/nobody.err | plain | sed '2,$s/^/ | /' | tr -d '\n')"
 
 kill $spin
 say done

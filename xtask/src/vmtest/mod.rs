@@ -7,12 +7,14 @@
 //! kernel fails. The host kernel alone says nothing about older kernels'
 //! verifiers and BTF, nor about arm64.
 mod image;
+mod judge;
 mod kernel;
 mod qemu;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, hash_map::Entry},
     fs,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -165,7 +167,7 @@ pub fn run(options: &Options) -> Result<()> {
 
     let mut images = HashMap::new();
     for target in &targets {
-        if let std::collections::hash_map::Entry::Vacant(entry) = images.entry(target.arch) {
+        if let Entry::Vacant(entry) = images.entry(target.arch) {
             entry.insert(build_image(&dir, target.suite, target.arch, options.keep)?);
         }
     }
@@ -189,12 +191,7 @@ pub fn run(options: &Options) -> Result<()> {
 
 /// Builds hostprof, otlp_sink and the test programs for `arch` and packs
 /// them into an initramfs.
-fn build_image(
-    dir: &std::path::Path,
-    suite: &str,
-    arch: Arch,
-    keep: bool,
-) -> Result<std::path::PathBuf> {
+fn build_image(dir: &Path, suite: &str, arch: Arch, keep: bool) -> Result<PathBuf> {
     let hostprof = build(arch.rust_target())?;
     let mut sink = cargo();
     sink.args([
@@ -226,12 +223,7 @@ fn build_image(
 }
 
 /// Boots one kernel and judges its suite: (passed, summary lines).
-fn run_target(
-    dir: &std::path::Path,
-    target: &Target,
-    initramfs: &std::path::Path,
-    kvm: bool,
-) -> Result<(bool, String)> {
+fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Result<(bool, String)> {
     let kernel = kernel::fetch(dir, target.suite, target.arch)
         .with_context(|| format!("cannot fetch the {} kernel", target.name))?;
     let label = format!("vmtest: linux-{} {}", kernel.release, target.arch.name());
@@ -253,7 +245,7 @@ fn run_target(
         kvm,
     )?;
     let seconds = started.elapsed().as_secs();
-    let verdict = judge(&boot);
+    let verdict = judge::judge(&boot);
     let passed = verdict.iter().all(|item| item.passed);
     let mut summary = format!(
         "{label}: {} ({}) in {seconds} s",
@@ -271,208 +263,4 @@ fn run_target(
         summary.push_str(&format!("\nvmtest:   console: {}", log.display()));
     }
     Ok((passed, summary))
-}
-
-/// One check's result.
-struct Verdict {
-    passed: bool,
-    /// For the summary line.
-    short: String,
-    /// Why it failed, or what it saw.
-    long: String,
-    /// Whether `long` is printed: when failed, or when it is what the
-    /// check is about (the error line).
-    show: bool,
-}
-
-/// The share of DWARF-unwound samples that must reach `main`.
-const MIN_MAIN_SHARE: f64 = 0.99;
-/// Fewer samples than this (4 s at 199 Hz) mean the sampling is broken.
-const MIN_SAMPLES: u64 = 100;
-
-/// A `check=NAME key=value ... detail=TEXT` line.
-struct Check {
-    fields: HashMap<String, String>,
-    detail: String,
-}
-
-impl Check {
-    fn parse(line: &str) -> Check {
-        let (figures, detail) = line.split_once(" detail=").unwrap_or((line, ""));
-        let fields = figures
-            .split_whitespace()
-            .filter_map(|field| field.split_once('='))
-            .map(|(key, value)| (key.to_owned(), value.to_owned()))
-            .collect();
-        Check {
-            fields,
-            detail: detail.to_owned(),
-        }
-    }
-
-    fn number(&self, key: &str) -> u64 {
-        self.fields
-            .get(key)
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    }
-
-    fn exit(&self) -> &str {
-        self.fields.get("exit").map_or("?", String::as_str)
-    }
-}
-
-/// The suite's checks, in order, with their summary names.
-const CHECKS: &[(&str, &str)] = &[
-    ("record-dwarf", "record main"),
-    ("record-host", "host kernel frames"),
-    ("off-cpu", "off-cpu"),
-    ("agent", "agent"),
-    ("error-line", "error line"),
-];
-
-fn judge(boot: &qemu::Boot) -> Vec<Verdict> {
-    let checks: HashMap<String, Check> = boot
-        .results
-        .iter()
-        .filter_map(|line| line.strip_prefix("check="))
-        .map(|line| {
-            let (name, _) = line.split_once(' ').unwrap_or((line, ""));
-            (name.to_owned(), Check::parse(line))
-        })
-        .collect();
-    let mut verdicts = Vec::new();
-    if let Some(boot_line) = boot.results.iter().find(|line| line.starts_with("boot ")) {
-        if boot_line.contains("btf=0") {
-            verdicts.push(fail(
-                "btf",
-                format!("no /sys/kernel/btf/vmlinux in the guest: {boot_line}"),
-            ));
-        }
-    } else {
-        verdicts.push(fail(
-            "boot",
-            format!(
-                "the suite did not start{}; console ends:\n{}\nqemu: {}",
-                if boot.timed_out {
-                    " (killed at the deadline)"
-                } else {
-                    ""
-                },
-                boot.tail.join("\n"),
-                boot.stderr.trim()
-            ),
-        ));
-        return verdicts;
-    }
-    for (name, short) in CHECKS {
-        let verdict = match checks.get(*name) {
-            None => fail(
-                short,
-                format!(
-                    "{name}: no result ({}); console ends:\n{}",
-                    if boot.timed_out {
-                        "the VM was killed at the deadline"
-                    } else {
-                        "the VM stopped"
-                    },
-                    boot.tail.join("\n")
-                ),
-            ),
-            Some(check) => judge_check(name, short, check),
-        };
-        verdicts.push(verdict);
-    }
-    verdicts
-}
-
-fn judge_check(name: &str, short: &str, check: &Check) -> Verdict {
-    let exit = check.exit();
-    let detail = &check.detail;
-    match name {
-        "record-dwarf" => {
-            // Samples before the tables were loaded (a few hundred ms under
-            // TCG) were unwound with frame pointers, which this program
-            // lacks: they are reported, and the share is of the others.
-            let samples = check.number("samples");
-            let early = check.number("before_tables");
-            let unwound = samples.saturating_sub(early);
-            let share = check.number("main") as f64 / unwound.max(1) as f64;
-            let raw = check.number("main") as f64 / samples.max(1) as f64;
-            let passed = exit == "0" && unwound >= MIN_SAMPLES && share >= MIN_MAIN_SHARE;
-            verdict(
-                passed,
-                format!("{short} {share:.3} ({raw:.3} with {early} samples before tables)"),
-                format!(
-                    "{name}: exit {exit}, {samples} samples ({early} before the tables were loaded), \
-                     {share:.3} of the others reach main (want >= {MIN_MAIN_SHARE} of >= {MIN_SAMPLES}): {detail}"
-                ),
-            )
-        }
-        "record-host" => {
-            let kernel = check.number("kernel");
-            verdict(
-                exit == "0" && kernel > 0,
-                format!("{short} {kernel}"),
-                format!(
-                    "{name}: exit {exit}, {kernel} of {} samples with kernel frames: {detail}",
-                    check.number("samples")
-                ),
-            )
-        }
-        "off-cpu" => {
-            let blocked = check.number("offcpu_us");
-            let in_function = check.number("block_here_us") as f64 / blocked.max(1) as f64;
-            verdict(
-                exit == "0" && blocked > 0,
-                format!(
-                    "{short} {:.2} s ({:.0}% in block_here)",
-                    blocked as f64 / 1e6,
-                    in_function * 100.0
-                ),
-                format!("{name}: exit {exit}, {blocked} us off-CPU: {detail}"),
-            )
-        }
-        "agent" => {
-            let requests = check.number("requests");
-            let with_samples = check.number("with_samples");
-            verdict(
-                with_samples > 0,
-                format!("{short} {requests} requests"),
-                format!(
-                    "{name}: exit {exit}, {requests} requests, {with_samples} with samples: {detail}"
-                ),
-            )
-        }
-        "error-line" => {
-            let lines = check.number("lines");
-            let passed = exit != "0" && lines == 1 && detail.starts_with("hostprof: error: ");
-            Verdict {
-                show: true,
-                ..verdict(
-                    passed,
-                    format!("{short} {}", if passed { "ok" } else { "bad" }),
-                    format!("{name}: exit {exit}, {lines} lines on stderr, first: {detail}"),
-                )
-            }
-        }
-        _ => unreachable!("CHECKS names {name}"),
-    }
-}
-
-fn verdict(passed: bool, short: String, long: String) -> Verdict {
-    Verdict {
-        passed,
-        short: if passed {
-            short
-        } else {
-            format!("{short} FAIL")
-        },
-        long,
-        show: !passed,
-    }
-}
-
-fn fail(short: &str, long: String) -> Verdict {
-    verdict(false, short.to_owned(), long)
 }
