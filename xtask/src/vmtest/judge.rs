@@ -84,7 +84,7 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
         verdicts.push(fail(
             "boot",
             format!(
-                "the suite did not start{}; console ends:\n{}\nqemu: {}",
+                "the suite did not start{}; console ends:\n{}\nqemu says: {}",
                 if boot.timed_out {
                     " (killed at the deadline)"
                 } else {

@@ -257,7 +257,9 @@ fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Resul
             .join(", ")
     );
     for item in verdict.iter().filter(|item| item.show) {
-        summary.push_str(&format!("\nvmtest:   {}", item.long));
+        // Continuation lines (a console's end) indented under their check.
+        let long = item.long.replace('\n', "\nvmtest:     ");
+        summary.push_str(&format!("\nvmtest:   {long}"));
     }
     if !passed {
         summary.push_str(&format!("\nvmtest:   console: {}", log.display()));

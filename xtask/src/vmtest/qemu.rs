@@ -125,6 +125,9 @@ pub fn boot(
     }
     child.wait()?;
     let _ = reader.join();
+    if boot.tail.is_empty() {
+        boot.tail.push("(nothing)".into());
+    }
     boot.stderr = stderr_reader.join().unwrap_or_default();
     Ok(boot)
 }
