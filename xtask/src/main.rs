@@ -5,6 +5,7 @@ mod fuzz;
 mod package;
 mod setup;
 mod soak;
+mod vmtest;
 
 use std::{
     path::{Path, PathBuf},
@@ -42,7 +43,7 @@ enum Task {
         args: Vec<String>,
     },
     /// Set up, check formatting and lints, run unit and real-eBPF integration
-    /// tests, then a short fuzz smoke run.
+    /// tests, the kernel matrix (vmtest), then a short fuzz smoke run.
     Test,
     /// Build a release tarball (binary, systemd unit, examples, README) in
     /// target/package/.
@@ -71,6 +72,22 @@ enum Task {
         /// More `hostprof agent` options, after `--` (e.g. `--off-cpu`).
         #[arg(last = true, value_name = "AGENT_ARGS")]
         agent_args: Vec<String>,
+    },
+    /// Boot Debian kernels (5.10, 6.1, 6.12 x86_64; 6.1 arm64) under qemu
+    /// and run a smoke suite of the release build in each; one summary line
+    /// per kernel, failing when any kernel fails.
+    Vmtest {
+        /// Only this kernel (repeatable): 5.10, 6.1, 6.12, 6.1-arm64.
+        #[arg(long = "kernel", value_name = "KERNEL")]
+        kernels: Vec<String>,
+        /// Keep each arch's initramfs tree in target/vmtest/ (the console
+        /// logs are always kept there).
+        #[arg(long)]
+        keep: bool,
+        /// Boot x86_64 guests with KVM (nested KVM can hang at boot; TCG
+        /// by default).
+        #[arg(long)]
+        kvm: bool,
     },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
@@ -101,6 +118,10 @@ fn main() -> Result<()> {
         } => {
             setup::run(false)?;
             soak::run(minutes, &agent_args)
+        }
+        Task::Vmtest { kernels, keep, kvm } => {
+            setup::run(false)?;
+            vmtest::run(&vmtest::Options { kernels, keep, kvm })
         }
         Task::Bench { seconds } => {
             setup::run(false)?;
@@ -195,6 +216,8 @@ fn test() -> Result<()> {
             .args(["test", "--workspace", "--no-fail-fast"])
             .env("HOSTPROF_AARCH64_BIN", cross),
     )?;
+    // The release build on other kernels and on arm64, under qemu.
+    vmtest::run(&vmtest::Options::default())?;
     // A smoke run: every target replays its corpus (seeds and past finds)
     // and explores a little; `cargo xtask fuzz` runs them for longer.
     fuzz::run(&[], FUZZ_SMOKE_SECONDS)

@@ -7,7 +7,8 @@ use crate::run_cmd;
 
 const BPF_LINKER_VERSION: &str = "0.10.0";
 
-/// Debian packages and the command each provides (checked before installing).
+/// Debian packages and what shows each is installed (checked before
+/// installing): a command, or an absolute path for packages without one.
 const DEBIAN_BUILD_TOOLS: &[(&str, &str)] = &[("gcc", "cc")];
 
 /// Tools the tests and benchmarks use, beyond building.
@@ -22,6 +23,16 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
     ("openssl", "openssl"),
+    // `cargo xtask vmtest`: the kernel matrix under qemu, and the aarch64
+    // C test programs (static, so they need the cross libc).
+    ("qemu-system-x86", "qemu-system-x86_64"),
+    ("qemu-system-arm", "qemu-system-aarch64"),
+    ("busybox-static", "busybox"),
+    ("cpio", "cpio"),
+    (
+        "libc6-dev-arm64-cross",
+        "/usr/aarch64-linux-gnu/include/stdio.h",
+    ),
 ];
 
 /// Python tools from PyPI and the command each provides.
@@ -46,6 +57,15 @@ fn cargo_fuzz() -> Result<()> {
         return Ok(());
     }
     run_cmd(Command::new("cargo").args(["+stable", "install", "cargo-fuzz", "--locked"]))
+}
+
+/// A command on PATH, or (absolute path) a file that exists.
+fn is_installed(check: &str) -> bool {
+    if check.starts_with('/') {
+        std::path::Path::new(check).exists()
+    } else {
+        has_command(check)
+    }
 }
 
 fn has_command(command: &str) -> bool {
@@ -124,7 +144,7 @@ fn bpf_linker() -> Result<()> {
 fn debian_tools(tools: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = tools
         .iter()
-        .filter(|(_, command)| !has_command(command))
+        .filter(|(_, check)| !is_installed(check))
         .map(|(package, _)| *package)
         .collect();
     if missing.is_empty() {

@@ -1,0 +1,164 @@
+//! The initramfs each VM boots: a static busybox, `/init` (init.sh, the
+//! suite), the release `hostprof` and `otlp_sink` for the guest's arch with
+//! the shared libraries they load, and the C test programs (static, built
+//! here). One per arch, shared by its kernels; an uncompressed newc cpio,
+//! which every kernel unpacks and which costs TCG no decompression.
+use std::{
+    collections::BTreeSet,
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::Arch;
+use crate::{root, run_cmd};
+
+const INIT: &str = include_str!("init.sh");
+
+/// What goes into the image besides what is built here.
+pub struct Inputs {
+    pub busybox: PathBuf,
+    pub hostprof: PathBuf,
+    pub otlp_sink: PathBuf,
+}
+
+/// Builds `dir/root` and packs it into `dir/initramfs.cpio`, returned.
+pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
+    let tree = dir.join("root");
+    let _ = fs::remove_dir_all(&tree);
+    let bin = tree.join("bin");
+    fs::create_dir_all(&bin)?;
+    if interpreter(&inputs.busybox)?.is_some() {
+        bail!(
+            "{} is not static: install busybox-static",
+            inputs.busybox.display()
+        );
+    }
+    install(&inputs.busybox, &bin.join("busybox"))?;
+    fs::write(tree.join("init"), INIT)?;
+    fs::set_permissions(tree.join("init"), fs::Permissions::from_mode(0o755))?;
+    for binary in [&inputs.hostprof, &inputs.otlp_sink] {
+        install(binary, &bin.join(binary.file_name().expect("a file")))?;
+        install_libraries(binary, arch, &tree)?;
+    }
+    let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs");
+    for (name, source) in [
+        ("unwind_c", root().join("tests/programs/unwind_c.c")),
+        ("block", programs.join("block.c")),
+        ("as_nobody", programs.join("as_nobody.c")),
+    ] {
+        run_cmd(
+            Command::new(arch.cc())
+                .args(["-O2", "-fomit-frame-pointer", "-static", "-o"])
+                .arg(bin.join(name))
+                .arg(source),
+        )?;
+    }
+    let cpio = dir.join("initramfs.cpio");
+    pack(&tree, &cpio)?;
+    Ok(cpio)
+}
+
+/// Copies a file (following links), executable.
+fn install(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to)
+        .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Puts the dynamic loader (at the path PT_INTERP names) and every library
+/// `binary` needs, transitively, into the image's multiarch directory,
+/// which the loader searches by default. Read with `readelf`, which works
+/// for any arch (ldd would run the binary).
+fn install_libraries(binary: &Path, arch: Arch, tree: &Path) -> Result<()> {
+    let Some(interp) = interpreter(binary)? else {
+        return Ok(());
+    };
+    let interp_name = Path::new(&interp).file_name().context("PT_INTERP")?;
+    let into = tree.join(interp.trim_start_matches('/'));
+    fs::create_dir_all(into.parent().expect("absolute"))?;
+    install(&find_library(arch, &interp_name.to_string_lossy())?, &into)?;
+
+    let lib_dir = tree.join("lib").join(arch.triplet());
+    fs::create_dir_all(&lib_dir)?;
+    let mut pending = needed(binary)?;
+    let mut done = BTreeSet::new();
+    while let Some(name) = pending.pop() {
+        if !done.insert(name.clone()) {
+            continue;
+        }
+        let path = find_library(arch, &name)?;
+        install(&path, &lib_dir.join(&name))?;
+        pending.extend(needed(&path)?);
+    }
+    Ok(())
+}
+
+fn find_library(arch: Arch, name: &str) -> Result<PathBuf> {
+    arch.lib_dirs()
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|path| path.exists())
+        .with_context(|| format!("{name} is in none of {:?}", arch.lib_dirs()))
+}
+
+fn readelf(args: &[&str], file: &Path) -> Result<String> {
+    let out = Command::new("readelf")
+        .args(args)
+        .arg(file)
+        .output()
+        .context("cannot run readelf (binutils)")?;
+    if !out.status.success() {
+        bail!("readelf {args:?} {} failed", file.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The dynamic loader a binary names (PT_INTERP), if it is not static.
+fn interpreter(binary: &Path) -> Result<Option<String>> {
+    let headers = readelf(&["-lW"], binary)?;
+    Ok(headers.lines().find_map(|line| {
+        let path = line
+            .trim()
+            .strip_prefix("[Requesting program interpreter: ")?;
+        Some(path.trim_end_matches(']').to_owned())
+    }))
+}
+
+/// The libraries a file needs directly (DT_NEEDED).
+fn needed(file: &Path) -> Result<Vec<String>> {
+    let dynamic = readelf(&["-dW"], file)?;
+    Ok(dynamic
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            let start = line.find('[')? + 1;
+            Some(line[start..line.rfind(']')?].to_owned())
+        })
+        .collect())
+}
+
+/// `find . | cpio -o -H newc` in `tree`.
+fn pack(tree: &Path, cpio: &Path) -> Result<()> {
+    let mut find = Command::new("find")
+        .arg(".")
+        .current_dir(tree)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run find")?;
+    let status = Command::new("cpio")
+        .args(["-o", "-H", "newc", "--quiet"])
+        .current_dir(tree)
+        .stdin(find.stdout.take().expect("piped"))
+        .stdout(fs::File::create(cpio)?)
+        .status()
+        .context("cannot run cpio")?;
+    if !find.wait()?.success() || !status.success() {
+        bail!("cannot pack {} into {}", tree.display(), cpio.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,122 @@
+#!/bin/busybox sh
+# /init of the `cargo xtask vmtest` initramfs: mounts what hostprof needs,
+# runs the smoke suite and prints one `VMTEST check=NAME key=value ...
+# detail=TEXT` line per check on the console (detail, free text, comes
+# last), then powers off. Figures only: xtask judges them on the host.
+/bin/busybox mkdir -p /proc /sys /dev /tmp /bin /sbin /usr/bin /usr/sbin
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t sysfs sysfs /sys
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+mount -t tmpfs tmpfs /tmp
+chmod 1777 /tmp
+ip link set lo up
+
+say() { echo "VMTEST $*"; }
+# detail FILE [PATTERN]: the line of a log that says what went wrong, its
+# first error, else its first line matching PATTERN, else its first line;
+# without terminal colours.
+esc=$(printf '\033')
+plain() { sed "s/$esc\[[0-9;]*m//g" "$@"; }
+detail() {
+    { grep -m 1 -e 'error:' -e 'ERROR' "$1" || grep -m 1 "${2:-^}" "$1" || head -n 1 "$1"; } | plain
+}
+# Shows a file on the console (not parsed), for the log.
+show() { plain "$2" | sed "s/^/[$1] /"; }
+# Whether PID runs (a zombie does not).
+alive() {
+    stat=$(cat /proc/$1/stat 2>/dev/null) || return 1
+    case "$stat" in *") Z "*) return 1 ;; esac
+}
+# wait_for PATTERN FILE PID SECONDS: until FILE has a line matching PATTERN;
+# gives up early when PID is gone.
+wait_for() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        grep -q "$1" "$2" && return 0
+        alive "$3" || { grep -q "$1" "$2"; return; }
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# count FILE REGEX NAME: `NAME=` the summed counts of the folded stacks
+# (`comm;frame;... COUNT`) whose frames match REGEX (awk).
+count() {
+    awk -v re="$2" -v name="$3" '{
+        n = $NF; stack = $0; sub(/ [0-9]+$/, "", stack)
+        if (stack ~ re) hit += n
+    } END { printf "%s=%d", name, hit }' "$1" 2>/dev/null || echo "$3=0"
+}
+
+[ -e /sys/kernel/btf/vmlinux ] && btf=1 || btf=0
+say boot kernel=$(uname -r) arch=$(uname -m) cpus=$(nproc) btf=$btf
+
+# A CPU-bound program built without frame pointers (main -> run_split ->
+# stage -> hot_work/cold_work) runs through the whole suite.
+/bin/unwind_c split 100000 >/dev/null &
+spin=$!
+
+# 1. One process, DWARF unwinding (the default): stacks reach main.
+timeout 120 hostprof record -p $spin -F 199 -d 4 -o /tmp/dwarf.folded 2>/tmp/dwarf.err
+rc=$?
+show record-dwarf /tmp/dwarf.err
+# Samples taken before the process's unwind tables were loaded fall back to
+# frame pointers (hostprof counts them in its summary).
+early=$(sed -n 's/.* \([0-9]*\) with frame pointers before their tables were loaded.*/\1/p' /tmp/dwarf.err)
+say check=record-dwarf exit=$rc $(count /tmp/dwarf.folded . samples) $(count /tmp/dwarf.folded '(^|;)main(;|$)' main) before_tables=${early:-0} detail="$(detail /tmp/dwarf.err 'samples from')"
+
+# 2. The whole host, frame pointers: a reader of /dev/zero spends its time in
+# the kernel, whose frames end in _[k].
+dd if=/dev/zero of=/dev/null bs=1M 2>/dev/null &
+dd=$!
+timeout 120 hostprof record --unwind fp -d 3 -o /tmp/host.folded 2>/tmp/host.err
+rc=$?
+kill $dd
+show record-host /tmp/host.err
+say check=record-host exit=$rc $(count /tmp/host.folded . samples) $(count /tmp/host.folded '_\\[k\\]' kernel) detail="$(detail /tmp/host.err 'samples from')"
+
+# 3. Off-CPU: a program sleeping in block_here.
+/bin/block >/dev/null &
+block=$!
+timeout 120 hostprof record --off-cpu -p $block -d 3 -o /tmp/off.folded 2>/tmp/off.err
+rc=$?
+kill $block
+show off-cpu /tmp/off.err
+say check=off-cpu exit=$rc $(count /tmp/off.folded '\\[off-cpu:' offcpu_us) $(count /tmp/off.folded '\\[off-cpu:.*;block_here(;|$)' block_here_us) detail="$(detail /tmp/off.err 'samples from')"
+
+# 4. The agent exports to a local OTLP sink: requests with samples arrive.
+otlp_sink 127.0.0.1:0 >/tmp/sink.log 2>&1 &
+sink=$!
+if wait_for '^listening on' /tmp/sink.log $sink 30; then
+    addr=$(sed -n 's/^listening on //p' /tmp/sink.log)
+    hostprof agent --otlp-endpoint http://$addr --report-interval 1s >/tmp/agent.log 2>&1 &
+    agent=$!
+    wait_for '^request [0-9]* [1-9]' /tmp/sink.log $agent 60
+    kill -TERM $agent 2>/dev/null
+    wait $agent
+    rc=$?
+else
+    rc=sink
+    echo "otlp_sink did not start" >/tmp/agent.log
+fi
+kill $sink
+show agent /tmp/agent.log
+show sink /tmp/sink.log
+requests=$(grep -c '^request' /tmp/sink.log)
+with_samples=$(grep -c '^request [0-9]* [1-9]' /tmp/sink.log)
+say check=agent exit=$rc requests=$requests with_samples=$with_samples detail="$(detail /tmp/agent.log 'agent stopped')"
+
+# 5. Without privileges: one clear line on stderr, a failing exit code.
+timeout 60 as_nobody /bin/hostprof record -d 1 -o /tmp/nobody.folded 2>/tmp/nobody.err
+rc=$?
+show error-line /tmp/nobody.err
+say check=error-line exit=$rc lines=$(wc -l </tmp/nobody.err) detail="$(head -n 3 /tmp/nobody.err | plain | sed '2,$s/^/ | /' | tr -d '\n')"
+
+kill $spin
+say done
+poweroff -f

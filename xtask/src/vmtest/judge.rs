@@ -1,0 +1,303 @@
+//! Judging a VM's `VMTEST` lines: the guest prints figures, the thresholds
+//! live here, in one place, next to the words of the summary line.
+use std::collections::HashMap;
+
+use super::qemu::Boot;
+
+/// One check's result.
+pub struct Verdict {
+    pub passed: bool,
+    /// For the summary line.
+    pub short: String,
+    /// Why it failed, or what it saw.
+    pub long: String,
+    /// Whether `long` is printed: when failed, or when it is what the
+    /// check is about (the error line).
+    pub show: bool,
+}
+
+/// The share of DWARF-unwound samples that must reach `main`.
+const MIN_MAIN_SHARE: f64 = 0.99;
+/// Fewer samples than this (4 s at 199 Hz) mean the sampling is broken.
+const MIN_SAMPLES: u64 = 100;
+
+/// A `check=NAME key=value ... detail=TEXT` line.
+struct Check {
+    fields: HashMap<String, String>,
+    detail: String,
+}
+
+impl Check {
+    fn parse(line: &str) -> Check {
+        let (figures, detail) = line.split_once(" detail=").unwrap_or((line, ""));
+        let fields = figures
+            .split_whitespace()
+            .filter_map(|field| field.split_once('='))
+            .map(|(key, value)| (key.to_owned(), value.to_owned()))
+            .collect();
+        Check {
+            fields,
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn number(&self, key: &str) -> u64 {
+        self.fields
+            .get(key)
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn exit(&self) -> &str {
+        self.fields.get("exit").map_or("?", String::as_str)
+    }
+}
+
+/// The suite's checks, in order, with their summary names.
+const CHECKS: &[(&str, &str)] = &[
+    ("record-dwarf", "record main"),
+    ("record-host", "host kernel frames"),
+    ("off-cpu", "off-cpu"),
+    ("agent", "agent"),
+    ("error-line", "error line"),
+];
+
+pub fn judge(boot: &Boot) -> Vec<Verdict> {
+    let checks: HashMap<String, Check> = boot
+        .results
+        .iter()
+        .filter_map(|line| line.strip_prefix("check="))
+        .map(|line| {
+            let (name, _) = line.split_once(' ').unwrap_or((line, ""));
+            (name.to_owned(), Check::parse(line))
+        })
+        .collect();
+    let mut verdicts = Vec::new();
+    if let Some(boot_line) = boot.results.iter().find(|line| line.starts_with("boot ")) {
+        if boot_line.contains("btf=0") {
+            verdicts.push(fail(
+                "btf",
+                format!("no /sys/kernel/btf/vmlinux in the guest: {boot_line}"),
+            ));
+        }
+    } else {
+        verdicts.push(fail(
+            "boot",
+            format!(
+                "the suite did not start{}; console ends:\n{}\nqemu says: {}",
+                if boot.timed_out {
+                    " (killed at the deadline)"
+                } else {
+                    ""
+                },
+                boot.tail.join("\n"),
+                boot.stderr.trim()
+            ),
+        ));
+        return verdicts;
+    }
+    for (name, short) in CHECKS {
+        let verdict = match checks.get(*name) {
+            None => fail(
+                short,
+                format!(
+                    "{name}: no result ({}); console ends:\n{}",
+                    if boot.timed_out {
+                        "the VM was killed at the deadline"
+                    } else {
+                        "the VM stopped"
+                    },
+                    boot.tail.join("\n")
+                ),
+            ),
+            Some(check) => judge_check(name, short, check),
+        };
+        verdicts.push(verdict);
+    }
+    verdicts
+}
+
+fn judge_check(name: &str, short: &str, check: &Check) -> Verdict {
+    let exit = check.exit();
+    let detail = &check.detail;
+    match name {
+        "record-dwarf" => {
+            // Samples before the tables were loaded (a few hundred ms under
+            // TCG) were unwound with frame pointers, which this program
+            // lacks: they are reported, and the share is of the others.
+            let samples = check.number("samples");
+            let early = check.number("before_tables");
+            let unwound = samples.saturating_sub(early);
+            let share = check.number("main") as f64 / unwound.max(1) as f64;
+            let raw = check.number("main") as f64 / samples.max(1) as f64;
+            let passed = exit == "0" && unwound >= MIN_SAMPLES && share >= MIN_MAIN_SHARE;
+            verdict(
+                passed,
+                format!("{short} {share:.3} ({raw:.3} with {early} samples before tables)"),
+                format!(
+                    "{name}: exit {exit}, {samples} samples ({early} before the tables were loaded), \
+                     {share:.3} of the others reach main (want >= {MIN_MAIN_SHARE} of >= {MIN_SAMPLES}): {detail}"
+                ),
+            )
+        }
+        "record-host" => {
+            let kernel = check.number("kernel");
+            verdict(
+                exit == "0" && kernel > 0,
+                format!("{short} {kernel}"),
+                format!(
+                    "{name}: exit {exit}, {kernel} of {} samples with kernel frames: {detail}",
+                    check.number("samples")
+                ),
+            )
+        }
+        "off-cpu" => {
+            let blocked = check.number("offcpu_us");
+            let in_function = check.number("block_here_us") as f64 / blocked.max(1) as f64;
+            verdict(
+                exit == "0" && blocked > 0,
+                format!(
+                    "{short} {:.2} s ({:.0}% in block_here)",
+                    blocked as f64 / 1e6,
+                    in_function * 100.0
+                ),
+                format!("{name}: exit {exit}, {blocked} us off-CPU: {detail}"),
+            )
+        }
+        "agent" => {
+            let requests = check.number("requests");
+            let with_samples = check.number("with_samples");
+            verdict(
+                with_samples > 0,
+                format!("{short} {requests} requests"),
+                format!(
+                    "{name}: exit {exit}, {requests} requests, {with_samples} with samples: {detail}"
+                ),
+            )
+        }
+        "error-line" => {
+            let lines = check.number("lines");
+            let passed = exit != "0" && lines == 1 && detail.starts_with("hostprof: error: ");
+            Verdict {
+                show: true,
+                ..verdict(
+                    passed,
+                    format!("{short} {}", if passed { "ok" } else { "bad" }),
+                    format!("{name}: exit {exit}, {lines} lines on stderr, first: {detail}"),
+                )
+            }
+        }
+        _ => unreachable!("CHECKS names {name}"),
+    }
+}
+
+fn verdict(passed: bool, short: String, long: String) -> Verdict {
+    Verdict {
+        passed,
+        short: if passed {
+            short
+        } else {
+            format!("{short} FAIL")
+        },
+        long,
+        show: !passed,
+    }
+}
+
+fn fail(short: &str, long: String) -> Verdict {
+    verdict(false, short.to_owned(), long)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot(lines: &[&str]) -> Boot {
+        Boot {
+            results: lines.iter().map(|line| line.to_string()).collect(),
+            tail: vec!["last console line".into()],
+            stderr: String::new(),
+            timed_out: false,
+        }
+    }
+
+    const BOOT: &str = "boot kernel=6.1.0-56-amd64 arch=x86_64 cpus=2 btf=1";
+    const PASSING: &[&str] = &[
+        BOOT,
+        "check=record-dwarf exit=0 samples=878 main=800 before_tables=78 detail=hostprof: 878 samples",
+        "check=record-host exit=0 samples=741 kernel=408 detail=x",
+        "check=off-cpu exit=0 offcpu_us=3739776 block_here_us=3318110 detail=x",
+        "check=agent exit=0 requests=2 with_samples=2 detail=x",
+        "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
+    ];
+
+    fn failed(verdicts: &[Verdict]) -> Vec<&str> {
+        verdicts
+            .iter()
+            .filter(|verdict| !verdict.passed)
+            .map(|verdict| verdict.short.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_complete_good_suite_passes() {
+        let verdicts = judge(&boot(PASSING));
+        assert_eq!(verdicts.len(), CHECKS.len());
+        assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
+        assert_eq!(
+            verdicts[0].short,
+            "record main 1.000 (0.911 with 78 samples before tables)"
+        );
+    }
+
+    #[test]
+    fn each_bad_figure_fails_its_check() {
+        for (index, bad) in [
+            (
+                1,
+                "check=record-dwarf exit=0 samples=878 main=790 before_tables=78 detail=x",
+            ),
+            (
+                1,
+                "check=record-dwarf exit=0 samples=170 main=90 before_tables=78 detail=x",
+            ),
+            (
+                1,
+                "check=record-dwarf exit=1 samples=0 main=0 detail=hostprof: error: x",
+            ),
+            (2, "check=record-host exit=0 samples=741 kernel=0 detail=x"),
+            (
+                3,
+                "check=off-cpu exit=0 offcpu_us=0 block_here_us=0 detail=x",
+            ),
+            (4, "check=agent exit=0 requests=3 with_samples=0 detail=x"),
+            (
+                5,
+                "check=error-line exit=1 lines=2 detail=WARN x | hostprof: error: x",
+            ),
+            (
+                5,
+                "check=error-line exit=0 lines=1 detail=hostprof: error: x",
+            ),
+        ] {
+            let mut lines = PASSING.to_vec();
+            lines[index] = bad;
+            let verdicts = judge(&boot(&lines));
+            assert_eq!(failed(&verdicts).len(), 1, "{bad}");
+            assert!(!verdicts[index - 1].passed, "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_results_fail() {
+        let verdicts = judge(&boot(&PASSING[..3]));
+        assert_eq!(failed(&verdicts).len(), 3);
+        assert!(verdicts[2].long.contains("no result"));
+        let verdicts = judge(&boot(&[]));
+        assert_eq!(failed(&verdicts), ["boot FAIL"]);
+        let no_btf = BOOT.replace("btf=1", "btf=0");
+        let mut lines = PASSING.to_vec();
+        lines[0] = &no_btf;
+        assert_eq!(failed(&judge(&boot(&lines))), ["btf FAIL"]);
+    }
+}

@@ -1,0 +1,215 @@
+//! Debian distribution kernels for the matrix, fetched with `apt-get
+//! download` through a private apt configuration (target/vmtest/apt/SUITE),
+//! so the host's sources stay untouched and other releases' lists are only
+//! used here. What is extracted is cached; a cached kernel needs no network.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::Arch;
+use crate::run_cmd;
+
+const MIRROR: &str = "http://deb.debian.org/debian";
+const SECURITY_MIRROR: &str = "http://deb.debian.org/debian-security";
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+/// A booted kernel image and its identity.
+pub struct Kernel {
+    /// `6.1.0-56-amd64`, from the `vmlinuz-*` name.
+    pub release: String,
+    /// An image `qemu -kernel` boots (a bzImage, or an uncompressed arm64 Image).
+    pub image: PathBuf,
+    /// Its `/boot/config-*`.
+    pub config: PathBuf,
+}
+
+/// One Debian release's private apt state.
+struct Apt {
+    dir: PathBuf,
+}
+
+impl Apt {
+    /// Writes the sources (the release and its security suite, for amd64 and
+    /// arm64) and the empty state apt needs.
+    fn new(vmtest_dir: &Path, suite: &str) -> Result<Self> {
+        let dir = vmtest_dir.join("apt").join(suite);
+        for sub in ["lists/partial", "cache/archives/partial", "preferences.d"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        fs::write(dir.join("status"), "")?;
+        let options = format!("[arch=amd64,arm64 signed-by={KEYRING}]");
+        fs::write(
+            dir.join("sources.list"),
+            format!(
+                "deb {options} {MIRROR} {suite} main\n\
+                 deb {options} {SECURITY_MIRROR} {suite}-security main\n"
+            ),
+        )?;
+        Ok(Apt { dir })
+    }
+
+    /// `apt-get`/`apt-cache` with every path pointing into the private state.
+    fn command(&self, program: &str) -> Command {
+        let dir = self.dir.display();
+        let mut cmd = Command::new(program);
+        for option in [
+            format!("Dir::Etc::SourceList={dir}/sources.list"),
+            "Dir::Etc::SourceParts=/dev/null".into(),
+            "Dir::Etc::Preferences=/dev/null".into(),
+            format!("Dir::Etc::PreferencesParts={dir}/preferences.d"),
+            format!("Dir::State={dir}"),
+            format!("Dir::State::Lists={dir}/lists"),
+            format!("Dir::State::status={dir}/status"),
+            format!("Dir::Cache={dir}/cache"),
+            "APT::Architectures=amd64,arm64".into(),
+            // As root apt would download as `_apt`, who cannot write here.
+            "APT::Sandbox::User=root".into(),
+            "Acquire::Languages=none".into(),
+        ] {
+            cmd.args(["-o", &option]);
+        }
+        cmd.arg("-q");
+        cmd
+    }
+
+    fn update(&self) -> Result<()> {
+        run_cmd(self.command("apt-get").arg("update"))
+    }
+
+    /// The package a meta package (`linux-image-amd64`) depends on, i.e. the
+    /// current versioned kernel of the release.
+    fn resolve(&self, meta: &str) -> Result<String> {
+        let out = self
+            .command("apt-cache")
+            .args(["depends", meta])
+            .output()
+            .context("cannot run apt-cache")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .filter_map(|line| line.trim().strip_prefix("Depends: "))
+            .find(|package| package.starts_with("linux-image-"))
+            .map(str::to_owned)
+            .with_context(|| format!("{meta} depends on no linux-image package:\n{text}"))
+    }
+
+    /// Downloads `package` and extracts the files under `members` (tar
+    /// patterns like `./boot/*`) into `into`; the .deb is removed.
+    fn extract(&self, package: &str, members: &[&str], into: &Path) -> Result<()> {
+        let download = self.dir.join("download");
+        let _ = fs::remove_dir_all(&download);
+        fs::create_dir_all(&download)?;
+        run_cmd(
+            self.command("apt-get")
+                .args(["download", package])
+                .current_dir(&download),
+        )?;
+        let deb = fs::read_dir(&download)?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .find(|path| path.extension().is_some_and(|ext| ext == "deb"))
+            .with_context(|| format!("apt-get download {package} left no .deb"))?;
+        fs::create_dir_all(into)?;
+        // Only what is needed: a kernel package's modules are ~400 MB.
+        let mut unpack = Command::new("dpkg-deb")
+            .arg("--fsys-tarfile")
+            .arg(&deb)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot run dpkg-deb")?;
+        let tar = Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(into)
+            .arg("--wildcards")
+            .args(members)
+            .stdin(unpack.stdout.take().expect("piped"))
+            .status()
+            .context("cannot run tar")?;
+        if !unpack.wait()?.success() || !tar.success() {
+            bail!("cannot extract {members:?} from {}", deb.display());
+        }
+        fs::remove_dir_all(&download)?;
+        Ok(())
+    }
+}
+
+/// The release's current kernel for `arch`, from the cache or downloaded.
+pub fn fetch(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<Kernel> {
+    let dir = vmtest_dir
+        .join("kernels")
+        .join(format!("{suite}-{}", arch.debian()));
+    if let Some(kernel) = cached(&dir)? {
+        return Ok(kernel);
+    }
+    let apt = Apt::new(vmtest_dir, suite)?;
+    apt.update()?;
+    let package = apt.resolve(&format!("linux-image-{0}:{0}", arch.debian()))?;
+    let partial = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&partial);
+    apt.extract(&package, &["./boot/*"], &partial)?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&partial, &dir)?;
+    let kernel = cached(&dir)?.with_context(|| format!("{package} has no /boot/vmlinuz-*"))?;
+    // arm64 images may come gzip'ed; qemu boots the plain Image.
+    if fs::read(&kernel.image)?.starts_with(&[0x1f, 0x8b]) {
+        let out = Command::new("gzip")
+            .arg("-dc")
+            .arg(&kernel.image)
+            .output()
+            .context("cannot run gzip")?;
+        if !out.status.success() {
+            bail!("cannot gunzip {}", kernel.image.display());
+        }
+        fs::write(&kernel.image, out.stdout)?;
+    }
+    Ok(kernel)
+}
+
+/// The kernel extracted in `dir`, if any.
+fn cached(dir: &Path) -> Result<Option<Kernel>> {
+    let Ok(entries) = fs::read_dir(dir.join("boot")) else {
+        return Ok(None);
+    };
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some(release) = name.strip_prefix("vmlinuz-") {
+            return Ok(Some(Kernel {
+                release: release.to_owned(),
+                image: dir.join("boot").join(&name),
+                config: dir.join("boot").join(format!("config-{release}")),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether the kernel was built with BTF (hostprof needs
+/// /sys/kernel/btf/vmlinux).
+pub fn has_btf(kernel: &Kernel) -> Result<bool> {
+    let config = fs::read_to_string(&kernel.config)
+        .with_context(|| format!("cannot read {}", kernel.config.display()))?;
+    Ok(config.lines().any(|line| line == "CONFIG_DEBUG_INFO_BTF=y"))
+}
+
+/// A static busybox for `arch`: the host's (busybox-static, installed by
+/// setup) when it matches, else the release's busybox-static package.
+pub fn busybox(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
+    if arch == Arch::host() {
+        return Ok(PathBuf::from("/bin/busybox"));
+    }
+    let dir = vmtest_dir.join(format!("busybox-{}", arch.debian()));
+    let binary = dir.join("bin/busybox");
+    if !binary.exists() {
+        let apt = Apt::new(vmtest_dir, suite)?;
+        apt.update()?;
+        apt.extract(
+            &format!("busybox-static:{}", arch.debian()),
+            &["./bin/busybox"],
+            &dir,
+        )?;
+    }
+    Ok(binary)
+}

@@ -1,0 +1,268 @@
+//! `cargo xtask vmtest`: the release build on real Debian kernels (5.10,
+//! 6.1, 6.12 on x86_64; 6.1 on arm64) under qemu, each running a smoke suite
+//! (init.sh) from an initramfs: DWARF unwinding of one process, host-wide
+//! frame pointers with kernel frames, off-CPU stacks, the agent exporting
+//! OTLP, and the one-line error of an unprivileged run. The guest prints
+//! figures, judged here; one summary line per kernel, failing when any
+//! kernel fails. The host kernel alone says nothing about older kernels'
+//! verifiers and BTF, nor about arm64.
+mod image;
+mod judge;
+mod kernel;
+mod qemu;
+
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{CROSS_TARGET, build, cargo, root, run_cmd};
+
+/// A guest architecture (the host is x86_64).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// Debian's name.
+    fn debian(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
+
+    fn triplet(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-linux-gnu",
+            Arch::Aarch64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// The Rust target to build for, `None` for the host's.
+    fn rust_target(self) -> Option<&'static str> {
+        match self {
+            Arch::X86_64 => None,
+            Arch::Aarch64 => Some(CROSS_TARGET),
+        }
+    }
+
+    fn cc(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "gcc",
+            Arch::Aarch64 => "aarch64-linux-gnu-gcc",
+        }
+    }
+
+    /// Where the libraries the Rust build links against live.
+    fn lib_dirs(self) -> &'static [&'static str] {
+        match self {
+            Arch::X86_64 => &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"],
+            Arch::Aarch64 => &["/usr/aarch64-linux-gnu/lib"],
+        }
+    }
+
+    fn qemu(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "qemu-system-x86_64",
+            Arch::Aarch64 => "qemu-system-aarch64",
+        }
+    }
+
+    fn console(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "ttyS0",
+            Arch::Aarch64 => "ttyAMA0",
+        }
+    }
+
+    /// The hard limit on one boot and suite under TCG (they take ~25 s on
+    /// x86_64, ~60 s on arm64).
+    fn timeout(self) -> Duration {
+        match self {
+            Arch::X86_64 => Duration::from_secs(180),
+            Arch::Aarch64 => Duration::from_secs(300),
+        }
+    }
+}
+
+/// One kernel of the matrix.
+struct Target {
+    /// What `--kernel` selects.
+    name: &'static str,
+    /// The Debian release whose current kernel it is.
+    suite: &'static str,
+    arch: Arch,
+}
+
+const MATRIX: &[Target] = &[
+    Target {
+        name: "5.10",
+        suite: "bullseye",
+        arch: Arch::X86_64,
+    },
+    Target {
+        name: "6.1",
+        suite: "bookworm",
+        arch: Arch::X86_64,
+    },
+    Target {
+        name: "6.12",
+        suite: "trixie",
+        arch: Arch::X86_64,
+    },
+    Target {
+        name: "6.1-arm64",
+        suite: "bookworm",
+        arch: Arch::Aarch64,
+    },
+];
+
+#[derive(Default)]
+pub struct Options {
+    /// Only these kernels (`MATRIX` names); all when empty.
+    pub kernels: Vec<String>,
+    /// Keep each arch's initramfs tree.
+    pub keep: bool,
+    /// Boot x86_64 guests with KVM.
+    pub kvm: bool,
+}
+
+pub fn run(options: &Options) -> Result<()> {
+    for name in &options.kernels {
+        if !MATRIX.iter().any(|target| target.name == name) {
+            let names: Vec<_> = MATRIX.iter().map(|target| target.name).collect();
+            bail!("unknown kernel {name}; the matrix has {}", names.join(", "));
+        }
+    }
+    let targets: Vec<&Target> = MATRIX
+        .iter()
+        .filter(|target| {
+            options.kernels.is_empty() || options.kernels.iter().any(|k| k == target.name)
+        })
+        .collect();
+    let dir = root().join("target/vmtest");
+    fs::create_dir_all(&dir)?;
+
+    let mut images = HashMap::new();
+    for target in &targets {
+        if let Entry::Vacant(entry) = images.entry(target.arch) {
+            entry.insert(build_image(&dir, target.suite, target.arch, options.keep)?);
+        }
+    }
+    let mut summaries = Vec::new();
+    let mut failed = 0;
+    for target in &targets {
+        let (passed, summary) = run_target(&dir, target, &images[&target.arch], options.kvm)?;
+        eprintln!("{summary}");
+        failed += usize::from(!passed);
+        summaries.push(summary);
+    }
+    eprintln!();
+    for summary in &summaries {
+        eprintln!("{summary}");
+    }
+    if failed > 0 {
+        bail!("vmtest: {failed} of {} kernels failed", targets.len());
+    }
+    Ok(())
+}
+
+/// Builds hostprof, otlp_sink and the test programs for `arch` and packs
+/// them into an initramfs.
+fn build_image(dir: &Path, suite: &str, arch: Arch, keep: bool) -> Result<PathBuf> {
+    let hostprof = build(arch.rust_target())?;
+    let mut sink = cargo();
+    sink.args([
+        "build",
+        "--release",
+        "-p",
+        "hostprof",
+        "--example",
+        "otlp_sink",
+    ]);
+    let mut release = root().join("target");
+    if let Some(target) = arch.rust_target() {
+        sink.args(["--target", target]);
+        release.push(target);
+    }
+    run_cmd(&mut sink)?;
+    let inputs = image::Inputs {
+        busybox: kernel::busybox(dir, suite, arch)?,
+        hostprof,
+        otlp_sink: release.join("release/examples/otlp_sink"),
+    };
+    let arch_dir = dir.join(arch.name());
+    fs::create_dir_all(&arch_dir)?;
+    let cpio = image::build(&arch_dir, arch, &inputs)?;
+    if !keep {
+        fs::remove_dir_all(arch_dir.join("root"))?;
+    }
+    Ok(cpio)
+}
+
+/// Boots one kernel and judges its suite: (passed, summary lines).
+fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Result<(bool, String)> {
+    let kernel = kernel::fetch(dir, target.suite, target.arch)
+        .with_context(|| format!("cannot fetch the {} kernel", target.name))?;
+    let label = format!("vmtest: linux-{} {}", kernel.release, target.arch.name());
+    if !kernel::has_btf(&kernel)? {
+        return Ok((
+            false,
+            format!("{label}: fail (the kernel has no BTF: CONFIG_DEBUG_INFO_BTF is not set)"),
+        ));
+    }
+    let log = dir.join(format!("console-{}.log", target.name));
+    let started = Instant::now();
+    let kvm = kvm && target.arch == Arch::host();
+    let boot = qemu::boot(
+        target.arch,
+        &kernel.image,
+        initramfs,
+        &log,
+        target.arch.timeout(),
+        kvm,
+    )?;
+    let seconds = started.elapsed().as_secs();
+    let verdict = judge::judge(&boot);
+    let passed = verdict.iter().all(|item| item.passed);
+    let mut summary = format!(
+        "{label}: {} ({}) in {seconds} s",
+        if passed { "pass" } else { "fail" },
+        verdict
+            .iter()
+            .map(|item| item.short.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for item in verdict.iter().filter(|item| item.show) {
+        // Continuation lines (a console's end) indented under their check.
+        let long = item.long.replace('\n', "\nvmtest:     ");
+        summary.push_str(&format!("\nvmtest:   {long}"));
+    }
+    if !passed {
+        summary.push_str(&format!("\nvmtest:   console: {}", log.display()));
+    }
+    Ok((passed, summary))
+}
