@@ -307,9 +307,11 @@ pub fn init_logging(format: config::LogFormat, level: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => {
+            // aya warns when it cannot raise RLIMIT_MEMLOCK, which only
+            // matters before 5.11 and precedes a clearer error of ours.
             init_logging(
                 config::LogFormat::Text,
-                args.log_level.as_deref().unwrap_or("warn"),
+                args.log_level.as_deref().unwrap_or("warn,aya=error"),
             );
             record::run(args).await
         }

@@ -3,22 +3,21 @@ use std::{error::Error as StdError, io};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SamplerError {
+    // These two say the root cause once, not the whole chain of wrappers
+    // around it (aya's say "failed to create map X" twice).
     #[error(
-        "permission denied while {what}: run as root, or grant CAP_BPF and CAP_PERFMON \
+        "permission denied while {what} ({cause}): run as root, or grant CAP_BPF and CAP_PERFMON \
          (plus CAP_SYS_RESOURCE on kernels before 5.11)"
     )]
-    PermissionDenied {
-        what: String,
-        source: Box<dyn StdError + Send + Sync>,
-    },
+    PermissionDenied { what: String, cause: String },
     #[error(
-        "this kernel (Linux {release}) does not support {what}: hostprof needs Linux 5.10 or later \
-         with BPF, BTF and perf events enabled"
+        "this kernel (Linux {release}) does not support {what} ({cause}): hostprof needs Linux 5.10 \
+         or later with BPF, BTF and perf events enabled"
     )]
     Unsupported {
         what: String,
         release: String,
-        source: Box<dyn StdError + Send + Sync>,
+        cause: String,
     },
     #[error(
         "the kernel (Linux {release}) rejected the eBPF program {program}: {errno}; \
@@ -31,11 +30,11 @@ pub enum SamplerError {
         errno: io::Error,
     },
     #[error(
-        "this kernel (Linux {release}) has no BTF (/sys/kernel/btf/vmlinux: {source}): hostprof \
+        "this kernel (Linux {release}) has no BTF (/sys/kernel/btf/vmlinux: {error}): hostprof \
          needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, as Debian, Ubuntu, RHEL and Amazon \
          Linux build theirs from 5.10 on"
     )]
-    NoBtf { release: String, source: io::Error },
+    NoBtf { release: String, error: io::Error },
     #[error(
         "this kernel (Linux {release}) is older than Linux 5.10, the oldest hostprof supports: \
          upgrade the kernel"
@@ -43,7 +42,7 @@ pub enum SamplerError {
     TooOld { release: String },
     #[error("{0:?} is not a program variant: set {var} to modern, legacy or auto", var = super::VARIANT_ENV)]
     BadVariant(String),
-    #[error("{what} failed: {source}")]
+    #[error("{what} failed")]
     Other {
         what: String,
         #[source]
@@ -55,7 +54,7 @@ pub enum SamplerError {
         "the kernel's BTF does not describe {0}: this kernel is not supported for following child processes"
     )]
     MissingKernelType(&'static str),
-    #[error("cannot list online CPUs: {0}")]
+    #[error("cannot list online CPUs")]
     OnlineCpus(#[source] io::Error),
 }
 
@@ -65,24 +64,30 @@ impl SamplerError {
     fn classify(what: impl Into<String>, source: impl StdError + Send + Sync + 'static) -> Self {
         let what = what.into();
         let errno = io_errno(&source);
-        let source = Box::new(source);
+        let cause = || io::Error::from_raw_os_error(errno.unwrap_or(0)).to_string();
         let release = super::kernel_release();
         match errno {
-            Some(libc::EPERM | libc::EACCES) => SamplerError::PermissionDenied { what, source },
+            Some(libc::EPERM | libc::EACCES) => SamplerError::PermissionDenied {
+                what,
+                cause: cause(),
+            },
             Some(libc::ENOSYS | libc::EOPNOTSUPP) => SamplerError::Unsupported {
                 what,
                 release,
-                source,
+                cause: cause(),
             },
             // perf_event_open: no such event on this kernel or CPU.
             Some(libc::ENOENT | libc::ENODEV) if what.starts_with(ATTACH) => {
                 SamplerError::Unsupported {
                     what,
                     release,
-                    source,
+                    cause: cause(),
                 }
             }
-            _ => SamplerError::Other { what, source },
+            _ => SamplerError::Other {
+                what,
+                source: Box::new(source),
+            },
         }
     }
 
@@ -118,7 +123,7 @@ impl SamplerError {
     pub(crate) fn no_btf(source: io::Error) -> Self {
         SamplerError::NoBtf {
             release: super::kernel_release(),
-            source,
+            error: source,
         }
     }
 
@@ -135,7 +140,7 @@ impl SamplerError {
                 match io_error.raw_os_error() {
                     Some(libc::EPERM) => SamplerError::PermissionDenied {
                         what: format!("loading the eBPF program {program}"),
-                        source: Box::new(io_error),
+                        cause: io_error.to_string(),
                     },
                     _ => SamplerError::Rejected {
                         program: program.to_string(),
