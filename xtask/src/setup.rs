@@ -28,12 +28,23 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
 const PYPI_TEST_TOOLS: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
 
 pub fn run(build_only: bool) -> Result<()> {
-    nightly_rust_src()?;
-    bpf_linker()?;
-    debian_tools(DEBIAN_BUILD_TOOLS)?;
+    build_tools()?;
     if build_only {
         return Ok(());
     }
+    test_tools()
+}
+
+/// What building needs (the agent's build script builds the eBPF object):
+/// nightly rust-src, bpf-linker, a C compiler.
+pub fn build_tools() -> Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_tools(DEBIAN_BUILD_TOOLS)
+}
+
+/// What only the tests, benchmarks and fuzzing use.
+pub fn test_tools() -> Result<()> {
     debian_tools(DEBIAN_TEST_TOOLS)?;
     pypi_tools()?;
     cross_target()?;
