@@ -77,12 +77,18 @@ fn process_churn_leaves_no_state_behind() {
         return;
     };
     let _spinner = Spinner::start();
-    let agent = Agent::start(true, &[]);
+    // Exited processes are swept every 2 s instead of every 10 s.
+    let agent = Agent::start_with_env(true, &[], &[("HOSTPROF_SWEEP_INTERVAL_MS", "2000")]);
     agent.wait_for_samples_above(0);
     let tracked = || agent.metric("hostprof_tracked_processes");
-    wait_for(Duration::from_secs(30), || tracked().filter(|&n| n > 0)).expect("tracked processes");
-    // Past the first sweep of exited processes (every 10 s): the steady state.
-    std::thread::sleep(Duration::from_secs(11));
+    // Past two sweeps: the host's running processes are in the cache, and
+    // none that exited more than a sweep ago: the steady state.
+    wait_for(Duration::from_secs(60), || {
+        agent
+            .metric("hostprof_process_sweeps_total")
+            .filter(|&sweeps| sweeps >= 2)
+    })
+    .unwrap_or_else(|| panic!("no sweep of exited processes:\n{}", agent.stderr()));
     let baseline = tracked().unwrap();
 
     // 1500 short-lived processes, each burning a few ms of CPU: many are
@@ -139,7 +145,10 @@ fn a_binary_replaced_on_disk_keeps_its_old_names() {
     let installed = work_dir().join("replaced_installed");
     std::fs::copy(&old, &installed).unwrap();
     let mut running = Command::new(&installed).arg("8").spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // spawn returns once the child has exec'd, so the old file is mapped;
+    // checked all the same, since the test means nothing otherwise.
+    let exe = format!("/proc/{}/exe", running.id());
+    assert_eq!(std::fs::read_link(&exe).unwrap(), installed);
     // An upgrade: the new build renamed over the path the process runs from.
     let staged = work_dir().join("replaced_staged");
     std::fs::copy(&new, &staged).unwrap();

@@ -287,22 +287,28 @@ async fn agent_delivers_after_the_collector_comes_back() {
         .expect("start the workload");
     let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
         .args(["agent", "--duration", "8", "--report-interval", "1s"])
+        .args(["--status-interval", "1"])
         .args(["--otlp-endpoint", &endpoint])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start hostprof agent");
-    // Bring the collector up only once the agent has seen it down.
+    // Bring the collector up only once the agent has seen it down, and
+    // retried in vain (a status line counts two failed calls): the windows
+    // of the outage wait in the queue.
     let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
     let mut stderr = String::new();
     while let Some(line) = lines.next_line().await.unwrap() {
         stderr.push_str(&line);
         stderr.push('\n');
-        if line.contains("cannot export profiles") {
+        let failures = line
+            .split(" export_failures=")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok());
+        if failures.is_some_and(|failures| failures >= 2) {
             break;
         }
     }
     assert!(stderr.contains("cannot export profiles"), "{stderr}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let server = collector.serve(TcpListener::bind(addr).await.expect("rebind the port"));
     while let Some(line) = lines.next_line().await.unwrap() {
         stderr.push_str(&line);

@@ -1,7 +1,7 @@
 //! `hostprof record` end to end: the real eBPF sampler on real programs.
 mod common;
 
-use std::{process::Command, thread, time::Duration};
+use std::{process::Command, time::Duration};
 
 use common::*;
 
@@ -144,21 +144,17 @@ fn host_wide_profile_attributes_a_process_started_later() {
         return;
     };
     let program = renamed(&cpu_split(), "split_late");
-    let recorder = hostprof()
-        .args(["record", "-F", "499", "-d", "3", "-o", "-"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    thread::sleep(Duration::from_millis(1000));
-    // Started after the agent, and gone before it ends.
-    run_ok(Command::new(&program).arg("1"));
-    let output = recorder.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (recorder, mut stderr) = running::start_recording(
+        hostprof()
+            .args(["record", "-F", "499", "-o", "-"])
+            .stdout(std::process::Stdio::piped()),
     );
+    // Started after the recording, and gone before it ends.
+    run_ok(Command::new(&program).arg("1"));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let output = recorder.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", stderr.finish());
     let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
     let total = samples_of(&stacks, "split_late");
     assert!(total >= 50, "only {total} samples of the late process");
@@ -300,22 +296,25 @@ fn ctrl_c_ends_the_recording_and_writes_the_profile() {
         return;
     };
     let program = renamed(&cpu_split(), "split_sigint");
-    let mut busy = Command::new(&program).arg("5").spawn().unwrap();
+    // Killed once the test is done with it.
+    let mut busy = Command::new(&program).arg("60").spawn().unwrap();
     let out = work_dir().join("sigint.folded");
     let _ = std::fs::remove_file(&out);
-    let recorder = hostprof()
-        .args(["record", "-F", "499", "-o"])
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    thread::sleep(Duration::from_millis(1500));
+    let (recorder, mut stderr) =
+        running::start_recording(hostprof().args(["record", "-F", "499", "-o"]).arg(&out));
+    // Interrupted once the busy program ran half a second under sampling
+    // (~250 samples at 499 Hz), however slowly the machine gets it there.
+    let ran = cpu_seconds(busy.id());
+    running::wait_for(Duration::from_secs(60), || {
+        (cpu_seconds(busy.id()) >= ran + 0.5).then_some(())
+    })
+    .expect("the busy program does not run");
     // SAFETY: plain kill(2) on our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
-    let output = recorder.wait_with_output().unwrap();
+    let status = recorder.wait_with_output().unwrap().status;
     let _ = (busy.kill(), busy.wait());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    let stderr = stderr.finish();
+    assert!(status.success(), "{stderr}");
     assert!(stderr.contains("(interrupted)"), "{stderr}");
     let stacks = parse_folded(&std::fs::read_to_string(&out).expect("profile written"));
     assert!(samples_of(&stacks, "split_sigint") >= 100);

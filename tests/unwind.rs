@@ -391,11 +391,12 @@ fn stack_copies_replay_on_the_host_to_the_kernels_frames() {
 }
 
 /// Reads every record the ring holds after `options` sampled a busy
-/// program for a while: their sizes.
+/// program 60 times: their sizes.
 fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
     let program = build_c("unwind_c.c", "unwind_ring", FLAGS);
+    // Killed once sampled enough.
     let mut child = Command::new(&program)
-        .args(["split", "2"])
+        .args(["split", "60"])
         .spawn()
         .expect("start the program");
     let mut sampler = Sampler::start(&SamplerOptions {
@@ -405,7 +406,11 @@ fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
     })
     .expect("start the sampler");
     let mut ring = sampler.take_ring().expect("the ring");
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    running::wait_for(std::time::Duration::from_secs(60), || {
+        let counters = sampler.counters().ok()?;
+        (counters.get(agent_ebpf::Counter::Submitted) >= 60).then_some(())
+    })
+    .expect("the program was not sampled 60 times");
     sampler.stop();
     let _ = child.kill();
     let _ = child.wait();

@@ -99,6 +99,9 @@ pub fn spawn(
                 state
                     .tracked_processes
                     .store(attributor.cached_processes() as u64, Ordering::Relaxed);
+                state
+                    .process_sweeps
+                    .store(attributor.sweeps, Ordering::Relaxed);
                 if attributed_tx.send((Instant::now(), attributed)).is_err() {
                     break;
                 }
@@ -145,6 +148,8 @@ pub struct PipelineState {
     pub hurry: AtomicBool,
     /// Processes whose metadata is cached.
     pub tracked_processes: AtomicU64,
+    /// Sweeps of exited processes out of that cache so far.
+    pub process_sweeps: AtomicU64,
     /// Estimated bytes of the symbolizer's caches.
     pub symbol_cache_bytes: AtomicU64,
     /// Samples attributed longer ago than this go on without names; `None`:
@@ -160,6 +165,9 @@ pub struct Attributor {
     procs: ProcessTable,
     clock: KernelClock,
     last_sweep: Instant,
+    sweep_interval: Duration,
+    /// Sweeps so far.
+    sweeps: u64,
     /// Where to ask for unwind tables of processes the kernel did not know.
     unwind: Option<unwind::Requests>,
 }
@@ -176,6 +184,8 @@ impl Attributor {
             procs: ProcessTable::new(),
             clock: KernelClock::now(),
             last_sweep: Instant::now(),
+            sweep_interval: sweep_interval(),
+            sweeps: 0,
             unwind: None,
         }
     }
@@ -220,9 +230,10 @@ impl Attributor {
                 lines: Vec::new(),
             });
         }
-        if self.last_sweep.elapsed().as_secs() >= 10 {
+        if self.last_sweep.elapsed() >= self.sweep_interval {
             self.procs.forget_exited();
             self.last_sweep = Instant::now();
+            self.sweeps += 1;
         }
         ResolvedSample {
             process,
@@ -237,6 +248,16 @@ impl Attributor {
             }),
         }
     }
+}
+
+/// How often exited processes leave the process cache: 10 s, or what
+/// `HOSTPROF_SWEEP_INTERVAL_MS` says. That variable is for tests, which
+/// cannot wait 10 s for each sweep; it is not a setting.
+fn sweep_interval() -> Duration {
+    std::env::var("HOSTPROF_SWEEP_INTERVAL_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
 /// True when the kernel had no (current) mappings for the sample's process:

@@ -103,6 +103,21 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     output
 }
 
+/// CPU time (user + system, in seconds) process `pid` has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // Fields after the command (which may hold spaces), from field 3 on.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("a stat line")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// Parses folded stacks into (frames root first, count).
 pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
     text.lines()

@@ -4,16 +4,100 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::TcpStream,
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::{Arc, Condvar, Mutex},
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use super::hostprof;
 
+/// A child's stderr, read line by line on a thread of its own, so a test can
+/// wait for a line while the child runs.
+pub struct StderrLog {
+    /// The text so far, and whether the child closed its stderr.
+    shared: Arc<(Mutex<(String, bool)>, Condvar)>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl StderrLog {
+    /// Reads `child`'s stderr, which must be piped.
+    pub fn take(child: &mut Child) -> StderrLog {
+        let pipe = child.stderr.take().expect("stderr piped");
+        let shared = Arc::new((Mutex::new((String::new(), false)), Condvar::new()));
+        let sink = shared.clone();
+        let reader = std::thread::spawn(move || {
+            let (text, changed) = &*sink;
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut text = text.lock().unwrap();
+                text.0.push_str(&line);
+                text.0.push('\n');
+                changed.notify_all();
+            }
+            text.lock().unwrap().1 = true;
+            changed.notify_all();
+        });
+        StderrLog {
+            shared,
+            reader: Some(reader),
+        }
+    }
+
+    /// What was printed so far.
+    pub fn text(&self) -> String {
+        self.shared.0.lock().unwrap().0.clone()
+    }
+
+    /// Waits until a line starting with `prefix` was printed: false when
+    /// the child closed its stderr first, or after `limit`.
+    pub fn wait_for_line(&self, prefix: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let (text, changed) = &*self.shared;
+        let mut text = text.lock().unwrap();
+        loop {
+            if text.0.lines().any(|line| line.starts_with(prefix)) {
+                return true;
+            }
+            let now = Instant::now();
+            if text.1 || now >= deadline {
+                return false;
+            }
+            text = changed.wait_timeout(text, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Everything the child printed, once it closed its stderr (it exited).
+    pub fn finish(&mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the stderr reader panicked");
+        }
+        self.text()
+    }
+}
+
+/// Starts `hostprof record` (`command`, its stderr piped here) and waits
+/// until it says it is recording: samples are being taken, and SIGINT ends
+/// the recording.
+pub fn start_recording(command: &mut Command) -> (Child, StderrLog) {
+    let mut child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hostprof record");
+    let mut stderr = StderrLog::take(&mut child);
+    if !stderr.wait_for_line(::hostprof::cli::RECORDING_LINE, Duration::from_secs(60)) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "hostprof record never started recording:\n{}",
+            stderr.finish()
+        );
+    }
+    (child, stderr)
+}
+
 /// A running agent whose stderr is collected in the background.
 pub struct Agent {
     child: Child,
-    stderr: Arc<Mutex<String>>,
+    stderr: StderrLog,
     metrics_port: Option<u16>,
 }
 
@@ -21,9 +105,15 @@ impl Agent {
     /// Starts `hostprof agent` with `args`, by default against a collector
     /// that is down (port 1), so nothing depends on one.
     pub fn start(metrics: bool, args: &[&str]) -> Agent {
+        Agent::start_with_env(metrics, args, &[])
+    }
+
+    /// [`Agent::start`] with more environment variables.
+    pub fn start_with_env(metrics: bool, args: &[&str], env: &[(&str, &str)]) -> Agent {
         let metrics_port = metrics.then(free_port);
         let mut command = hostprof();
         command
+            .envs(env.iter().copied())
             .arg("agent")
             .args(["--status-interval", "1", "-F", "99"])
             .args(args)
@@ -37,16 +127,7 @@ impl Agent {
             command.args(["--metrics-addr", &port.to_string()]);
         }
         let mut child = command.spawn().expect("start hostprof agent");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
+        let stderr = StderrLog::take(&mut child);
         Agent {
             child,
             stderr,
@@ -59,7 +140,7 @@ impl Agent {
     }
 
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.text()
     }
 
     /// Samples read so far, from the metrics endpoint or else the status lines.
@@ -93,7 +174,7 @@ impl Agent {
         })
     }
 
-    /// SIGTERM, then the exit status, within a bound.
+    /// SIGTERM, then the exit status, within a bound, and all of stderr.
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
@@ -102,11 +183,13 @@ impl Agent {
         });
         let Some(status) = status else {
             let _ = self.child.kill();
-            panic!("the agent did not exit after SIGTERM:\n{}", self.stderr());
+            let _ = self.child.wait();
+            panic!(
+                "the agent did not exit after SIGTERM:\n{}",
+                self.stderr.finish()
+            );
         };
-        // Let the stderr thread see the last lines.
-        std::thread::sleep(Duration::from_millis(200));
-        (status, self.stderr())
+        (status, self.stderr.finish())
     }
 }
 

@@ -10,6 +10,7 @@ mod vmtest;
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
@@ -42,8 +43,10 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, check formatting and lints, run unit and real-eBPF integration
-    /// tests, the kernel matrix (vmtest), then a short fuzz smoke run.
+    /// Check formatting, set up, check lints, run unit tests, then the slow
+    /// stages: cross build, packages, real-eBPF integration tests, the
+    /// kernel matrix (vmtest), a short fuzz smoke run. Each stage prints a
+    /// header with the time so far.
     Test,
     /// Build a release tarball (binary, systemd unit, examples, README) in
     /// target/package/.
@@ -160,13 +163,20 @@ fn run_cmd(cmd: &mut Command) -> Result<()> {
 fn build(target: Option<&str>) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args(["build", "--release", "-p", "hostprof"]);
-    let mut binary = root().join("target");
     if let Some(target) = target {
         cmd.args(["--target", target]);
-        binary.push(target);
     }
     run_cmd(&mut cmd)?;
-    Ok(binary.join("release/hostprof"))
+    Ok(binary_path(target))
+}
+
+/// Where `build(target)` puts the binary.
+fn binary_path(target: Option<&str>) -> PathBuf {
+    let mut dir = root().join("target");
+    if let Some(target) = target {
+        dir.push(target);
+    }
+    dir.join("release/hostprof")
 }
 
 fn is_root() -> bool {
@@ -191,9 +201,52 @@ fn run_as_root(binary: &Path, args: &[String]) -> Result<()> {
 /// The cross target whose build the test suite runs under qemu.
 const CROSS_TARGET: &str = "aarch64-unknown-linux-gnu";
 
+/// One stage of `cargo xtask test`: the name its header shows, and its work.
+type Stage = (&'static str, fn() -> Result<()>);
+
+/// `cargo xtask test`, in order: what fails fastest and needs least first, so
+/// a formatting slip or a failing unit test is reported within minutes; the
+/// tools only the later stages use are installed after those.
+const TEST_STAGES: &[Stage] = &[
+    ("format", check_format),
+    ("setup: build tools", setup::build_tools),
+    ("lints", lints),
+    ("unit tests", unit_tests),
+    ("setup: test tools", setup::test_tools),
+    ("aarch64 build", cross_build),
+    ("packages", packages),
+    ("integration tests", integration_tests),
+    ("kernel matrix", kernel_matrix),
+    ("fuzz smoke", fuzz_smoke),
+];
+
 fn test() -> Result<()> {
-    setup::run(false)?;
-    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") && !is_root() {
+        bail!("CI=true: the real eBPF tests must run, and they need root");
+    }
+    let start = Instant::now();
+    for (at, (name, run)) in TEST_STAGES.iter().enumerate() {
+        eprintln!(
+            "xtask: [{}/{}] {name} ({} s so far)",
+            at + 1,
+            TEST_STAGES.len(),
+            start.elapsed().as_secs()
+        );
+        run().with_context(|| format!("stage `{name}` failed"))?;
+    }
+    eprintln!(
+        "xtask: all {} stages passed in {} s",
+        TEST_STAGES.len(),
+        start.elapsed().as_secs()
+    );
+    Ok(())
+}
+
+fn check_format() -> Result<()> {
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))
+}
+
+fn lints() -> Result<()> {
     run_cmd(cargo().args([
         "clippy",
         "--workspace",
@@ -201,25 +254,46 @@ fn test() -> Result<()> {
         "--",
         "-D",
         "warnings",
-    ]))?;
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") && !is_root() {
-        bail!("CI=true: the real eBPF tests must run, and they need root");
-    }
+    ]))
+}
+
+/// Unit tests and doc tests: no root, no eBPF, no test tools. `--workspace`
+/// includes agent-ebpf (not a default member), whose unwinder tests run on
+/// the host.
+fn unit_tests() -> Result<()> {
+    run_cmd(cargo().args(["test", "--workspace", "--lib", "--bins", "--no-fail-fast"]))?;
+    run_cmd(cargo().args(["test", "--workspace", "--doc", "--no-fail-fast"]))
+}
+
+/// The aarch64 build, tested under qemu by tests/packaging.rs.
+fn cross_build() -> Result<()> {
+    build(Some(CROSS_TARGET)).map(drop)
+}
+
+/// The release packages, checked: what users install must work too.
+fn packages() -> Result<()> {
+    package::check(&package::run(None)?)
+}
+
+/// The tests in tests/, real eBPF included (as root).
+fn integration_tests() -> Result<()> {
     // One test binary at a time keeps the 2-CPU machines' timing sane for
     // the share assertions; tests inside a binary still run in parallel.
-    // The aarch64 build is tested under qemu by tests/packaging.rs.
-    let cross = build(Some(CROSS_TARGET))?;
-    // The release packages, checked: what users install must work too.
-    package::check(&package::run(None)?)?;
     run_cmd(
         cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .env("HOSTPROF_AARCH64_BIN", cross),
-    )?;
-    // The release build on other kernels and on arm64, under qemu.
-    vmtest::run(&vmtest::Options::default())?;
-    // A smoke run: every target replays its corpus (seeds and past finds)
-    // and explores a little; `cargo xtask fuzz` runs them for longer.
+            .args(["test", "--workspace", "--no-fail-fast", "--test", "*"])
+            .env("HOSTPROF_AARCH64_BIN", binary_path(Some(CROSS_TARGET))),
+    )
+}
+
+/// The release build on other kernels and on arm64, under qemu.
+fn kernel_matrix() -> Result<()> {
+    vmtest::run(&vmtest::Options::default())
+}
+
+/// A smoke run: every target replays its corpus (seeds and past finds)
+/// and explores a little; `cargo xtask fuzz` runs them for longer.
+fn fuzz_smoke() -> Result<()> {
     fuzz::run(&[], FUZZ_SMOKE_SECONDS)
 }
 

@@ -35,16 +35,42 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Python tools from PyPI and the command each provides.
-const PYPI_TEST_TOOLS: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
+/// Python tools from PyPI, each with a shell command that succeeds once it
+/// is installed.
+const PYPI_TEST_TOOLS: &[(&str, &str)] = &[
+    ("kubernetes-validate", "command -v kubernetes-validate"),
+    // An OTLP decoder independent of ours, for tests/otlp_json.rs. 1.45.2's
+    // profiles messages match the OTLP v1.11.0 protos that proto/ vendors
+    // field for field (names, numbers, types); keep the two in step.
+    (
+        "opentelemetry-proto==1.45.2",
+        "python3 -c 'import importlib.metadata as m; \
+         assert m.version(\"opentelemetry-proto\") == \"1.45.2\"'",
+    ),
+    (
+        "protobuf",
+        "python3 -c 'import google.protobuf.json_format'",
+    ),
+];
 
 pub fn run(build_only: bool) -> Result<()> {
-    nightly_rust_src()?;
-    bpf_linker()?;
-    debian_tools(DEBIAN_BUILD_TOOLS)?;
+    build_tools()?;
     if build_only {
         return Ok(());
     }
+    test_tools()
+}
+
+/// What building needs (the agent's build script builds the eBPF object):
+/// nightly rust-src, bpf-linker, a C compiler.
+pub fn build_tools() -> Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_tools(DEBIAN_BUILD_TOOLS)
+}
+
+/// What only the tests, benchmarks and fuzzing use.
+pub fn test_tools() -> Result<()> {
     debian_tools(DEBIAN_TEST_TOOLS)?;
     pypi_tools()?;
     cross_target()?;
@@ -73,8 +99,8 @@ fn has_command(command: &str) -> bool {
 }
 
 fn pypi_tools() -> Result<()> {
-    for (package, command) in PYPI_TEST_TOOLS {
-        if !has_command(command) {
+    for (package, check) in PYPI_TEST_TOOLS {
+        if !succeeds(Command::new("sh").args(["-c", check])) {
             run_cmd(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
         }
     }

@@ -13,6 +13,8 @@
 
 #[cfg(feature = "user")]
 pub mod table;
+#[cfg(test)]
+mod tests;
 
 /// Target architecture of the unwound code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -187,6 +187,7 @@ async fn watch_until_end<T: Send + 'static>(
                     rss_bytes,
                     cpu_ns,
                     tracked_processes: session.pipeline.tracked_processes.load(Ordering::Relaxed),
+                    process_sweeps: session.pipeline.process_sweeps.load(Ordering::Relaxed),
                     symbol_cache_bytes: session.pipeline.symbol_cache_bytes.load(Ordering::Relaxed),
                     unsymbolized: session.pipeline.unsymbolized_samples.load(Ordering::Relaxed),
                 };

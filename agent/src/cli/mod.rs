@@ -3,6 +3,8 @@ mod agent;
 mod record;
 mod session;
 
+pub use record::RECORDING_LINE;
+
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};

@@ -194,7 +194,7 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         [] => None,
         command => Some(spawn_profiled(command, &mut session.sampler)?),
     };
-    let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await;
+    let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await?;
     let elapsed = started.elapsed();
 
     let finished = session.stop(None).await?;
@@ -311,11 +311,18 @@ enum End {
     ProcessesExited,
 }
 
+/// The line `record` prints on stderr once it samples and Ctrl-C ends the
+/// recording (rather than killing hostprof): scripts and tests wait for it.
+pub const RECORDING_LINE: &str = "hostprof: recording";
+
 async fn wait_for_end(
     args: &RecordArgs,
     child: Option<&mut tokio::process::Child>,
     sampler: &mut Sampler,
-) -> End {
+) -> anyhow::Result<End> {
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("cannot handle SIGINT")?;
+    eprintln!("{RECORDING_LINE} at {} Hz (Ctrl-C to stop)", args.frequency);
     // A followed command tree adds pids to the filter; drop the exited ones.
     let following = child.is_some();
     let duration = async {
@@ -354,13 +361,13 @@ async fn wait_for_end(
             }
         }
     };
-    tokio::select! {
+    Ok(tokio::select! {
         _ = duration => End::Duration,
         _ = sweep => End::Duration,
-        _ = tokio::signal::ctrl_c() => End::Interrupted,
+        _ = interrupt.recv() => End::Interrupted,
         _ = command => End::CommandExited,
         _ = targets => End::ProcessesExited,
-    }
+    })
 }
 
 /// Starts `command` held at a gate until its pid is in the sampler's filter,

@@ -22,6 +22,8 @@ pub struct Snapshot {
     pub cpu_ns: u64,
     /// Processes whose metadata the pipeline caches.
     pub tracked_processes: u64,
+    /// Sweeps of exited processes out of that cache so far.
+    pub process_sweeps: u64,
     /// Estimated bytes of the symbolizer's caches.
     pub symbol_cache_bytes: u64,
     /// Samples passed on without names (symbolization behind, or stopping).
@@ -134,6 +136,12 @@ impl Snapshot {
             "gauge",
             "Processes whose metadata (maps, container) is cached.",
             &[("", self.tracked_processes)],
+        );
+        metric(
+            "hostprof_process_sweeps_total",
+            "counter",
+            "Sweeps of exited processes out of the process metadata cache.",
+            &[("", self.process_sweeps)],
         );
         metric(
             "hostprof_symbol_cache_bytes",
