@@ -153,7 +153,10 @@ fn legacy_variant_finds_the_blocking_functions() {
     );
     // 10 rounds of 50/30/20 ms.
     assert!(sleep > 300_000, "in_sleep {sleep} us");
-    assert!(sleep > pipe && pipe > lock && lock > 100_000, "{sleep} {pipe} {lock}");
+    assert!(
+        sleep > pipe && pipe > lock && lock > 100_000,
+        "{sleep} {pipe} {lock}"
+    );
 }
 
 #[test]
