@@ -94,6 +94,8 @@ fn record(name: &str, args: &[&str]) -> Recording {
             Ok(())
         });
     }
+    // Reaped below by wait4, which also gives its peak memory.
+    #[allow(clippy::zombie_processes)]
     let child = command.spawn().expect("start hostprof record");
     let pid = child.id() as i32;
     let started = Instant::now();
