@@ -5,10 +5,12 @@
 //! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files) or
 //! [`profile`] (OTLP profiles) → [`export`] (gRPC).
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user,
-//! with the agent's layered [`config`].
+//! with the agent's layered [`config`]. Every file read on behalf of a
+//! process goes through [`files`].
 pub mod cli;
 pub mod config;
 pub mod export;
+pub mod files;
 pub mod model;
 pub mod output;
 pub mod pipeline;

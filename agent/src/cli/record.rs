@@ -489,6 +489,14 @@ fn report(
         counters.get(Counter::UserStackError),
         counters.get(Counter::Truncated),
     );
+    let refused = crate::files::refusals();
+    if refused.total() > 0 {
+        text.push_str(&format!(
+            "hostprof: files refused: {} not regular (FIFO, device), {} over their size cap, \
+             {} through magic links (--log-level hostprof::files=debug names them)\n",
+            refused.not_regular, refused.too_large, refused.escape
+        ));
+    }
     if let Some(path) = &args.output
         && path.as_os_str() != "-"
     {

@@ -149,6 +149,18 @@ impl Snapshot {
             "Estimated bytes of parsed symbols and cached results.",
             &[("", self.symbol_cache_bytes)],
         );
+        // Process-wide counters of the file layer, not part of a snapshot.
+        let refused = crate::files::refusals();
+        metric(
+            "hostprof_files_refused_total",
+            "counter",
+            "Files of processes the agent refused to read: FIFOs and devices, over the size cap, through magic links.",
+            &[
+                ("{reason=\"not_regular\"}", refused.not_regular),
+                ("{reason=\"too_large\"}", refused.too_large),
+                ("{reason=\"escape\"}", refused.escape),
+            ],
+        );
         metric(
             "process_resident_memory_bytes",
             "gauge",

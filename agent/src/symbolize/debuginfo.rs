@@ -2,12 +2,11 @@
 //! (`.build-id/xx/rest.debug`) or by `.gnu_debuglink` (name + CRC32), in the
 //! process's own root (`/usr/lib/debug` of a container) and in the extra
 //! debug directories the user passed (`--debug-dir`).
-use std::{fs::File, path::PathBuf};
+use std::path::PathBuf;
 
-use memmap2::Mmap;
 use object::Object;
 
-use super::{map_file, rootfs::Root};
+use crate::files::{self, FileData, Kind, Root};
 
 /// The system debug directory, as distributions install debug packages.
 const SYSTEM_DEBUG_DIR: &str = "/usr/lib/debug";
@@ -20,6 +19,14 @@ pub struct DebugDirs {
     pub extra: Vec<PathBuf>,
 }
 
+/// A debug file found for a binary.
+pub struct DebugFile {
+    pub data: FileData,
+    /// Found inside the process's root (a container may have put it there),
+    /// not in a host directory.
+    pub in_root: bool,
+}
+
 /// A place a debug file may be.
 enum Candidate {
     /// Inside the process's root.
@@ -29,17 +36,17 @@ enum Candidate {
 }
 
 impl DebugDirs {
-    /// Finds and maps the debug file for `file` (mapped by a process whose
+    /// Finds and reads the debug file for `file` (mapped by a process whose
     /// root is `root`, at `path` as that process sees it). The debug file must
     /// match: same build-id, or the CRC32 the debuglink demands.
-    pub fn find(&self, file: &object::File, path: &str, root: Option<&Root>) -> Option<Mmap> {
+    pub fn find(&self, file: &object::File, path: &str, root: Option<&Root>) -> Option<DebugFile> {
         let build_id = file.build_id().ok().flatten().filter(|id| id.len() > 1);
         if let Some(id) = build_id {
             let hex = super::buildid::hex(id);
             let relative = format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]);
             for candidate in self.candidates_for_build_id(&relative) {
                 if let Some(data) = open(&candidate, root)
-                    && same_build_id(&data, id)
+                    && same_build_id(&data.data, id)
                 {
                     return Some(data);
                 }
@@ -54,7 +61,7 @@ impl DebugDirs {
         self.candidates_for_debuglink(dir, name)
             .into_iter()
             .filter_map(|candidate| open(&candidate, root))
-            .find(|data| crc32fast::hash(data) == crc)
+            .find(|found| crc32fast::hash(&found.data) == crc)
     }
 
     fn candidates_for_build_id(&self, relative: &str) -> Vec<Candidate> {
@@ -91,12 +98,13 @@ impl DebugDirs {
     }
 }
 
-fn open(candidate: &Candidate, root: Option<&Root>) -> Option<Mmap> {
-    let file: File = match candidate {
-        Candidate::InRoot(path) => root?.open_file(path).ok()?,
-        Candidate::Host(path) => File::open(path).ok()?,
+fn open(candidate: &Candidate, root: Option<&Root>) -> Option<DebugFile> {
+    let (file, in_root) = match candidate {
+        Candidate::InRoot(path) => (root?.open(path, Kind::DebugFile), true),
+        Candidate::Host(path) => (files::open_host(path.to_str()?, Kind::DebugFile), false),
     };
-    map_file(&file).ok()
+    let data = file.and_then(files::OpenFile::read).ok()?;
+    Some(DebugFile { data, in_root })
 }
 
 fn same_build_id(data: &[u8], id: &[u8]) -> bool {

@@ -3,8 +3,8 @@
 //! [`Symbolizer`] is shared by every process. A mapped file is found by
 //! device and inode (from `/proc/PID/maps`, so a cache hit needs no syscall,
 //! even after the process exited), and parsed once per *identity* (GNU
-//! build-id, else htlhash, plus size): a hundred containers mapping the same
-//! libc share one [`Module`]. Parsed modules and per-address results live in
+//! SHA-256 of its bytes): a hundred containers mapping the same libc share
+//! one [`Module`]. Parsed modules and per-address results live in
 //! LRU caches bounded by estimated memory.
 //!
 //! Names come from DWARF (lines and inlined calls, via `addr2line`), the
@@ -14,7 +14,11 @@
 //! code. Files are opened through the process's own view
 //! (`/proc/PID/map_files/…`, then its root with `RESOLVE_IN_ROOT`), so
 //! binaries inside containers and binaries deleted after they were mapped
-//! still resolve.
+//! still resolve; every open and read goes through [`crate::files`].
+//!
+//! Sharing is by content: a module is cached under the SHA-256 of the
+//! binary's bytes (plus that of a debug file found inside a container), so a
+//! file claiming another's build id never lends or borrows its names.
 //!
 //! ```no_run
 //! # use hostprof::symbolize::{Symbolizer, SymbolizerOptions};
@@ -34,18 +38,15 @@ mod gopclntab;
 mod kallsyms;
 mod module;
 mod perfmap;
-mod rootfs;
 
 use std::{
     collections::HashMap,
-    fs::File,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-pub use buildid::{Note, gnu_build_id, htlhash, htlhash_of_bytes, kernel_build_id, notes};
+pub use buildid::{Note, gnu_build_id, hex, htlhash, htlhash_of_bytes, kernel_build_id, notes};
 use cache::SizedLru;
 use debuginfo::DebugDirs;
 pub use demangle::demangle;
@@ -54,9 +55,11 @@ pub use gopclntab::parse as parse_gopclntab;
 pub use kallsyms::KernelSymbols;
 pub use module::Module;
 pub use perfmap::PerfMap;
-pub use rootfs::Root;
 
-use crate::model::{BuildIds, Frame, FrameKind, Line, Mapping};
+use crate::{
+    files::{self, FileError, Kind, MappedRange, OpenFile, Root},
+    model::{BuildIds, Frame, FrameKind, Line, Mapping},
+};
 
 /// How long a file is trusted unchanged before a hit checks it again
 /// (reopen + fstat): bounds the cost of noticing a file rewritten in place.
@@ -76,12 +79,8 @@ const MAX_INDEXED_FILES: usize = 65_536;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
-    #[error("cannot open {path}: {source}")]
-    Open {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("not a readable ELF file: {0}")]
     Parse(#[source] object::Error),
     #[error("cannot read section {name}: {source}")]
@@ -134,27 +133,35 @@ struct FileKey {
     inode: u64,
 }
 
-/// What a file was when we last looked: a change means a rewrite in place.
+/// What a file was when we last looked: a change means a rewrite in place
+/// (ctime moves on every write, and its owner cannot set it back).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Stamp {
     size: u64,
     mtime_ns: i128,
+    ctime_ns: i128,
 }
 
 impl Stamp {
-    fn of(metadata: &std::fs::Metadata) -> Self {
+    fn of(stat: &files::Stat) -> Self {
         Stamp {
-            size: metadata.size(),
-            mtime_ns: i128::from(metadata.mtime()) * 1_000_000_000
-                + i128::from(metadata.mtime_nsec()),
+            size: stat.size,
+            mtime_ns: stat.mtime_ns,
+            ctime_ns: stat.ctime_ns,
         }
     }
 }
+
+/// A process's root directory (device, inode): which container it is in.
+type RootId = (u64, u64);
 
 struct FileEntry {
     stamp: Stamp,
     identity: Arc<str>,
     checked_at: Instant,
+    /// Set when the module's names came partly from a debug file inside a
+    /// process's root: valid only for processes with that root.
+    root: Option<RootId>,
 }
 
 /// A parsed module and the number its cached results are filed under
@@ -364,18 +371,13 @@ impl Symbolizer {
     /// Loads (or finds cached) the file at host path `path`: for tools and
     /// benchmarks that symbolize files rather than processes.
     pub fn module_for_path(&self, path: &Path) -> Result<Arc<Module>, SymbolizeError> {
-        let open_error = |source| SymbolizeError::Open {
-            path: path.display().to_string(),
-            source,
-        };
-        let file = File::open(path).map_err(open_error)?;
-        let metadata = file.metadata().map_err(open_error)?;
+        let shown = path.to_string_lossy();
+        let file = files::open_host(&shown, Kind::Binary)?;
         let key = FileKey {
-            dev: metadata.dev(),
-            inode: metadata.ino(),
+            dev: file.stat().dev,
+            inode: file.stat().inode,
         };
-        let path = path.to_string_lossy();
-        self.load(key, file, &path, None)
+        self.load(key, file, &shown, None)
             .map(|loaded| loaded.module)
     }
 
@@ -400,11 +402,19 @@ impl Symbolizer {
         };
         let cached = {
             let mut state = self.lock();
-            let entry = state
-                .files
-                .get(&key)
-                .map(|entry| (entry.identity.clone(), entry.checked_at.elapsed()));
-            let cached = entry.and_then(|(identity, age)| {
+            let entry = state.files.get(&key).map(|entry| {
+                (
+                    entry.identity.clone(),
+                    entry.checked_at.elapsed(),
+                    entry.root,
+                )
+            });
+            let cached = entry.and_then(|(identity, age, root)| {
+                // Names from a debug file in another container's root are
+                // not this process's.
+                if root.is_some() && root != root_id(pid) {
+                    return None;
+                }
                 let loaded = state.modules.get(&identity)?;
                 Some((loaded, age))
             });
@@ -424,8 +434,14 @@ impl Symbolizer {
                 }
             }
         };
-        let root = Root::of_process(pid).ok();
-        let file = match open_mapped_file(pid, mapping, root.as_ref()) {
+        let range = MappedRange {
+            start: mapping.start,
+            end: mapping.end,
+            path: &mapping.path,
+            dev: mapping.dev,
+            inode: mapping.inode,
+        };
+        let file = match files::open_mapping(pid, &range, Kind::Binary) {
             Ok(file) => file,
             Err(err) => {
                 // The process may be gone: a stale module beats none.
@@ -433,6 +449,7 @@ impl Symbolizer {
                 return cached;
             }
         };
+        let root = Root::of_process(pid).ok();
         self.load(key, file, &mapping.path, root.as_ref()).ok()
     }
 
@@ -440,19 +457,17 @@ impl Symbolizer {
     fn load(
         &self,
         key: FileKey,
-        file: File,
+        file: OpenFile,
         path: &str,
         root: Option<&Root>,
     ) -> Result<Loaded, SymbolizeError> {
-        let metadata = file.metadata().map_err(|source| SymbolizeError::Open {
-            path: path.to_string(),
-            source,
-        })?;
-        let stamp = Stamp::of(&metadata);
+        let stamp = Stamp::of(file.stat());
+        let root_id = root.and_then(|root| root.id().ok());
         {
             let mut state = self.lock();
             if let Some(entry) = state.files.get_mut(&key)
                 && entry.stamp == stamp
+                && (entry.root.is_none() || entry.root == root_id)
             {
                 entry.checked_at = Instant::now();
                 let identity = entry.identity.clone();
@@ -461,33 +476,22 @@ impl Symbolizer {
                 }
             }
         }
-        // Parse outside the lock: other threads keep symbolizing meanwhile.
-        let identity = identify(&file, stamp.size);
-        let shared = self.lock().modules.get(&identity);
+        // Read and parse outside the lock: other threads keep symbolizing.
+        // The bytes are a private copy: a file truncated meanwhile cannot
+        // fault us, and what is shared is keyed by what was read.
+        let data = file.read()?;
+        let content = files::content_id(&data);
+        let shared = self.lock().modules.get(&content);
         if let Some(loaded) = shared {
-            self.lock().files.insert(
-                key,
-                FileEntry {
-                    stamp,
-                    identity,
-                    checked_at: Instant::now(),
-                },
-            );
+            self.index(key, stamp, content, None);
             return Ok(loaded);
         }
         let started = Instant::now();
-        let module = match Module::load(
-            &file,
-            stamp.size,
-            path,
-            root,
-            &self.debug_dirs,
-            self.dwarf_limit,
-        ) {
+        let module = match Module::load(&data, path, root, &self.debug_dirs, self.dwarf_limit) {
             Ok(module) => {
                 tracing::debug!(
                     "loaded {path} ({} bytes, dwarf: {}) in {:?}",
-                    stamp.size,
+                    data.len(),
                     module.has_dwarf(),
                     started.elapsed()
                 );
@@ -502,16 +506,56 @@ impl Symbolizer {
                 return Err(err);
             }
         };
-        let mut state = self.lock();
-        state.next_serial += 1;
-        let loaded = Loaded {
-            serial: state.next_serial,
-            module,
+        drop(data);
+        // Names that came from a debug file inside this process's root are
+        // shared only with the same binary *and* debug file, and indexed for
+        // this root only.
+        let (identity, entry_root) = match module.debug_file() {
+            Some(debug) if debug.in_root => (
+                Arc::from(format!("{content}+debug:{}", debug.content)),
+                Some(root_id.unwrap_or_default()),
+            ),
+            _ => (content, None),
         };
-        let weight = loaded.module.estimated_size();
-        state
-            .modules
-            .insert(identity.clone(), loaded.clone(), weight);
+        let mut state = self.lock();
+        let loaded = match state.modules.get(&identity) {
+            Some(loaded) => loaded,
+            None => {
+                state.next_serial += 1;
+                let loaded = Loaded {
+                    serial: state.next_serial,
+                    module,
+                };
+                let weight = loaded.module.estimated_size();
+                state
+                    .modules
+                    .insert(identity.clone(), loaded.clone(), weight);
+                if weight > self.dwarf_limit.saturating_mul(2) {
+                    // Too heavy to cache even without DWARF (symbol tables
+                    // alone): use it for this frame, then leave the file
+                    // alone for a while rather than parse it again on every
+                    // sample.
+                    tracing::debug!(
+                        "{path}: {} MiB of symbols exceed the symbol cache; not cached",
+                        weight >> 20
+                    );
+                    state.failed.insert(key, Instant::now());
+                    drop(state);
+                    self.index(key, stamp, identity, entry_root);
+                    return Ok(loaded);
+                }
+                loaded
+            }
+        };
+        state.failed.remove(&key);
+        drop(state);
+        self.index(key, stamp, identity, entry_root);
+        Ok(loaded)
+    }
+
+    /// Remembers which module the file `key` holds.
+    fn index(&self, key: FileKey, stamp: Stamp, identity: Arc<str>, root: Option<RootId>) {
+        let mut state = self.lock();
         if state.files.len() >= MAX_INDEXED_FILES {
             state.files.clear();
         }
@@ -521,21 +565,9 @@ impl Symbolizer {
                 stamp,
                 identity,
                 checked_at: Instant::now(),
+                root,
             },
         );
-        if weight > self.dwarf_limit.saturating_mul(2) {
-            // Too heavy to cache even without DWARF (symbol tables alone):
-            // use it for this frame, then leave the file alone for a while
-            // rather than parse it again on every sample.
-            tracing::debug!(
-                "{path}: {} MiB of symbols exceed the symbol cache; not cached",
-                weight >> 20
-            );
-            state.failed.insert(key, Instant::now());
-        } else {
-            state.failed.remove(&key);
-        }
-        Ok(loaded)
     }
 
     /// Names JIT code at `address` of `pid` from its perf map.
@@ -572,99 +604,40 @@ fn read_kallsyms() -> KernelSymbols {
 /// Reads `pid`'s perf map unless `previous` is still current.
 fn read_perf_map(pid: u32, previous: Option<Arc<PerfMap>>) -> Arc<PerfMap> {
     let path = format!("/tmp/perf-{}.map", perfmap::namespaced_pid(pid));
-    let Some(file) = Root::of_process(pid)
-        .ok()
-        .and_then(|root| root.open_file(&path).ok())
-    else {
-        return Arc::default();
+    let file = match files::open_in_process(pid, &path, Kind::PerfMap) {
+        Ok(file) => file,
+        Err(err) => {
+            if !err.is_refusal() {
+                tracing::trace!("pid {pid}: {err}");
+            }
+            return Arc::default();
+        }
     };
-    let stamp = file
-        .metadata()
-        .ok()
-        .and_then(|metadata| Some((metadata.modified().ok()?, metadata.len())));
+    let stamp = Some((file.stat().mtime_ns, file.stat().size));
     if let Some(previous) = previous
-        && stamp.is_some()
         && previous.stamp == stamp
     {
         return previous;
     }
-    let mut map = std::io::read_to_string(file)
-        .map(|text| PerfMap::parse(&text))
-        .unwrap_or_default();
+    let mut map = match file.read() {
+        Ok(data) => PerfMap::parse(&String::from_utf8_lossy(&data)),
+        Err(err) => {
+            tracing::debug!("pid {pid}: {err}");
+            PerfMap::default()
+        }
+    };
     map.stamp = stamp;
     Arc::new(map)
 }
 
-/// The cache identity of a file: its GNU build-id if it has one, else its
-/// htlhash; with the size, so a stripped and an unstripped copy of one build
-/// (which symbolize differently) stay apart.
-fn identify(file: &File, size: u64) -> Arc<str> {
-    let gnu = map_file(file).ok().and_then(|data| {
-        let object = object::File::parse(&*data).ok()?;
-        buildid::gnu_build_id(&object)
-    });
-    match gnu {
-        Some(id) => format!("gnu:{id}:{size}").into(),
-        None => match htlhash(file, size) {
-            Ok(hash) => format!("htl:{hash}:{size}").into(),
-            // Unreadable: a key that cannot collide with a real identity,
-            // and loading will fail the same way.
-            Err(_) => format!("unreadable:{size}").into(),
-        },
-    }
+/// The root directory of `pid`, as (device, inode).
+fn root_id(pid: u32) -> Option<RootId> {
+    let stat = rustix::fs::stat(format!("/proc/{pid}/root")).ok()?;
+    Some((stat.st_dev, stat.st_ino))
 }
 
 fn line_size(line: &Line) -> usize {
     std::mem::size_of::<Line>() + line.function.len() + line.system_name.len()
-}
-
-/// Opens the file behind `mapping` as process `pid` sees it.
-fn open_mapped_file(
-    pid: u32,
-    mapping: &Mapping,
-    root: Option<&Root>,
-) -> Result<File, SymbolizeError> {
-    // map_files names the mapped inode itself: right even when the path was
-    // deleted or replaced, and inside the process's mount namespace.
-    let by_mapping = format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        mapping.start, mapping.end
-    );
-    if let Ok(file) = File::open(&by_mapping) {
-        return Ok(file);
-    }
-    let open_error = |source| SymbolizeError::Open {
-        path: format!("/proc/{pid}/root{}", mapping.path),
-        source,
-    };
-    if !mapping.path.starts_with('/') {
-        return Err(open_error(std::io::ErrorKind::NotFound.into()));
-    }
-    let Some(root) = root else {
-        // The process is gone: its files are reachable only if the same file
-        // (device and inode, as its maps said) is at that path on the host —
-        // true for a host process, never wrongly true for a container's.
-        let file = File::open(&*mapping.path).map_err(open_error)?;
-        let metadata = file.metadata().map_err(open_error)?;
-        if metadata.ino() != mapping.inode || metadata.dev() != mapping.dev {
-            return Err(open_error(std::io::ErrorKind::NotFound.into()));
-        }
-        return Ok(file);
-    };
-    let file = root.open_file(&mapping.path).map_err(open_error)?;
-    // The path may now name another file than the one mapped.
-    let metadata = file.metadata().map_err(open_error)?;
-    if metadata.ino() != mapping.inode {
-        return Err(open_error(std::io::ErrorKind::NotFound.into()));
-    }
-    Ok(file)
-}
-
-fn map_file(file: &File) -> std::io::Result<memmap2::Mmap> {
-    // SAFETY: the mapping is read-only; a file truncated underneath us would
-    // fault, which executables in use cannot be (ETXTBSY) and libraries are not
-    // in practice. Reading whole multi-hundred-MB binaries would cost more.
-    unsafe { memmap2::Mmap::map(file) }
 }
 
 #[cfg(test)]

@@ -1,14 +1,17 @@
 //! One loaded executable or library: its identity, symbols and DWARF, merged
 //! from the file itself and its separate debug file.
-use std::{fs::File, path::PathBuf, sync::Arc};
+use std::{path::PathBuf, sync::Arc};
 
 use object::Object;
 
 use super::{
     SymbolizeError, buildid, debuginfo::DebugDirs, demangle::demangle, dwarf::Dwarf,
-    elf::ElfSymbols, map_file, rootfs::Root,
+    elf::ElfSymbols,
 };
-use crate::model::{BuildIds, Line};
+use crate::{
+    files::{self, Root},
+    model::{BuildIds, Line},
+};
 
 /// Everything needed to name addresses of one file.
 pub struct Module {
@@ -16,26 +19,32 @@ pub struct Module {
     dwarf: Option<Dwarf>,
     build_ids: BuildIds,
     is_go: bool,
+    debug_file: Option<DebugFileId>,
+}
+
+/// The separate debug file a module's names came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugFileId {
+    /// [`files::content_id`] of the debug file.
+    pub content: Arc<str>,
+    /// Found inside the process's root, so other processes (other roots)
+    /// may find another file there.
+    pub in_root: bool,
 }
 
 impl Module {
-    /// Loads `file` (`len` bytes long), which a process whose root is `root`
-    /// maps at `path`; separate debug files are looked up in `dirs`. DWARF
-    /// whose estimated size exceeds `dwarf_limit` bytes is left out.
+    /// Loads `data` (a whole file), which a process whose root is `root` maps
+    /// at `path`; separate debug files are looked up in `dirs`. DWARF whose
+    /// estimated size exceeds `dwarf_limit` bytes is left out.
     pub fn load(
-        file: &File,
-        len: u64,
+        data: &[u8],
         path: &str,
         root: Option<&Root>,
         dirs: &DebugDirs,
         dwarf_limit: usize,
     ) -> Result<Self, SymbolizeError> {
-        let data = map_file(file).map_err(|source| SymbolizeError::Open {
-            path: path.to_string(),
-            source,
-        })?;
-        let htlhash = buildid::htlhash(file, len).ok().map(Arc::from);
-        Self::from_data(&data, htlhash, path, root, dirs, dwarf_limit)
+        let htlhash = Some(Arc::from(buildid::htlhash_of_bytes(data)));
+        Self::from_data(data, htlhash, path, root, dirs, dwarf_limit)
     }
 
     /// Parses an ELF image held in memory (`data`, the whole file), with
@@ -67,19 +76,30 @@ impl Module {
         let is_go = build_ids.go.is_some() || object.section_by_name(".gopclntab").is_some();
         let mut symbols = ElfSymbols::from_object(&object);
         let mut dwarf = load_dwarf(&object, path, dwarf_limit);
+        let mut debug_file = None;
         if dwarf.is_none()
-            && let Some(debug_data) = dirs.find(&object, path, root)
-            && let Ok(debug) = object::File::parse(&*debug_data)
+            && let Some(found) = dirs.find(&object, path, root)
+            && let Ok(debug) = object::File::parse(&*found.data)
         {
             symbols.merge(ElfSymbols::from_object(&debug));
             dwarf = load_dwarf(&debug, path, dwarf_limit);
+            debug_file = Some(DebugFileId {
+                content: files::content_id(&found.data),
+                in_root: found.in_root,
+            });
         }
         Ok(Module {
             symbols,
             dwarf,
             build_ids,
             is_go,
+            debug_file,
         })
+    }
+
+    /// The separate debug file merged in, if any.
+    pub fn debug_file(&self) -> Option<&DebugFileId> {
+        self.debug_file.as_ref()
     }
 
     /// The file's build ids.

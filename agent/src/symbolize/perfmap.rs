@@ -2,18 +2,19 @@
 //! name` line (hex) per function, written by runtimes such as the JVM
 //! (with an agent), V8 (`--perf-basic-prof`) or .NET.
 //!
-//! The file is read through `/proc/PID/root`, so a containerized JIT's map
-//! is found in its own `/tmp`, under its own (namespaced) pid.
-use std::{sync::Arc, time::SystemTime};
+//! The file is read through `/proc/PID/root` ([`crate::files`]), so a
+//! containerized JIT's map is found in its own `/tmp`, under its own
+//! (namespaced) pid; a FIFO, a device or a map over 64 MiB is refused.
+use std::sync::Arc;
 
 /// A parsed perf map.
 #[derive(Debug, Default)]
 pub struct PerfMap {
     /// (start, size, name), sorted by start.
     symbols: Vec<(u64, u64, Arc<str>)>,
-    /// Modification time and length of the file it was read from: a JIT
-    /// appends as it compiles, so a changed file is read again.
-    pub(crate) stamp: Option<(SystemTime, u64)>,
+    /// Modification time (ns) and length of the file it was read from: a
+    /// JIT appends as it compiles, so a changed file is read again.
+    pub(crate) stamp: Option<(i128, u64)>,
 }
 
 impl PerfMap {

@@ -1,8 +1,9 @@
 //! Loads unwind tables into the kernel's maps as processes need them, and
 //! drops them when no process maps their file any more.
 //!
-//! Tables are shared: one copy per file identity (GNU build id, else device,
-//! inode and size) however many processes map it. Rows live in chunks of
+//! Tables are shared: one copy per file identity (the SHA-256 of the file's
+//! bytes, [`crate::files::content_id`]; never a build id, which whoever
+//! builds a file chooses) however many processes map it. Rows live in chunks of
 //! [`ROW_CHUNK`] in one big array map; a free list of chunk ranges bounds the
 //! memory, and a table that does not fit is counted and left to frame
 //! pointers.
@@ -34,8 +35,13 @@ pub trait TableMaps {
 /// Which file a table belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum FileKey {
-    BuildId(Arc<str>),
-    Inode { dev: u64, inode: u64, size: u64 },
+    /// [`crate::files::content_id`] of the bytes the table was built from.
+    Content(Arc<str>),
+    Inode {
+        dev: u64,
+        inode: u64,
+        size: u64,
+    },
     Vdso,
 }
 
@@ -55,6 +61,12 @@ pub trait FileSource {
     /// The file's identity and contents; `None` when it cannot be read
     /// (anonymous memory, gone, not an ELF file).
     fn open(&mut self, pid: u32, mapping: &MappedFile) -> Option<(FileKey, FileData)>;
+
+    /// The identity `open` gave this very file before, if it is known
+    /// without reading the file again (unchanged since); `None`: call `open`.
+    fn identify(&mut self, _pid: u32, _mapping: &MappedFile) -> Option<FileKey> {
+        None
+    }
 }
 
 /// Figures for reports.
@@ -89,6 +101,9 @@ struct Loaded {
     rows: u32,
     text_bytes: u64,
     refs: u32,
+    /// (file offset, ELF address) of the mappings seen: a process mapping
+    /// the file the same way needs no read of it.
+    vaddrs: Vec<(u64, u64)>,
 }
 
 /// The tables and processes currently in the kernel.
@@ -158,10 +173,27 @@ impl<M: TableMaps> TableLoader<M> {
                 end: mapping.end,
                 ..Default::default()
             };
-            if let Some((key, data)) = files.open(pid, mapping)
+            let known = files.identify(pid, mapping);
+            if let Some(key) = &known
+                && self.failed.contains_key(key)
+            {
+                // Known to have no usable table: frame pointers.
+            } else if let Some(key) = known
+                && let Some((vaddr, loaded)) = self.reuse(&key, mapping.file_offset)
+            {
+                entry.bias = mapping.start.wrapping_sub(vaddr);
+                entry.table_start = loaded.0;
+                entry.table_len = loaded.1;
+                keys.push(key);
+            } else if let Some((key, data)) = files.open(pid, mapping)
                 && let Some(vaddr) = table::vaddr_of_offset((*data).as_ref(), mapping.file_offset)
                 && let Some(loaded) = self.acquire(&key, (*data).as_ref())
             {
+                if let Some(known) = self.loaded.get_mut(&key)
+                    && !known.vaddrs.contains(&(mapping.file_offset, vaddr))
+                {
+                    known.vaddrs.push((mapping.file_offset, vaddr));
+                }
                 entry.bias = mapping.start.wrapping_sub(vaddr);
                 entry.table_start = loaded.0;
                 entry.table_len = loaded.1;
@@ -204,6 +236,18 @@ impl<M: TableMaps> TableLoader<M> {
         self.processes.keys().copied().collect()
     }
 
+    /// A loaded table mapped at `file_offset` before: its ELF address there
+    /// and placement, taking a reference.
+    fn reuse(&mut self, key: &FileKey, file_offset: u64) -> Option<(u64, (u32, u32))> {
+        let loaded = self.loaded.get_mut(key)?;
+        let &(_, vaddr) = loaded
+            .vaddrs
+            .iter()
+            .find(|(offset, _)| *offset == file_offset)?;
+        loaded.refs += 1;
+        Some((vaddr, placement(loaded)))
+    }
+
     /// The table's (start, len) in the rows map, loading it if needed.
     fn acquire(&mut self, key: &FileKey, data: &[u8]) -> Option<(u32, u32)> {
         if let Some(loaded) = self.loaded.get_mut(key) {
@@ -241,6 +285,7 @@ impl<M: TableMaps> TableLoader<M> {
                     rows: 0,
                     text_bytes: table.text_bytes,
                     refs: 1,
+                    vaddrs: Vec::new(),
                 });
             }
             TableKind::Rows(rows) => rows,
@@ -266,6 +311,7 @@ impl<M: TableMaps> TableLoader<M> {
             rows: rows.len() as u32,
             text_bytes: table.text_bytes,
             refs: 1,
+            vaddrs: Vec::new(),
         })
     }
 

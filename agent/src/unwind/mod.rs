@@ -16,7 +16,7 @@ mod loader;
 pub mod replay;
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     path::Path,
     sync::{
         Arc, Mutex,
@@ -27,6 +27,8 @@ use std::{
 
 use agent_ebpf::{RowChunk, unwind::ProcessMappings};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+
+use crate::files;
 pub use loader::{FileKey, FileSource, LoaderStats, MappedFile, TableLoader, TableMaps};
 
 /// Why a table could not be built or loaded.
@@ -80,12 +82,37 @@ impl TableMaps for KernelMaps {
     }
 }
 
-/// Files of live processes, read through `/proc/PID/map_files` (right even
-/// in containers and for deleted files), and our own vDSO (the same image
+/// Files of live processes, read through [`crate::files`]:
+/// `/proc/PID/map_files` (right even in containers and for deleted files),
+/// else the path inside the process's root; and our own vDSO (the same image
 /// in every process of this kernel).
 #[derive(Default)]
 pub struct ProcFiles {
     vdso: Option<Option<FileData>>,
+    /// (device, inode) → what the file was when read, and its identity: an
+    /// unchanged file is not read (and hashed) again for every process.
+    known: HashMap<(u64, u64), (files::Stat, FileKey)>,
+}
+
+/// Files remembered by [`ProcFiles`] before it starts over.
+const MAX_KNOWN_FILES: usize = 65_536;
+
+impl ProcFiles {
+    fn open_file(pid: u32, mapping: &MappedFile) -> Option<files::OpenFile> {
+        if mapping.inode == 0 || mapping.path.is_empty() || mapping.path.starts_with('[') {
+            return None;
+        }
+        let range = files::MappedRange {
+            start: mapping.start,
+            end: mapping.end,
+            path: &mapping.path,
+            dev: mapping.dev,
+            inode: mapping.inode,
+        };
+        files::open_mapping(pid, &range, files::Kind::Binary)
+            .map_err(|err| tracing::debug!("pid {pid}: {err}"))
+            .ok()
+    }
 }
 
 impl FileSource for ProcFiles {
@@ -94,30 +121,32 @@ impl FileSource for ProcFiles {
             let vdso = self.vdso.get_or_insert_with(own_vdso).clone()?;
             return Some((FileKey::Vdso, vdso));
         }
-        if mapping.inode == 0 || mapping.path.is_empty() || mapping.path.starts_with('[') {
-            return None;
+        // Read into memory, never mapped: a file truncated underneath cannot
+        // fault us, and the table is built from the very bytes hashed.
+        let data = Self::open_file(pid, mapping)?.read().ok()?;
+        let key = FileKey::Content(files::content_id(&data));
+        if self.known.len() >= MAX_KNOWN_FILES {
+            self.known.clear();
         }
-        let via_map_files = format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            mapping.start, mapping.end
-        );
-        let file = std::fs::File::open(via_map_files)
-            .or_else(|_| std::fs::File::open(format!("/proc/{pid}/root{}", mapping.path)))
-            .ok()?;
-        let size = file.metadata().ok()?.len();
-        // SAFETY: read-only map of a file; a concurrent truncation could fault,
-        // as for every profiler reading binaries in place.
-        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-        let parsed = object::File::parse(&*map).ok()?;
-        let key = match crate::symbolize::gnu_build_id(&parsed) {
-            Some(id) => FileKey::BuildId(id),
-            None => FileKey::Inode {
-                dev: mapping.dev,
-                inode: mapping.inode,
-                size,
-            },
-        };
-        Some((key, Arc::new(map)))
+        let stat = *data.stat();
+        self.known
+            .insert((stat.dev, stat.inode), (stat, key.clone()));
+        Some((key, Arc::new(data)))
+    }
+
+    fn identify(&mut self, pid: u32, mapping: &MappedFile) -> Option<FileKey> {
+        if &*mapping.path == "[vdso]" {
+            return Some(FileKey::Vdso);
+        }
+        // Same inode, same size and times (ctime cannot be set back by the
+        // file's owner): the same bytes as when read. Even if a tenant
+        // rewrote its file without that showing, the key still names a
+        // table built from bytes that hash to it; only processes mapping
+        // that very inode could get it.
+        let file = Self::open_file(pid, mapping)?;
+        let stat = file.stat();
+        let (seen, key) = self.known.get(&(stat.dev, stat.inode))?;
+        (seen == stat).then(|| key.clone())
     }
 }
 

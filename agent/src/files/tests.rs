@@ -1,0 +1,248 @@
+//! The file layer on files this test makes: no root needed.
+use std::{
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use super::*;
+
+/// A fresh directory for one test, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("hostprof-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("root/tmp")).unwrap();
+        Scratch(dir)
+    }
+
+    fn root(&self) -> Root {
+        Root::open_dir(&self.0.join("root")).unwrap()
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.0.join(relative)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn reads_a_regular_file_whole() {
+    let scratch = Scratch::new("regular");
+    let content: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(scratch.path("root/tmp/x"), &content).unwrap();
+    let file = scratch.root().open("/tmp/x", Kind::Binary).unwrap();
+    assert_eq!(file.stat().size, 100_000);
+    let data = file.read().unwrap();
+    assert_eq!(&*data, &content[..]);
+    // Relative paths resolve from the root too.
+    assert_eq!(
+        &*scratch
+            .root()
+            .open("tmp/x", Kind::Binary)
+            .unwrap()
+            .read()
+            .unwrap(),
+        &content[..]
+    );
+}
+
+#[test]
+fn a_fifo_is_refused_at_once() {
+    let scratch = Scratch::new("fifo");
+    mkfifo(&scratch.path("root/tmp/perf-1.map"));
+    let before = refusals().not_regular;
+    let started = Instant::now();
+    // Nobody ever writes to it: a plain open for reading would block forever.
+    let err = scratch
+        .root()
+        .open("/tmp/perf-1.map", Kind::PerfMap)
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(err, FileError::NotRegular { what: "FIFO", .. }),
+        "{err}"
+    );
+    assert!(err.is_refusal());
+    assert!(refusals().not_regular > before);
+}
+
+#[test]
+fn a_symlink_to_a_device_is_refused() {
+    let scratch = Scratch::new("device");
+    symlink("/dev/zero", scratch.path("host-zero")).unwrap();
+    // The host's /dev/zero itself, through the host root.
+    let err = open_host("/dev/zero", Kind::DebugFile).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FileError::NotRegular {
+                what: "character device",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A symlink to it, on the host.
+    let link = scratch.path("host-zero");
+    let err = open_host(link.to_str().unwrap(), Kind::PerfMap).unwrap_err();
+    assert!(matches!(err, FileError::NotRegular { .. }), "{err}");
+    // Directories are not files either.
+    let err = scratch.root().open("/tmp", Kind::Binary).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FileError::NotRegular {
+                what: "directory",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn symlinks_cannot_leave_the_root() {
+    let scratch = Scratch::new("escape");
+    std::fs::create_dir_all(scratch.path("outside")).unwrap();
+    std::fs::create_dir_all(scratch.path("root/etc")).unwrap();
+    std::fs::write(scratch.path("root/etc/inside"), "in").unwrap();
+    let secret = scratch.path("outside/secret");
+    std::fs::write(&secret, "out").unwrap();
+    // An absolute link and a `..` climb, both aimed outside the root.
+    symlink(&secret, scratch.path("root/abs")).unwrap();
+    symlink("../../outside/secret", scratch.path("root/etc/up")).unwrap();
+    let root = scratch.root();
+    let read = |path: &str| root.open(path, Kind::Binary).and_then(OpenFile::read);
+    assert_eq!(&*read("/etc/inside").unwrap(), b"in");
+    // Both resolve inside the root, where there is no such file.
+    assert!(
+        matches!(read("/abs"), Err(FileError::Open { .. })),
+        "absolute symlink escaped the root"
+    );
+    assert!(
+        matches!(read("/etc/up"), Err(FileError::Open { .. })),
+        "`..` escaped the root"
+    );
+    // The same file planted inside the root is what the links find.
+    std::fs::create_dir_all(
+        scratch
+            .path("root")
+            .join(secret.parent().unwrap().strip_prefix("/").unwrap()),
+    )
+    .unwrap();
+    std::fs::write(
+        scratch.path("root").join(secret.strip_prefix("/").unwrap()),
+        "planted",
+    )
+    .unwrap();
+    assert_eq!(&*read("/abs").unwrap(), b"planted");
+}
+
+#[test]
+fn magic_links_are_refused() {
+    let before = refusals().escape;
+    // /proc/self/root is a magic link: followed, it could lead anywhere.
+    let err = open_host("/proc/self/root/etc/hostname", Kind::Binary).unwrap_err();
+    assert!(matches!(err, FileError::Escape { .. }), "{err}");
+    assert!(refusals().escape > before);
+}
+
+#[test]
+fn files_over_their_cap_are_refused_unread() {
+    let scratch = Scratch::new("large");
+    let path = scratch.path("root/tmp/huge.map");
+    // Sparse: costs no disk, and must not be read.
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(MAX_PERF_MAP_BYTES + 1)
+        .unwrap();
+    let before = refusals().too_large;
+    let err = scratch
+        .root()
+        .open("/tmp/huge.map", Kind::PerfMap)
+        .unwrap_err();
+    assert!(matches!(err, FileError::TooLarge { .. }), "{err}");
+    assert!(refusals().too_large > before);
+    // The same size is fine for a binary.
+    assert!(scratch.root().open("/tmp/huge.map", Kind::Binary).is_ok());
+}
+
+#[test]
+fn a_file_truncated_after_opening_reads_short() {
+    let scratch = Scratch::new("truncate");
+    let path = scratch.path("root/tmp/lib.so");
+    std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+    let file = scratch.root().open("/tmp/lib.so", Kind::Binary).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let data = file.read().unwrap();
+    assert_eq!(data.len(), 4096);
+    assert_eq!(data.stat().size, 1 << 20, "stat is from the open");
+}
+
+#[test]
+fn our_own_mapping_opens_through_map_files_or_root() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+    let line = maps
+        .lines()
+        .find(|line| line.ends_with(exe.to_str().unwrap()))
+        .expect("our executable is mapped");
+    let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+    let (start, end) = fields[0].split_once('-').unwrap();
+    let inode: u64 = fields[4].parse().unwrap();
+    let mapping = MappedRange {
+        start: u64::from_str_radix(start, 16).unwrap(),
+        end: u64::from_str_radix(end, 16).unwrap(),
+        path: exe.to_str().unwrap(),
+        dev: 0,
+        inode,
+    };
+    let data = open_mapping(std::process::id(), &mapping, Kind::Binary)
+        .unwrap()
+        .read()
+        .unwrap();
+    assert_eq!(&*data, &std::fs::read(&exe).unwrap()[..]);
+    // Another inode at that path is not the mapped file.
+    let other = MappedRange {
+        start: 1,
+        end: 2,
+        inode: inode + 1,
+        ..mapping
+    };
+    assert!(matches!(
+        open_mapping(std::process::id(), &other, Kind::Binary),
+        Err(FileError::Replaced { .. })
+    ));
+}
+
+#[test]
+fn content_ids_follow_the_bytes() {
+    let a = content_id(b"one");
+    assert_eq!(a, content_id(b"one"));
+    assert_ne!(a, content_id(b"two"));
+    // sha256("one")
+    assert_eq!(
+        &*a,
+        "sha256:7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"
+    );
+}
