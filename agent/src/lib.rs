@@ -5,10 +5,12 @@
 //! [`pipeline`] (frames) → [`symbolize`] (names) → [`output`] (files) or
 //! [`profile`] (OTLP profiles) → [`export`] (gRPC).
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user,
-//! with the agent's layered [`config`].
+//! with the agent's layered [`config`]. [`input`] reads profiles back from
+//! files (`hostprof report`).
 pub mod cli;
 pub mod config;
 pub mod export;
+pub mod input;
 pub mod model;
 pub mod output;
 pub mod pipeline;
