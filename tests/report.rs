@@ -2,14 +2,15 @@
 //! each file format read back gives exactly the stacks an independent
 //! reading of the same file gives (decoded here with the protobuf types
 //! alone), `--container` and `{container}` split a file with two resources
-//! (a real container cgroup), bad files fail in one line.
+//! (a real container cgroup), bad files fail in one line; and `record`'s
+//! progress line, seen on a real terminal (tmux).
 mod common;
 
 use std::{
     collections::BTreeMap,
     io::Read as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -531,4 +532,178 @@ fn bad_files_fail_in_one_line() {
     let missing = dir.join("missing.otlp.pb");
     let output = report(&[missing.as_os_str()]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
+}
+
+/// A detached tmux session running a command; killed on drop.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    fn start(name: &str, command: &str) -> Tmux {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", name])
+            .output();
+        run_ok(Command::new("tmux").args([
+            "new-session",
+            "-d",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-s",
+            name,
+            command,
+        ]));
+        Tmux {
+            name: name.to_owned(),
+        }
+    }
+
+    fn screen(&self) -> String {
+        let output = run_ok(Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Polls the screen until `done` accepts it; panics with it at the deadline.
+    fn wait_for<T>(&self, what: &str, seconds: u64, done: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            let screen = self.screen();
+            if let Some(found) = done(&screen) {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} after {seconds} s; the terminal shows:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.name])
+            .output();
+    }
+}
+
+/// The sample count of the progress line on `screen`, if one shows.
+fn progress_samples(screen: &str) -> Option<u64> {
+    let line = screen
+        .lines()
+        .find(|line| line.starts_with("hostprof: ") && line.ends_with(" awaiting symbols"))?;
+    let (_, rest) = line.split_once(", ")?;
+    rest.split(' ').next()?.parse().ok()
+}
+
+fn spin(comm: &str) -> Child {
+    let program = work_dir().join(comm);
+    std::fs::copy(cpu_split(), &program).expect("copy test program");
+    Command::new(&program)
+        .arg("60")
+        .spawn()
+        .expect("start spinner")
+}
+
+#[test]
+fn progress_line_on_a_terminal_and_ctrl_c_still_writes() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("tmux") {
+        return;
+    }
+    let dir = fresh_dir("progress");
+    let mut spinner = spin("split_tty");
+    let out = dir.join("tty.folded");
+    let command = format!(
+        "{} record -F 199 -p {} -o {}; echo \"record exited with $?\"; exec cat",
+        env!("CARGO_BIN_EXE_hostprof"),
+        spinner.id(),
+        out.display()
+    );
+    let tmux = Tmux::start(
+        &format!("hostprof-progress-{}", std::process::id()),
+        &command,
+    );
+    let first = tmux.wait_for("progress line with samples", 60, |screen| {
+        progress_samples(screen).filter(|&samples| samples > 0)
+    });
+    let line = tmux.wait_for("growing sample count", 30, |screen| {
+        progress_samples(screen)
+            .filter(|&samples| samples > first)
+            .map(|_| screen.to_owned())
+    });
+    // Elapsed time, no duration (none given), the process, nothing lost.
+    let progress = line
+        .lines()
+        .find(|line| line.ends_with(" awaiting symbols"))
+        .unwrap();
+    assert!(
+        progress.contains(" s, ")
+            && !progress.contains(" / ")
+            && progress.contains(", 1 processes, "),
+        "{progress}"
+    );
+    // One line, rewritten in place: never two on the screen.
+    assert_eq!(
+        line.matches("awaiting symbols").count(),
+        1,
+        "the progress line scrolled:\n{line}"
+    );
+    run_ok(Command::new("tmux").args(["send-keys", "-t", &tmux.name, "C-c"]));
+    let screen = tmux.wait_for("exit after Ctrl-C", 60, |screen| {
+        screen
+            .contains("record exited with")
+            .then(|| screen.to_owned())
+    });
+    spinner.kill().unwrap();
+    spinner.wait().unwrap();
+    assert!(screen.contains("record exited with 0"), "{screen}");
+    assert!(screen.contains("(interrupted)"), "{screen}");
+    assert!(
+        !screen.contains("awaiting symbols"),
+        "the progress line was not erased:\n{screen}"
+    );
+    let written = stacks(&std::fs::read_to_string(&out).expect("Ctrl-C wrote the profile"));
+    let total: u64 = written
+        .iter()
+        .filter(|(stack, _)| stack.starts_with("split_tty;"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(total >= first, "{total} samples written, {first} shown");
+}
+
+#[test]
+fn no_progress_line_when_stderr_is_not_a_terminal() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let mut spinner = spin("split_pipe");
+    let output = hostprof()
+        .args([
+            "record",
+            "-F",
+            "99",
+            "-d",
+            "2.5",
+            "-p",
+            &spinner.id().to_string(),
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run record");
+    spinner.kill().unwrap();
+    spinner.wait().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("hostprof: "), "{stderr}");
+    assert!(
+        !stderr.contains('\r') && !stderr.contains("awaiting symbols") && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
+    assert!(stderr.contains(" samples from 1 processes in "), "{stderr}");
 }

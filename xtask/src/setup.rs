@@ -22,6 +22,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
     ("openssl", "openssl"),
+    // tests/report.rs runs `record` in a terminal to see its progress line.
+    ("tmux", "tmux"),
 ];
 
 /// Python tools from PyPI and the command each provides.

@@ -1,6 +1,7 @@
 //! Command-line interface: clap arguments and the commands they run.
 mod agent;
 mod output;
+mod progress;
 mod record;
 mod report;
 mod session;

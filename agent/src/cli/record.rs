@@ -5,6 +5,7 @@ use std::{
     io::{self, BufWriter, Write},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -13,6 +14,7 @@ use anyhow::{Context, bail};
 use super::{
     OutputFormat, RecordArgs,
     output::{Output, write_output},
+    progress::{Live, Progress},
     session::{Mode, Session},
 };
 use crate::{
@@ -88,6 +90,8 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
         args.off_cpu.enabled.then_some(cpu_period_ns),
         resource,
     );
+    let live = Arc::new(Live::default());
+    let worker_live = live.clone();
     let mut session = Session::start(
         &options,
         args.symbols.options(super::RECORD_SYMBOL_CACHE_MIB),
@@ -100,17 +104,28 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
                     output.push(sample);
                     summary.push(sample);
                 }
+                worker_live.update(batch.len(), summary.samples(), summary.processes());
             }
             (output, summary)
         },
     )?;
+    let progress = Progress::on_terminal(live, session.reader_progress.clone(), args.duration);
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {
         [] => None,
         command => Some(spawn_profiled(command, &mut session.sampler)?),
     };
-    let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await;
+    let why = wait_for_end(
+        &args,
+        child.as_mut(),
+        &mut session.sampler,
+        progress.as_ref(),
+    )
+    .await;
+    if let Some(progress) = &progress {
+        progress.clear();
+    }
     let elapsed = started.elapsed();
 
     let finished = session.stop(None).await?;
@@ -231,6 +246,7 @@ async fn wait_for_end(
     args: &RecordArgs,
     child: Option<&mut tokio::process::Child>,
     sampler: &mut Sampler,
+    progress: Option<&Progress>,
 ) -> End {
     // A followed command tree adds pids to the filter; drop the exited ones.
     let following = child.is_some();
@@ -259,14 +275,21 @@ async fn wait_for_end(
             }
         }
     };
+    // Once a second: prune the filter, and redraw the progress line.
     let sweep = async {
-        if !following {
+        if !following && progress.is_none() {
             return std::future::pending().await;
+        }
+        if let Some(progress) = progress {
+            progress.show(sampler.counters().ok().as_ref());
         }
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            if let Err(err) = sampler.forget_exited_pids() {
+            if following && let Err(err) = sampler.forget_exited_pids() {
                 tracing::warn!("cannot prune the process filter: {err}");
+            }
+            if let Some(progress) = progress {
+                progress.show(sampler.counters().ok().as_ref());
             }
         }
     };
