@@ -6,11 +6,13 @@
 //! [`profile`] (OTLP profiles) → [`export`] (gRPC).
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user,
 //! with the agent's layered [`config`]. Every file read on behalf of a
-//! process goes through [`files`].
+//! process goes through [`files`]; [`input`] reads profiles back from files
+//! (`hostprof report`).
 pub mod cli;
 pub mod config;
 pub mod export;
 pub mod files;
+pub mod input;
 pub mod model;
 pub mod output;
 pub mod pipeline;

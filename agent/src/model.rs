@@ -189,6 +189,22 @@ impl ThreadState {
         }
     }
 
+    /// Every state, in declaration order.
+    pub const ALL: [ThreadState; 7] = [
+        ThreadState::Runnable,
+        ThreadState::Interruptible,
+        ThreadState::Uninterruptible,
+        ThreadState::Idle,
+        ThreadState::Stopped,
+        ThreadState::Traced,
+        ThreadState::Other,
+    ];
+
+    /// The state a `thread.state` value names (the inverse of [`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.name() == name)
+    }
+
     /// The value of the `thread.state` attribute.
     pub const fn name(self) -> &'static str {
         match self {
@@ -247,5 +263,13 @@ mod tests {
         assert_eq!(ThreadState::from_kernel(0x402), ThreadState::Idle);
         assert_eq!(ThreadState::from_kernel(0x8), ThreadState::Traced);
         assert_eq!(ThreadState::from_kernel(0x40), ThreadState::Other);
+    }
+
+    #[test]
+    fn state_names_read_back() {
+        for state in ThreadState::ALL {
+            assert_eq!(ThreadState::from_name(state.name()), Some(state));
+        }
+        assert_eq!(ThreadState::from_name("sleepy"), None);
     }
 }

@@ -25,6 +25,15 @@ use crate::{
 /// Where resolved samples go: a file format, an exporter, a summary.
 pub trait SampleSink: Send {
     fn push(&mut self, sample: &ResolvedSample);
+
+    /// `count` samples like `sample` (profiles read back from files carry
+    /// counts rather than one record per sample); sinks that only add up
+    /// counts do it in one step.
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
+        for _ in 0..count {
+            self.push(sample);
+        }
+    }
 }
 
 /// Converts kernel CLOCK_MONOTONIC timestamps to Unix time.

@@ -33,6 +33,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
         "libc6-dev-arm64-cross",
         "/usr/aarch64-linux-gnu/include/stdio.h",
     ),
+    // tests/report.rs runs `record` in a terminal to see its progress line.
+    ("tmux", "tmux"),
 ];
 
 /// Python tools from PyPI, each with a shell command that succeeds once it

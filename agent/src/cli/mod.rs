@@ -1,6 +1,9 @@
 //! Command-line interface: clap arguments and the commands they run.
 mod agent;
+mod output;
+mod progress;
 mod record;
+mod report;
 mod session;
 
 pub use record::RECORDING_LINE;
@@ -26,6 +29,34 @@ pub enum Command {
     /// Profile the host continuously and export OTLP profiles over gRPC
     /// (for systemd services and Kubernetes DaemonSets).
     Agent(AgentArgs),
+    /// Read a profile `record` or `agent` wrote: print its top functions, or
+    /// write it in another format.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The profile: `.otlp.pb` (or an agent's export request), `.otlp.json`,
+    /// `.pb.gz` (pprof) or `.folded`; other names, and `-` for stdin, are
+    /// recognised by their content.
+    #[arg(value_name = "FILE")]
+    pub input: PathBuf,
+    /// Write the profile here instead of printing its top functions; `-` for
+    /// stdout. The extension picks the format, as for `record -o`.
+    /// `{container}` in the name writes one file per container, named by its
+    /// id (`host` for processes in no container).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Output format, whatever the file name says.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<OutputFormat>,
+    /// How many functions the summary lists.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Only the samples of this container (its `container.id`; `host` for
+    /// processes in no container). By default, every container's.
+    #[arg(long = "container", value_name = "ID")]
+    pub container: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -318,6 +349,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             record::run(args).await
         }
         Command::Agent(args) => agent::run(args).await,
+        Command::Report(args) => report::run(args),
     }
 }
 

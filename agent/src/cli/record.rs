@@ -4,113 +4,26 @@ use std::{
     fs::File,
     io::{self, BufWriter, Write},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
-use hostprof_proto::Message;
 
 use super::{
     OutputFormat, RecordArgs,
+    output::{Output, write_output},
+    progress::{Live, Progress},
     session::{Mode, Session},
 };
 use crate::{
-    output::{FoldedStacks, PprofProfile, Summary, otlp_json, write_flamegraph},
+    output::Summary,
     pipeline::SampleSink,
     procs,
-    profile::{ProfileBuilder, ResourceConfig},
+    profile::ResourceConfig,
     sampler::{Counters, ReaderStats, Sampler, SamplerOptions},
 };
-
-impl OutputFormat {
-    fn for_path(path: &Path) -> anyhow::Result<Self> {
-        let name = path.to_string_lossy();
-        let format = match name.as_ref() {
-            "-" => OutputFormat::Folded,
-            name if name.ends_with(".folded") => OutputFormat::Folded,
-            name if name.ends_with(".svg") => OutputFormat::Svg,
-            name if name.ends_with(".pb.gz") => OutputFormat::Pprof,
-            name if name.ends_with(".otlp.pb") => OutputFormat::Otlp,
-            name if name.ends_with(".otlp.json") => OutputFormat::OtlpJson,
-            _ => bail!(
-                "cannot tell the output format of `{name}`: use a name ending in .folded, .svg, \
-                 .pb.gz (pprof), .otlp.pb or .otlp.json, - for stdout, or pass --format"
-            ),
-        };
-        Ok(format)
-    }
-}
-
-/// The profile being built for `-o`, in the chosen format.
-enum Output {
-    None,
-    /// Folded stacks, written as text or drawn as SVG.
-    Folded(FoldedStacks),
-    Pprof(PprofProfile),
-    /// OTLP `ProfilesData`, binary or JSON.
-    Otlp(ProfileBuilder),
-}
-
-impl Output {
-    /// `off_cpu_period_ns`: set when off-CPU samples are recorded (folded
-    /// values become microseconds, a CPU sample weighing this period).
-    fn new(
-        format: Option<OutputFormat>,
-        frequency: u64,
-        start: u64,
-        off_cpu_period_ns: Option<u64>,
-    ) -> anyhow::Result<Self> {
-        Ok(match format {
-            None => Output::None,
-            Some(OutputFormat::Folded | OutputFormat::Svg) => {
-                Output::Folded(match off_cpu_period_ns {
-                    Some(period) => FoldedStacks::in_microseconds(period),
-                    None => FoldedStacks::new(),
-                })
-            }
-            Some(OutputFormat::Pprof) => Output::Pprof(PprofProfile::new(
-                frequency,
-                start,
-                off_cpu_period_ns.is_some(),
-            )),
-            Some(OutputFormat::Otlp | OutputFormat::OtlpJson) => {
-                let resource = ResourceConfig::from_env(None)?;
-                Output::Otlp(ProfileBuilder::new(resource, frequency, start))
-            }
-        })
-    }
-
-    fn push(&mut self, sample: &crate::model::ResolvedSample) {
-        match self {
-            Output::None => {}
-            Output::Folded(folded) => folded.push(sample),
-            Output::Pprof(pprof) => pprof.push(sample),
-            Output::Otlp(builder) => builder.push(sample),
-        }
-    }
-
-    fn write(self, format: OutputFormat, end: u64, out: &mut dyn Write) -> io::Result<()> {
-        match (self, format) {
-            (Output::Folded(folded), OutputFormat::Svg) => {
-                write_flamegraph(&folded, "hostprof", out)
-            }
-            (Output::Folded(folded), _) => folded.write(out),
-            (Output::Pprof(pprof), _) => pprof.write(end, out),
-            (Output::Otlp(mut builder), OutputFormat::OtlpJson) => {
-                let json = otlp_json::to_json(&builder.finish_data(end));
-                out.write_all(json.as_bytes())?;
-                out.write_all(b"\n")?;
-                out.flush()
-            }
-            (Output::Otlp(mut builder), _) => {
-                out.write_all(&builder.finish_data(end).encode_to_vec())?;
-                out.flush()
-            }
-            (Output::None, _) => Ok(()),
-        }
-    }
-}
 
 /// Wall-clock time in Unix nanoseconds.
 pub(super) fn unix_nanos_now() -> u64 {
@@ -166,12 +79,19 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
     };
     let start = unix_nanos_now();
     let cpu_period_ns = 1_000_000_000 / args.frequency;
+    let resource = match format {
+        Some(OutputFormat::Otlp | OutputFormat::OtlpJson) => ResourceConfig::from_env(None)?,
+        _ => ResourceConfig::default(),
+    };
     let mut output = Output::new(
         format,
         args.frequency,
         start,
         args.off_cpu.enabled.then_some(cpu_period_ns),
-    )?;
+        resource,
+    );
+    let live = Arc::new(Live::default());
+    let worker_live = live.clone();
     let mut session = Session::start(
         &options,
         args.symbols.options(super::RECORD_SYMBOL_CACHE_MIB),
@@ -184,24 +104,35 @@ pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
                     output.push(sample);
                     summary.push(sample);
                 }
+                worker_live.update(batch.len(), summary.samples(), summary.processes());
             }
             (output, summary)
         },
     )?;
+    let progress = Progress::on_terminal(live, session.reader_progress.clone(), args.duration);
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {
         [] => None,
         command => Some(spawn_profiled(command, &mut session.sampler)?),
     };
-    let why = wait_for_end(&args, child.as_mut(), &mut session.sampler).await?;
+    let why = wait_for_end(
+        &args,
+        child.as_mut(),
+        &mut session.sampler,
+        progress.as_ref(),
+    )
+    .await?;
+    if let Some(progress) = &progress {
+        progress.clear();
+    }
     let elapsed = started.elapsed();
 
     let finished = session.stop(None).await?;
     let (output, summary) = finished.output;
     if let (Some(path), Some(format)) = (&args.output, format) {
         let end = unix_nanos_now();
-        write_output(path, |out| output.write(format, end, out))?;
+        write_output(path, |out| output.write(format, end, "hostprof", out))?;
     }
     eprint!(
         "{}",
@@ -319,6 +250,7 @@ async fn wait_for_end(
     args: &RecordArgs,
     child: Option<&mut tokio::process::Child>,
     sampler: &mut Sampler,
+    progress: Option<&Progress>,
 ) -> anyhow::Result<End> {
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot handle SIGINT")?;
@@ -350,14 +282,21 @@ async fn wait_for_end(
             }
         }
     };
+    // Once a second: prune the filter, and redraw the progress line.
     let sweep = async {
-        if !following {
+        if !following && progress.is_none() {
             return std::future::pending().await;
+        }
+        if let Some(progress) = progress {
+            progress.show(sampler.counters().ok().as_ref());
         }
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            if let Err(err) = sampler.forget_exited_pids() {
+            if following && let Err(err) = sampler.forget_exited_pids() {
                 tracing::warn!("cannot prune the process filter: {err}");
+            }
+            if let Some(progress) = progress {
+                progress.show(sampler.counters().ok().as_ref());
             }
         }
     };
@@ -439,24 +378,6 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: pipe2 succeeded, so both are fresh descriptors we own.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-fn write_output(
-    path: &PathBuf,
-    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
-) -> anyhow::Result<()> {
-    let result = if path.as_os_str() == "-" {
-        write(&mut io::stdout().lock())
-    } else {
-        let file =
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-        write(&mut BufWriter::new(file))
-    };
-    match result {
-        // `hostprof record -o - | head` is fine.
-        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.with_context(|| format!("cannot write {}", path.display())),
-    }
 }
 
 fn report(

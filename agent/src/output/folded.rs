@@ -57,12 +57,17 @@ impl FoldedStacks {
 
 impl SampleSink for FoldedStacks {
     fn push(&mut self, sample: &ResolvedSample) {
+        self.push_count(sample, 1);
+    }
+
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
         let value = match (self.cpu_period_ns, &sample.off_cpu) {
             (None, _) => 1,
             (Some(_), Some(off_cpu)) => off_cpu.blocked_ns / 1000,
             (Some(period_ns), None) => period_ns / 1000,
         };
-        *self.counts.entry(Self::fold(sample)).or_default() += value;
+        let total = self.counts.entry(Self::fold(sample)).or_default();
+        *total = total.saturating_add(value.saturating_mul(count));
     }
 }
 

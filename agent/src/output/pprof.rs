@@ -184,6 +184,14 @@ impl PprofProfile {
 
 impl SampleSink for PprofProfile {
     fn push(&mut self, sample: &ResolvedSample) {
+        self.push_count(sample, 1);
+    }
+
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
         let locations: Vec<u64> = sample
             .frames
             .iter()
@@ -191,7 +199,7 @@ impl SampleSink for PprofProfile {
             .collect();
         let state = sample.off_cpu.map(|off_cpu| off_cpu.state);
         // CPU samples: one sample, one period; off-CPU ones: blocked time only.
-        let mut add = vec![1, self.period_ns];
+        let mut add = vec![count, self.period_ns.saturating_mul(count)];
         if self.off_cpu {
             add.push(0);
         }
@@ -199,13 +207,14 @@ impl SampleSink for PprofProfile {
             if !self.off_cpu {
                 return;
             }
-            add = vec![0, 0, i64::try_from(off_cpu.blocked_ns).unwrap_or(i64::MAX)];
+            let blocked = i64::try_from(off_cpu.blocked_ns).unwrap_or(i64::MAX);
+            add = vec![0, 0, blocked.saturating_mul(count)];
         }
         let key = (locations, sample.process.pid, sample.tid, state);
         if let Some(&at) = self.samples.get(&key) {
             let values = &mut self.profile.sample[at].value;
             for (value, more) in values.iter_mut().zip(&add) {
-                *value += more;
+                *value = value.saturating_add(*more);
             }
             return;
         }

@@ -90,27 +90,38 @@ impl Summary {
 
 impl SampleSink for Summary {
     fn push(&mut self, sample: &ResolvedSample) {
+        self.push_count(sample, 1);
+    }
+
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
+        if count == 0 {
+            return;
+        }
         self.processes.insert(sample.process.pid);
         let mut labels = super::stack_labels(sample);
         if let Some(off_cpu) = &sample.off_cpu {
-            self.off_cpu_events += 1;
-            self.off_cpu_ns += off_cpu.blocked_ns;
+            let blocked = off_cpu.blocked_ns.saturating_mul(count);
+            self.off_cpu_events = self.off_cpu_events.saturating_add(count);
+            self.off_cpu_ns = self.off_cpu_ns.saturating_add(blocked);
             labels.sort_unstable();
             labels.dedup();
             for label in labels {
-                *self.off_cpu_total_ns.entry(label).or_default() += off_cpu.blocked_ns;
+                let total = self.off_cpu_total_ns.entry(label).or_default();
+                *total = total.saturating_add(blocked);
             }
             return;
         }
-        self.samples += 1;
+        self.samples = self.samples.saturating_add(count);
         if let Some(leaf) = labels.last() {
-            *self.self_counts.entry(leaf.clone()).or_default() += 1;
+            let total = self.self_counts.entry(leaf.clone()).or_default();
+            *total = total.saturating_add(count);
         }
         // Recursion must not count a function twice in one sample.
         labels.sort_unstable();
         labels.dedup();
         for label in labels {
-            *self.total_counts.entry(label).or_default() += 1;
+            let total = self.total_counts.entry(label).or_default();
+            *total = total.saturating_add(count);
         }
     }
 }

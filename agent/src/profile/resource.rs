@@ -66,6 +66,18 @@ impl ResourceConfig {
         )
     }
 
+    /// Exactly these attributes (from a profile read back from a file),
+    /// less the per-group `container.id` and `k8s.pod.uid`.
+    pub fn from_attributes<'a>(attributes: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut config = ResourceConfig::default();
+        for (key, value) in attributes {
+            if key != "container.id" && key != "k8s.pod.uid" {
+                config.set(key, value);
+            }
+        }
+        config
+    }
+
     fn set(&mut self, key: &str, value: &str) {
         self.attributes.retain(|(existing, _)| existing != key);
         self.attributes.push((key.to_owned(), value.to_owned()));

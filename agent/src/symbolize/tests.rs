@@ -25,7 +25,12 @@ fn frame_at(address: u64) -> Frame {
 fn names_our_own_function_with_its_source_line() {
     std::hint::black_box(marker_function_for_symbolizer_tests());
     let address = marker_function_for_symbolizer_tests as *const () as u64;
-    let symbolizer = Symbolizer::new();
+    // The unit-test binary's DWARF (~230 MiB) is over half the default
+    // cache, which would leave it named from its symbol table only.
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        cache_bytes: 2 << 30,
+        ..SymbolizerOptions::default()
+    });
     let mut frame = frame_at(address);
     symbolizer.symbolize(std::process::id(), &mut frame, false);
     let outer = frame.lines.last().expect("symbolized");
