@@ -273,22 +273,37 @@ impl Sampler {
 
     fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
-            for (map, index, name) in
-                &agent_ebpf::LEGACY_TAIL_PROGRAMS[agent_ebpf::LEGACY_TAIL_PERF_EVENT..]
-            {
-                let program: &mut RawTracePoint = self
-                    .ebpf
-                    .program_mut(name)
-                    .ok_or(SamplerError::MissingObject(name))?
-                    .try_into()
-                    .map_err(SamplerError::load_program)?;
-                program.load().map_err(SamplerError::load_named(name))?;
-                let fd = program.fd().map_err(SamplerError::load_program)?;
-                let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
-                self.set_legacy_unwinder(map, *index, &fd)?;
-            }
+            self.load_legacy_tails(
+                &agent_ebpf::LEGACY_TAIL_PROGRAMS[agent_ebpf::LEGACY_TAIL_PERF_EVENT..],
+            )?;
         }
         self.attach_raw_tracepoint(self.variant.off_cpu_program(), "sched_switch")
+    }
+
+    /// Loads legacy tail-call programs, each into its tails map, before the
+    /// program that calls them is loaded.
+    fn load_legacy_tails(
+        &mut self,
+        tails: &[(&'static str, u32, &'static str)],
+    ) -> Result<(), SamplerError> {
+        for (map, index, name) in tails {
+            let program = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(SamplerError::MissingObject(name))?;
+            // Tail-called programs are loaded, never attached: only their
+            // type differs.
+            match program {
+                aya::programs::Program::PerfEvent(program) => program.load(),
+                aya::programs::Program::RawTracePoint(program) => program.load(),
+                _ => Err(aya::programs::ProgramError::UnexpectedProgramType),
+            }
+            .map_err(SamplerError::load_named(name))?;
+            let fd = program.fd().map_err(SamplerError::load_program)?;
+            let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
+            self.set_legacy_unwinder(map, *index, &fd)?;
+        }
+        Ok(())
     }
 
     /// Puts a loaded legacy tail-call program at `index` of the tails map `map`.
@@ -342,20 +357,9 @@ impl Sampler {
 
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
-            for (map, index, name) in
-                &agent_ebpf::LEGACY_TAIL_PROGRAMS[..agent_ebpf::LEGACY_TAIL_PERF_EVENT]
-            {
-                let program: &mut PerfEvent = self
-                    .ebpf
-                    .program_mut(name)
-                    .ok_or(SamplerError::MissingObject(name))?
-                    .try_into()
-                    .map_err(SamplerError::load_program)?;
-                program.load().map_err(SamplerError::load_named(name))?;
-                let fd = program.fd().map_err(SamplerError::load_program)?;
-                let fd = fd.try_clone().map_err(SamplerError::load_program_io)?;
-                self.set_legacy_unwinder(map, *index, &fd)?;
-            }
+            self.load_legacy_tails(
+                &agent_ebpf::LEGACY_TAIL_PROGRAMS[..agent_ebpf::LEGACY_TAIL_PERF_EVENT],
+            )?;
         }
         let name = self.variant.sample_program();
         let program = self.program()?;
