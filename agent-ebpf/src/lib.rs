@@ -3,7 +3,7 @@
 //! Everything both sides must agree on lives here and only here: the record the
 //! eBPF sampler writes into the ring buffer ([`Sample`]), the names of maps,
 //! programs and globals, the indices of the loss counters ([`Counter`]) and the
-//! size limits. The eBPF binary (`src/main.rs`) and the agent both depend on
+//! size limits. The eBPF binary (`src/main.rs`, its programs in `src/programs/`) and the agent both depend on
 //! this file, so a change to the layout is one edit, seen by both compilers.
 //!
 //! With the `user` feature the types implement `aya::Pod`, so the agent can read

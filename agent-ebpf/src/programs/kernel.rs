@@ -1,0 +1,183 @@
+//! What differs between kernels: how the user registers are found, and how
+//! the unwinder loops and searches.
+use super::*;
+
+use super::unwinder::*;
+
+/// What differs between the kernels the sampler runs on: how it finds
+/// the user registers and how it loops. Each program exists in two
+/// variants, `Modern` (Linux 5.17+: `bpf_loop`, `bpf_task_pt_regs`) and
+/// `Legacy` (5.10+: loops bounded in the program itself, registers read
+/// from the top of the task's kernel stack); the agent probes the kernel
+/// and loads one. The verifier of a kernel without `bpf_loop` rejects a
+/// program that merely mentions a loop callback, so the variants must be
+/// separate programs.
+pub(super) trait Kernel {
+    /// The current task's user registers (`struct pt_regs`, saved on
+    /// kernel entry: right whether the sample hit user or kernel code),
+    /// or null.
+    fn user_regs() -> *const u8;
+    /// The current task's user stack, unwound with the tables into `dst`
+    /// (see [`unwind_user`]).
+    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)>;
+    /// The last element `<= target` of a sorted run: the process's
+    /// mappings or a table's rows.
+    fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32>
+    where
+        Self: Sized;
+}
+
+/// Linux 5.17 and later.
+pub(super) struct Modern;
+
+impl Kernel for Modern {
+    #[inline(always)]
+    fn user_regs() -> *const u8 {
+        unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+    }
+
+    /// Unwinds right here, one `bpf_loop` call per frame.
+    #[inline(always)]
+    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+        unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+        let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
+        start_unwind::<Modern>(state, tgid)?;
+        let mut ctx_slot = slot;
+        unsafe {
+            bpf_loop(
+                MAX_USER_STACK_DEPTH as u32,
+                unwind_frame as *mut c_void,
+                (&mut ctx_slot as *mut u32).cast(),
+                0,
+            )
+        };
+        Some(finish_unwind(state, dst))
+    }
+
+    #[inline(always)]
+    fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
+        let mut ctx = SearchCtx {
+            search: Search::new(len, target),
+            tgid: process.tgid,
+            table_start: match what {
+                Sorted::Mappings => SEARCH_MAPPINGS,
+                Sorted::Rows { start } => start,
+            },
+        };
+        unsafe {
+            bpf_loop(
+                unwind::MAX_SEARCH_STEPS,
+                search_probe as *mut c_void,
+                (&mut ctx as *mut SearchCtx).cast(),
+                0,
+            )
+        };
+        ctx.search.result()
+    }
+}
+
+/// Linux 5.10 to 5.16.
+pub(super) struct Legacy;
+
+/// Probes of a legacy search over a process's mappings: enough for
+/// `MAX_PROCESS_MAPPINGS` (64) of them.
+pub(super) const LEGACY_MAPPING_PROBES: u32 = 7;
+const _: () = assert!(1 << LEGACY_MAPPING_PROBES > unwind::MAX_PROCESS_MAPPINGS);
+/// Probes of a legacy search over a table's rows: tables of up to 4 M rows
+/// (64 MiB); a longer table's addresses past that count as not covered.
+/// Fewer probes than `bpf_loop`'s 32 keep the verifier's work in bounds.
+pub(super) const LEGACY_ROW_PROBES: u32 = 22;
+
+impl Kernel for Legacy {
+    #[inline(always)]
+    fn user_regs() -> *const u8 {
+        let task = unsafe { bpf_get_current_task() } as *const u8;
+        let offset = unsafe { read_volatile(&TASK_STACK_OFFSET) } as usize;
+        let size = unsafe { read_volatile(&PT_REGS_SIZE) } as u64;
+        let thread_size = unsafe { read_volatile(&THREAD_SIZE) } as u64;
+        if offset == 0 || size == 0 || task.is_null() {
+            return core::ptr::null();
+        }
+        match unsafe { bpf_probe_read_kernel(task.add(offset).cast::<u64>()) } {
+            // task_pt_regs(): the registers sit at the very top of the stack.
+            Ok(stack) if stack != 0 => (stack + thread_size - size) as *const u8,
+            _ => core::ptr::null(),
+        }
+    }
+
+    /// Hands over the unwind that [`legacy_start`] and the tail calls
+    /// of [`legacy_continue`] did before this program run reached here.
+    #[inline(always)]
+    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+        let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
+        if state.reason == IDLE || state.tgid != tgid {
+            return None;
+        }
+        let unwound = finish_unwind(state, dst);
+        state.reason = IDLE;
+        Some(unwound)
+    }
+
+    /// Branch-free probes (see `Search::probe_branchless`); rows are
+    /// read with `bpf_probe_read_kernel` from the rows map's flat memory,
+    /// because a map lookup per probe is a branch (its NULL check) too.
+    #[inline(always)]
+    fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
+        match what {
+            Sorted::Mappings => {
+                let key = |index: u32| {
+                    let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+                    Some(process.mappings.mappings[index].start)
+                };
+                unwind::search_last_le_branchless(len, target, LEGACY_MAPPING_PROBES, key)
+            }
+            Sorted::Rows { start } => {
+                let base = process.rows_base;
+                if base == 0 {
+                    return None;
+                }
+                let key = |index: u32| {
+                    let at =
+                        base + u64::from(start.wrapping_add(index)) * size_of::<UnwindRow>() as u64;
+                    // A failed read (past the map's end, only for the probes after
+                    // the search is over) leaves "greater than any target".
+                    let mut pc = u32::MAX;
+                    unsafe {
+                        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                            (&mut pc as *mut u32).cast(),
+                            size_of::<u32>() as u32,
+                            at as *const c_void,
+                        )
+                    };
+                    Some(u64::from(pc))
+                };
+                unwind::search_last_le_branchless(len, target, LEGACY_ROW_PROBES, key)
+            }
+        }
+    }
+}
+
+/// The current task's user pc, sp, frame pointer and link register.
+#[inline(always)]
+pub(super) fn read_user_regs<K: Kernel>() -> Option<[u64; 4]> {
+    let regs = K::user_regs();
+    if regs.is_null() {
+        return None;
+    }
+    // One read into a zeroed array: nothing undefined for old verifiers
+    // to trip on (see `unwind::frame_pointer_step`).
+    let mut values = [0u64; 4];
+    for (value, offset) in values.iter_mut().zip(PT_REGS) {
+        let read = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                (value as *mut u64).cast(),
+                size_of::<u64>() as u32,
+                regs.add(offset).cast(),
+            )
+        };
+        if read != 0 {
+            return None;
+        }
+    }
+    Some(values)
+}

@@ -1,0 +1,327 @@
+//! The eBPF programs, one file per program family; this file holds the
+//! globals the agent sets at load time, the maps, and what every program
+//! shares (counters, stack reading, the record's fill and submit).
+//!
+//! - `sample`: `sample_cpu` on every cpu-clock event (and its legacy variant);
+//! - `off_cpu`: `off_cpu_switch` on `sched_switch`;
+//! - `process`: `forget_exec` and `follow_fork`;
+//! - `kernel`: what differs between kernels (modern: `bpf_loop`; legacy:
+//!   5.10 to 5.16) and the user registers;
+//! - `unwinder`: the table-driven unwinder's kernel side, in `bpf_loop`
+//!   callbacks or in chains of tail calls.
+mod kernel;
+mod off_cpu;
+mod process;
+mod sample;
+mod unwinder;
+
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{read_volatile, write_volatile},
+};
+
+use agent_ebpf::{
+    COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_THREAD_SIZE, DEFAULT_UNWIND_CHUNKS,
+    MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
+    MAX_USER_STACK_DEPTH, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
+    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
+    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT, Sample,
+    StackSample, UNWIND_DWARF, UnwindState,
+    unwind::{
+        self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
+    },
+};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_prandom_u32,
+            bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_task_pt_regs,
+        },
+    },
+    macros::{map, perf_event, raw_tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    programs::{PerfEventContext, RawTracePointContext},
+};
+
+use kernel::{Kernel, read_user_regs};
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_FILTER_BY_TGID`).
+#[unsafe(no_mangle)]
+static FILTER_BY_TGID: u8 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_TGID_OFFSET`).
+#[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u32 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_THRESHOLD_NS`).
+#[unsafe(no_mangle)]
+static OFF_CPU_THRESHOLD_NS: u64 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_SAMPLE_PPM`).
+#[unsafe(no_mangle)]
+static OFF_CPU_SAMPLE_PPM: u32 = 1_000_000;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STATE_OFFSET`).
+#[unsafe(no_mangle)]
+static TASK_STATE_OFFSET: u32 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_PID_OFFSET`).
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u32 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STACK_OFFSET`).
+#[unsafe(no_mangle)]
+static TASK_STACK_OFFSET: u32 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_PT_REGS_SIZE`).
+#[unsafe(no_mangle)]
+static PT_REGS_SIZE: u32 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_THREAD_SIZE`).
+#[unsafe(no_mangle)]
+static THREAD_SIZE: u32 = DEFAULT_THREAD_SIZE;
+
+#[map(name = "OFF_CPU_START")]
+static OFF_CPU_START: LruHashMap<u32, Sample> =
+    LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
+
+#[map(name = "OFF_CPU_SCRATCH")]
+static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "SAMPLES")]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+#[map(name = "COUNTERS")]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+#[map(name = "FILTER_TGIDS")]
+static FILTER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_UNWIND_MODE`).
+#[unsafe(no_mangle)]
+static UNWIND_MODE: u8 = 0;
+
+/// Set by the agent at load time (`agent_ebpf::GLOBAL_STACK_COPY_BYTES`).
+#[unsafe(no_mangle)]
+static STACK_COPY_BYTES: u32 = 0;
+
+#[map(name = "UNWIND_ROWS")]
+static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
+
+#[map(name = "PROCESS_MAPPINGS")]
+static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
+    HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+#[map(name = "UNWIND_STATE")]
+static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
+
+const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+const USER_STACK_BYTES: u32 = (MAX_USER_STACK_DEPTH * size_of::<u64>()) as u32;
+
+#[cfg(bpf_target_arch = "aarch64")]
+const ARCH: Arch = Arch::Aarch64;
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const ARCH: Arch = Arch::X86_64;
+
+/// Byte offsets of pc, sp, frame pointer and link register in the
+/// architecture's `struct pt_regs` (a stable kernel ABI).
+#[cfg(bpf_target_arch = "aarch64")]
+const PT_REGS: [usize; 4] = [32 * 8, 31 * 8, 29 * 8, 30 * 8];
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const PT_REGS: [usize; 4] = [16 * 8, 19 * 8, 4 * 8, 16 * 8];
+
+/// `UnwindState::reason` while the unwind is still going.
+const RUNNING: u32 = u32::MAX;
+
+/// UNWIND_STATE slots: the sampler and the off-CPU tracepoint never
+/// share one.
+const SLOT_CPU: u32 = 0;
+const SLOT_OFF_CPU: u32 = 1;
+
+#[inline(always)]
+fn bump(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // Per-CPU slot and perf_event programs do not nest on one CPU: a
+        // plain increment is race-free.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Reads one stack into `dst`; returns (frames, flags to set).
+#[inline(always)]
+fn read_stack<C: EbpfContext>(ctx: &C, dst: *mut u64, user: bool) -> (u32, u32) {
+    let (flags, bytes) = if user {
+        (BPF_F_USER_STACK as u64, USER_STACK_BYTES)
+    } else {
+        (0, STACK_BYTES)
+    };
+    let written = unsafe { bpf_get_stack(ctx.as_ptr(), dst as *mut c_void, bytes, flags) };
+    let (error_flag, truncated_flag, error_counter) = if user {
+        (
+            SAMPLE_FLAG_USER_ERROR,
+            SAMPLE_FLAG_USER_TRUNCATED,
+            Counter::UserStackError,
+        )
+    } else {
+        (
+            SAMPLE_FLAG_KERNEL_ERROR,
+            SAMPLE_FLAG_KERNEL_TRUNCATED,
+            Counter::KernelStackError,
+        )
+    };
+    if written < 0 {
+        bump(error_counter);
+        return (0, error_flag);
+    }
+    let frames = (written as u32) / size_of::<u64>() as u32;
+    if frames as usize >= MAX_STACK_DEPTH {
+        bump(Counter::Truncated);
+        return (frames, truncated_flag);
+    }
+    (frames, 0)
+}
+
+/// True when the process is to be profiled (no filter, or in the filter).
+#[inline(always)]
+fn wanted(tgid: u32) -> bool {
+    // Volatile: the loader rewrites this constant, the compiler must not fold it.
+    let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
+    !filtering || unsafe { FILTER_TGIDS.get(&tgid) }.is_some()
+}
+
+/// Fills `sample` with the current thread and both its stacks.
+#[inline(always)]
+unsafe fn fill<K: Kernel, C: EbpfContext>(
+    ctx: &C,
+    sample: *mut Sample,
+    pid_tgid: u64,
+    kind: u32,
+    ktime_ns: u64,
+    state: u32,
+) {
+    unsafe {
+        (*sample).tgid = (pid_tgid >> 32) as u32;
+        (*sample).tid = pid_tgid as u32;
+        (*sample).cpu = bpf_get_smp_processor_id();
+        (*sample).ktime_ns = ktime_ns;
+        (*sample).off_cpu_ns = 0;
+        (*sample).kind = kind;
+        (*sample).thread_state = state;
+        (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+        let (kernel_len, kernel_flags) =
+            read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
+        let tgid = (pid_tgid >> 32) as u32;
+        let user = (*sample).user_stack.as_mut_ptr();
+        let dwarf = read_volatile(&UNWIND_MODE) == UNWIND_DWARF;
+        let slot = if kind == SAMPLE_KIND_CPU {
+            SLOT_CPU
+        } else {
+            SLOT_OFF_CPU
+        };
+        let tables = if dwarf {
+            K::unwind_user(slot, tgid, user)
+        } else {
+            None
+        };
+        let (user_len, user_flags) = match tables {
+            Some(unwound) => unwound,
+            None => {
+                let (len, flags) = read_stack(ctx, user, true);
+                // Kernel threads have no user stack: nothing to load.
+                if dwarf && len > 0 {
+                    bump(Counter::UnwindUnknownProcess);
+                    let why = unwind::reason::UNKNOWN_PROCESS << SAMPLE_UNWIND_SHIFT;
+                    (len, flags | why)
+                } else {
+                    (len, flags)
+                }
+            }
+        };
+        (*sample).kernel_stack_len = kernel_len;
+        (*sample).user_stack_len = user_len;
+        (*sample).flags = kernel_flags | user_flags;
+    }
+}
+
+/// Submits a reserved ring entry, batching wakeups: the reader also
+/// drains on a timer, so a quiet ring never strands samples.
+#[inline(always)]
+fn submit(mut entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
+    let flags = unsafe { (*entry.as_mut_ptr()).flags };
+    entry.submit(wakeup_flags(flags));
+    bump(Counter::Submitted);
+}
+
+/// The ring's wakeup flag for a sample with these `flags`.
+#[inline(always)]
+fn wakeup_flags(flags: u32) -> u64 {
+    // A selected process the unwinder does not know yet (just started or
+    // exec'd): wake the agent now, so its tables load within a few
+    // samples rather than a drain interval. Host-wide, where unknown
+    // processes are many, the usual batching stays.
+    let why = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+    let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
+    let urgent =
+        filtering && (why == unwind::reason::UNKNOWN_PROCESS || why == unwind::reason::NO_MAPPING);
+    let wakeup = if urgent || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    wakeup as u64
+}
+
+/// Copies the user registers and the top `bytes` of the user stack into
+/// a stack sample (`--stack-copy`), or as much of it as is mapped.
+#[inline(always)]
+unsafe fn copy_stack<K: Kernel>(dst: *mut StackSample, bytes: u32) {
+    unsafe {
+        (*dst).regs_valid = 0;
+        (*dst).stack_len = 0;
+        let Some(regs) = read_user_regs::<K>() else {
+            return;
+        };
+        let sp = regs[1];
+        (*dst).regs = regs;
+        (*dst).regs_valid = 1;
+        // Near the top of the stack the whole read faults: then try up to
+        // the end of sp's page and 3, 2, 1 or 0 pages past it.
+        let to_page_end = 4096 - (sp & 4095) as u32;
+        let mut len = bytes;
+        for attempt in 0..5u32 {
+            if attempt > 0 {
+                let fit = to_page_end + (4 - attempt) * 4096;
+                if fit >= len {
+                    continue;
+                }
+                len = fit;
+            }
+            if len == 0 || len > MAX_STACK_COPY as u32 {
+                return;
+            }
+            let read = aya_ebpf::helpers::generated::bpf_probe_read_user(
+                (*dst).stack.as_mut_ptr().cast(),
+                len,
+                sp as *const c_void,
+            );
+            if read == 0 {
+                (*dst).stack_len = len;
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,156 @@
+//! `off_cpu_switch`: where and why threads leave the CPU, emitted when they
+//! come back (and, legacy, its tail-called unwinder and writer).
+use super::*;
+
+use super::{
+    kernel::Legacy,
+    kernel::Modern,
+    unwinder::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_start},
+};
+
+pub(super) const TASK_DEAD: u32 = 0x80;
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …)`
+/// runs as `prev`, just before it leaves the CPU.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_switch(ctx: RawTracePointContext) -> i32 {
+    off_cpu::<Modern>(&ctx)
+}
+
+#[inline(always)]
+pub(super) fn off_cpu<K: Kernel>(ctx: &RawTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    off_cpu_back(ctx, now);
+    if let Some(state) = off_cpu_leaving(ctx) {
+        off_cpu_record::<K>(ctx, now, state);
+    }
+    0
+}
+
+/// `off_cpu_switch` for kernels before 5.17
+/// (`agent_ebpf::PROGRAM_OFF_CPU_SWITCH_LEGACY`).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    off_cpu_back(&ctx, now);
+    let Some(state) = off_cpu_leaving(&ctx) else {
+        return 0;
+    };
+    let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // What the record needs after the tail calls.
+    unsafe {
+        (*scratch).ktime_ns = now;
+        (*scratch).thread_state = state;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    legacy_start(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU, tgid);
+    off_cpu_record::<Legacy>(&ctx, now, state);
+    0
+}
+
+/// The unwinder of `off_cpu_legacy`.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
+    legacy_continue(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    0
+}
+
+/// Records the thread `off_cpu_legacy` saw leave, once its stack is walked.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy_emit(ctx: RawTracePointContext) -> i32 {
+    let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let (now, state) = unsafe { ((*scratch).ktime_ns, (*scratch).thread_state) };
+    off_cpu_record::<Legacy>(&ctx, now, state);
+    0
+}
+
+/// `next` comes back: emit its record if it was away long enough.
+#[inline(always)]
+pub(super) fn off_cpu_back(ctx: &RawTracePointContext, now: u64) {
+    let next: *const u8 = ctx.arg(2);
+    let offset = unsafe { read_volatile(&TASK_PID_OFFSET) } as usize;
+    if offset == 0 {
+        return;
+    }
+    let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.add(offset).cast::<u32>()) }) else {
+        return;
+    };
+    let Some(record) = OFF_CPU_START.get_ptr(&tid) else {
+        return;
+    };
+    let away = now.saturating_sub(unsafe { (*record).ktime_ns });
+    if away >= unsafe { read_volatile(&OFF_CPU_THRESHOLD_NS) } {
+        match SAMPLES.reserve::<Sample>(0) {
+            Some(mut entry) => {
+                let dst = entry.as_mut_ptr();
+                // SAFETY: both are whole `Sample`s: a map value and a ring entry.
+                let copied = unsafe {
+                    aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                        dst.cast(),
+                        size_of::<Sample>() as u32,
+                        record.cast(),
+                    )
+                };
+                if copied == 0 {
+                    unsafe { (*dst).off_cpu_ns = away };
+                    bump(Counter::OffCpuEmitted);
+                    submit(entry);
+                } else {
+                    entry.discard(0);
+                }
+            }
+            None => bump(Counter::RingFull),
+        }
+    }
+    let _ = OFF_CPU_START.remove(&tid);
+}
+
+/// `prev` (the current thread) leaves: its state (`__state`) when it is
+/// to be recorded.
+#[inline(always)]
+pub(super) fn off_cpu_leaving(ctx: &RawTracePointContext) -> Option<u32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    if tid == 0 || !wanted((pid_tgid >> 32) as u32) {
+        return None;
+    }
+    // Probabilistic tracking bounds the cost on hosts that switch a lot.
+    let ppm = unsafe { read_volatile(&OFF_CPU_SAMPLE_PPM) };
+    if ppm < 1_000_000 && unsafe { bpf_get_prandom_u32() } % 1_000_000 >= ppm {
+        return None;
+    }
+    let preempted: u64 = ctx.arg(0);
+    let prev: *const u8 = ctx.arg(1);
+    let offset = unsafe { read_volatile(&TASK_STATE_OFFSET) } as usize;
+    let mut state = if offset == 0 {
+        0
+    } else {
+        unsafe { bpf_probe_read_kernel(prev.add(offset).cast::<u32>()) }.unwrap_or(0)
+    };
+    // Preempted threads can still run, whatever __state says.
+    if preempted & 0xff != 0 {
+        state = 0;
+    }
+    if state & TASK_DEAD != 0 {
+        return None;
+    }
+    Some(state)
+}
+
+/// Records where the current thread leaves the CPU, and why (`state`).
+#[inline(always)]
+pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, state: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    unsafe { fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+    if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
+        bump(Counter::OffCpuMapFull);
+    }
+}

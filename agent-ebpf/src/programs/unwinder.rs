@@ -1,0 +1,276 @@
+//! The kernel side of the table-driven unwinder: the process view it
+//! walks, `bpf_loop` callbacks (modern) and tail-call chains (legacy).
+use super::*;
+
+use super::kernel::*;
+
+/// The unwinder's view of the current process: user memory and the
+/// tables the agent loaded.
+pub(super) struct KernelProcess<'a, K> {
+    pub(super) mappings: &'a ProcessMappings,
+    pub(super) tgid: u32,
+    /// Legacy only: the address of the rows map's first row, as a plain
+    /// number (see [`rows_base`]); 0 when unknown.
+    pub(super) rows_base: u64,
+    pub(super) kernel: core::marker::PhantomData<K>,
+}
+
+/// The address of the rows map's first row, as a number the verifier
+/// does not track as a pointer: an array map's values are one flat
+/// block, so row `i` is at `base + 16 * i`, which legacy searches read
+/// with `bpf_probe_read_kernel` (a pointer into the map could not be
+/// moved that far).
+#[inline(always)]
+pub(super) fn rows_base() -> u64 {
+    let Some(first) = UNWIND_ROWS.get_ptr(0) else {
+        return 0;
+    };
+    let pointer = first as u64;
+    let mut base = 0u64;
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (&mut base as *mut u64).cast(),
+            size_of::<u64>() as u32,
+            (&pointer as *const u64).cast(),
+        )
+    };
+    base
+}
+
+impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
+    #[inline(always)]
+    fn read_u64(&mut self, address: u64) -> Option<u64> {
+        // Zeroed first: a failed read leaves nothing undefined behind.
+        let mut value = 0u64;
+        let read = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                (&mut value as *mut u64).cast(),
+                size_of::<u64>() as u32,
+                address as *const c_void,
+            )
+        };
+        (read == 0).then_some(value)
+    }
+
+    #[inline(always)]
+    fn lookup(&mut self, pc: u64) -> Lookup {
+        let this = &*self;
+        // Forced inline: a closure called twice is otherwise a BPF
+        // subprogram, which old verifiers check less kindly.
+        let search = #[inline(always)]
+        |what: Sorted, len: u32, target: u64| K::search(this, what, len, target);
+        unwind::lookup_in(self.mappings, pc, search, row)
+    }
+}
+
+/// Row `index` of the rows map.
+#[inline(always)]
+pub(super) fn row(index: u32) -> Option<UnwindRow> {
+    let chunk = UNWIND_ROWS.get(index / ROW_CHUNK as u32)?;
+    chunk.0.get((index % ROW_CHUNK as u32) as usize).copied()
+}
+
+/// `SearchCtx::table_start` of a search over the process's mappings.
+pub(super) const SEARCH_MAPPINGS: u32 = u32::MAX;
+
+/// A binary search run by `bpf_loop`, one probe per call.
+#[repr(C)]
+pub(super) struct SearchCtx {
+    pub(super) search: Search,
+    pub(super) tgid: u32,
+    /// First row of the table searched, or SEARCH_MAPPINGS.
+    pub(super) table_start: u32,
+}
+
+pub(super) extern "C" fn search_probe(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes the SearchCtx on the caller's stack.
+    let ctx = unsafe { &mut *(ctx as *mut SearchCtx) };
+    let (tgid, start) = (ctx.tgid, ctx.table_start);
+    let more = ctx.search.probe(|index| {
+        if start == SEARCH_MAPPINGS {
+            let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+            let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+            Some(mappings.mappings[index].start)
+        } else {
+            row(start.wrapping_add(index)).map(|row| row.pc as u64)
+        }
+    });
+    if more { 0 } else { 1 }
+}
+
+/// One frame per call, from `bpf_loop`; `ctx` points at the
+/// UNWIND_STATE slot. Returns 1 to stop.
+pub(super) extern "C" fn unwind_frame(_index: u64, ctx: *mut c_void) -> i64 {
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+        return 1;
+    };
+    // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
+    let state = unsafe { &mut *state };
+    let Some(mappings) = (unsafe { PROCESS_MAPPINGS.get(&state.tgid) }) else {
+        state.reason = unwind::reason::UNKNOWN_PROCESS;
+        return 1;
+    };
+    i64::from(frame::<Modern>(state, mappings, 0))
+}
+
+/// Walks one frame of the unwind in `state`; true when the unwind is over
+/// (`state.reason` says why).
+#[inline(always)]
+pub(super) fn frame<K: Kernel>(
+    state: &mut UnwindState,
+    mappings: &ProcessMappings,
+    rows_base: u64,
+) -> bool {
+    let mut process = KernelProcess::<K> {
+        mappings,
+        tgid: unsafe { read_volatile(&state.tgid) },
+        rows_base,
+        kernel: core::marker::PhantomData,
+    };
+    // Through memory, not registers, from one frame to the next: what
+    // a frame leaves in registers (which rule it took, constants such
+    // as `interrupted`) would keep the verifier from seeing that the
+    // next frame starts the same way whatever the path, and the paths
+    // would multiply frame after frame.
+    let mut regs = unsafe { read_volatile(&state.regs) };
+    let step = unwind::step(ARCH, &mut regs, &mut process);
+    unsafe { write_volatile(&mut state.regs, regs) };
+    match step {
+        Step::Caller => {
+            let len = unsafe { read_volatile(&state.len) } as usize;
+            if len >= MAX_USER_STACK_DEPTH {
+                state.reason = unwind::reason::DEPTH_LIMIT;
+                return true;
+            }
+            // Masked for the verifier (the depth is a power of two).
+            state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = regs.pc;
+            unsafe { write_volatile(&mut state.len, len as u32 + 1) };
+            false
+        }
+        Step::Stop(reason) => {
+            unsafe { write_volatile(&mut state.reason, reason) };
+            true
+        }
+    }
+}
+
+/// Starts an unwind of the current task in `state`; `None` when its
+/// registers cannot be read.
+#[inline(always)]
+pub(super) fn start_unwind<K: Kernel>(state: &mut UnwindState, tgid: u32) -> Option<()> {
+    let [pc, sp, fp, lr] = read_user_regs::<K>()?;
+    state.regs = Regs::interrupted(pc, sp, fp, lr);
+    state.tgid = tgid;
+    state.frames[0] = pc;
+    state.len = 1;
+    state.reason = RUNNING;
+    Some(())
+}
+
+/// Copies a finished unwind into `dst`, counts why it stopped; returns
+/// (frames, sample flags).
+#[inline(always)]
+pub(super) fn finish_unwind(state: &mut UnwindState, dst: *mut u64) -> (u32, u32) {
+    if state.reason == RUNNING {
+        state.reason = unwind::reason::DEPTH_LIMIT;
+    }
+    let reason = state.reason;
+    // SAFETY: both hold MAX_USER_STACK_DEPTH frames.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            dst.cast(),
+            USER_STACK_BYTES,
+            state.frames.as_ptr().cast(),
+        )
+    };
+    bump(Counter::UnwindTables);
+    bump(Counter::for_unwind_reason(reason));
+    let mut flags = SAMPLE_FLAG_USER_TABLES | ((reason & 0xff) << SAMPLE_UNWIND_SHIFT);
+    if reason == unwind::reason::DEPTH_LIMIT {
+        bump(Counter::Truncated);
+        flags |= SAMPLE_FLAG_USER_TRUNCATED;
+    }
+    (state.len, flags)
+}
+
+/// `UnwindState::reason` of a legacy slot with no unwind waiting to be
+/// handed over (the process has no tables: frame pointers serve).
+pub(super) const IDLE: u32 = u32::MAX - 1;
+
+/// The tail-call targets of the legacy sampler
+/// (`agent_ebpf::LEGACY_TAIL_PROGRAMS`): unwinders that walk
+/// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
+/// programs that then write the record. Tail calls, not a loop, because
+/// the verifiers of those kernels walk every path of a loop: a whole
+/// stack in one program is more than they accept, and so is the record's
+/// code after every way an unwind can end.
+#[map(name = "LEGACY_SAMPLE_TAILS")]
+pub(super) static LEGACY_SAMPLE_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// The same for the off-CPU tracepoint (a program array serves one
+/// program type).
+#[map(name = "LEGACY_OFFCPU_TAILS")]
+pub(super) static LEGACY_OFFCPU_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// Frames one legacy unwinder run walks.
+pub(super) const LEGACY_FRAMES_PER_CALL: usize = 3;
+/// Unwinder runs per stack: the kernel allows 32 tail calls in a row
+/// (33 since 5.16); one starts the unwind and one writes the record.
+pub(super) const LEGACY_UNWIND_CALLS: u32 = 30;
+
+/// Tail-call indices in each tails map.
+pub(super) const TAIL_UNWIND: u32 = agent_ebpf::LEGACY_TAIL_UNWIND;
+pub(super) const TAIL_EMIT: u32 = agent_ebpf::LEGACY_TAIL_EMIT;
+
+/// Starts the unwind of the current task in `slot` when its process has
+/// tables, then jumps to the unwinder in `tails`.
+/// Returns when there is nothing to unwind (or the jump failed): the
+/// caller then writes the record itself.
+#[inline(always)]
+pub(super) fn legacy_start<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgid: u32) {
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
+    let state = unsafe { &mut *state };
+    state.reason = IDLE;
+    state.tail_calls = 0;
+    let dwarf = unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF;
+    if !dwarf || unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none() {
+        return;
+    }
+    if start_unwind::<Legacy>(state, tgid).is_some() {
+        unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
+    }
+}
+
+/// Walks the next frames of the unwind in `slot`; jumps to itself while
+/// there are more, then to the program that writes the record. An unwind still going after the last run counts as
+/// cut at the depth limit.
+#[inline(always)]
+pub(super) fn legacy_continue<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32) {
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+        return;
+    };
+    // SAFETY: as in `legacy_start`.
+    let state = unsafe { &mut *state };
+    if let Some(mappings) = unsafe { PROCESS_MAPPINGS.get(&state.tgid) } {
+        let base = rows_base();
+        for _ in 0..LEGACY_FRAMES_PER_CALL {
+            let reason = unsafe { read_volatile(&state.reason) };
+            if reason != RUNNING || frame::<Legacy>(state, mappings, base) {
+                break;
+            }
+        }
+    } else {
+        state.reason = unwind::reason::UNKNOWN_PROCESS;
+    }
+    if state.reason == RUNNING && state.tail_calls < LEGACY_UNWIND_CALLS {
+        state.tail_calls += 1;
+        unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
+    }
+    unsafe { tails.tail_call(ctx, TAIL_EMIT) };
+    // Both jumps failed: the record is lost.
+    bump(Counter::RingFull);
+}
