@@ -12,9 +12,9 @@ use std::{
     path::PathBuf,
     process::{Command, Stdio},
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
+use common::cgroup::ContainerCgroup;
 use hostprof::profile::dictionary_violations;
 use hostprof_proto::{
     Message,
@@ -152,42 +152,6 @@ async fn run_agent(
         String::from_utf8_lossy(&output.stderr)
     );
     output
-}
-
-/// A cgroup v2 directory named like a containerd container's scope; removed
-/// on drop (its processes must have exited by then).
-struct ContainerCgroup {
-    dir: PathBuf,
-    id: String,
-}
-
-impl ContainerCgroup {
-    fn create() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let id = format!("{:032x}{:032x}", nanos, u128::from(std::process::id()));
-        let dir = PathBuf::from(format!("/sys/fs/cgroup/unified/cri-containerd-{id}.scope"));
-        std::fs::create_dir(&dir).expect("create a cgroup under /sys/fs/cgroup/unified");
-        ContainerCgroup { dir, id }
-    }
-
-    fn add(&self, pid: u32) {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into cgroup");
-    }
-}
-
-impl Drop for ContainerCgroup {
-    fn drop(&mut self) {
-        // The kernel needs a moment after the last process exits.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

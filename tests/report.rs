@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use common::{cgroup::ContainerCgroup, *};
 use hostprof_proto::{Message, profiles::ProfilesData};
 use serde_json::Value;
 
@@ -366,40 +366,6 @@ fn folded_reports_itself() {
     let text = "app;main;hot_work 30\napp;main;cold_work 10\napp;[libc.so.6+0x1234];write_[k] 2\n";
     std::fs::write(&input, text).unwrap();
     assert_eq!(report_folded(&input, &dir.join("out.folded")), stacks(text));
-}
-
-/// A cgroup v2 directory named like a containerd container's scope; removed
-/// on drop (its processes must have exited by then).
-struct ContainerCgroup {
-    dir: PathBuf,
-    id: String,
-}
-
-impl ContainerCgroup {
-    fn create() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let id = format!("{:032x}{:032x}", nanos, u128::from(std::process::id()));
-        let dir = PathBuf::from(format!("/sys/fs/cgroup/unified/cri-containerd-{id}.scope"));
-        std::fs::create_dir(&dir).expect("create a cgroup under /sys/fs/cgroup/unified");
-        ContainerCgroup { dir, id }
-    }
-
-    fn add(&self, pid: u32) {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into cgroup");
-    }
-}
-
-impl Drop for ContainerCgroup {
-    fn drop(&mut self) {
-        // The kernel releases the cgroup a moment after its last process exits.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-    }
 }
 
 #[test]

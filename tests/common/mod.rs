@@ -5,6 +5,7 @@
 //! where a skipped eBPF test would hide a broken product.
 #![allow(dead_code)]
 
+pub mod cgroup;
 pub mod llvm;
 pub mod running;
 
