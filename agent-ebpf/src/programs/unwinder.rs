@@ -215,8 +215,10 @@ pub(super) static LEGACY_OFFCPU_TAILS: ProgramArray = ProgramArray::with_max_ent
 
 /// Frames one legacy unwinder run walks.
 pub(super) const LEGACY_FRAMES_PER_CALL: usize = 3;
-/// Unwinder runs per stack: the kernel allows 32 tail calls in a row
-/// (33 since 5.16); one starts the unwind and one writes the record.
+/// Unwinder runs per stack after the first: the kernel allows 32 tail calls
+/// in a row (33 since 5.16); one starts the unwind, 30 continue it, one
+/// writes the record. 31 runs of 3 frames after the first frame: user
+/// stacks of up to 94 frames.
 pub(super) const LEGACY_UNWIND_CALLS: u32 = 30;
 
 /// Tail-call indices in each tails map.
