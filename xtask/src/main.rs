@@ -170,6 +170,20 @@ fn build(target: Option<&str>) -> Result<PathBuf> {
     Ok(binary_path(target))
 }
 
+/// Builds hostprof's example `name` (release, for `target` or the host)
+/// and returns its path.
+fn build_example(name: &str, target: Option<&str>) -> Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "-p", "hostprof", "--example", name]);
+    let mut dir = root().join("target");
+    if let Some(target) = target {
+        cmd.args(["--target", target]);
+        dir.push(target);
+    }
+    run_cmd(&mut cmd)?;
+    Ok(dir.join("release/examples").join(name))
+}
+
 /// Where `build(target)` puts the binary.
 fn binary_path(target: Option<&str>) -> PathBuf {
     let mut dir = root().join("target");

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{bench::compile_workload, build, cargo, is_root, root, run_cmd};
+use crate::{bench::compile_workload, build, build_example, is_root, root};
 
 /// The documented targets (README, issue 7): at the default 19 Hz on a
 /// 2-CPU machine.
@@ -69,15 +69,7 @@ pub fn run(minutes: f64, agent_args: &[String]) -> Result<()> {
     }
     let duration = Duration::from_secs_f64(minutes * 60.0);
     let hostprof = build(None)?;
-    run_cmd(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "hostprof",
-        "--example",
-        "otlp_sink",
-    ]))?;
-    let sink_binary = root().join("target/release/examples/otlp_sink");
+    let sink_binary = build_example("otlp_sink", None)?;
     let dir = root().join("target/soak");
     fs::create_dir_all(&dir)?;
     let burner = compile_workload(&dir)?;

@@ -36,6 +36,20 @@ impl OutputFormat {
         };
         Ok(format)
     }
+
+    /// The format of `--format` and `-o` together (`record` and `report`):
+    /// `--format` wins, else the name says; `None` without `-o`.
+    pub(super) fn chosen(
+        format: Option<OutputFormat>,
+        output: Option<&Path>,
+    ) -> anyhow::Result<Option<Self>> {
+        match (format, output) {
+            (Some(_), None) => bail!("--format needs -o FILE (or -o - for stdout)"),
+            (Some(format), Some(_)) => Ok(Some(format)),
+            (None, Some(path)) => Ok(Some(OutputFormat::for_path(path)?)),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// The profile being built for `-o`, in the chosen format.

@@ -34,14 +34,7 @@ pub(super) fn unix_nanos_now() -> u64 {
 }
 
 pub async fn run(args: RecordArgs) -> anyhow::Result<()> {
-    let format = match (args.format, &args.output) {
-        (Some(format), _) => Some(format),
-        (None, Some(path)) => Some(OutputFormat::for_path(path)?),
-        (None, None) => None,
-    };
-    if format.is_some() && args.output.is_none() {
-        bail!("--format needs -o FILE (or -o - for stdout)");
-    }
+    let format = OutputFormat::chosen(args.format, args.output.as_deref())?;
     for pid in &args.pids {
         if !procs::is_alive(*pid) {
             bail!("no process with pid {pid}: check it with `ps -p {pid}`");

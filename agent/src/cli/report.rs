@@ -27,14 +27,7 @@ const CONTAINER_PLACEHOLDER: &str = "{container}";
 const DEFAULT_FREQUENCY_HZ: u64 = 99;
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
-    let format = match (args.format, &args.output) {
-        (Some(format), _) => Some(format),
-        (None, Some(path)) => Some(OutputFormat::for_path(path)?),
-        (None, None) => None,
-    };
-    if format.is_some() && args.output.is_none() {
-        bail!("--format needs -o FILE (or -o - for stdout)");
-    }
+    let format = OutputFormat::chosen(args.format, args.output.as_deref())?;
     let name = args.input.display().to_string();
     let data = read_input(&args.input)?;
     let input_format = InputFormat::for_name(&name).unwrap_or_else(|| InputFormat::sniff(&data));

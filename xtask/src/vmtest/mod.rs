@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{CROSS_TARGET, build, cargo, root, run_cmd};
+use crate::{CROSS_TARGET, build, build_example, root};
 
 /// A guest architecture (the host is x86_64).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -193,25 +193,11 @@ pub fn run(options: &Options) -> Result<()> {
 /// them into an initramfs.
 fn build_image(dir: &Path, suite: &str, arch: Arch, keep: bool) -> Result<PathBuf> {
     let hostprof = build(arch.rust_target())?;
-    let mut sink = cargo();
-    sink.args([
-        "build",
-        "--release",
-        "-p",
-        "hostprof",
-        "--example",
-        "otlp_sink",
-    ]);
-    let mut release = root().join("target");
-    if let Some(target) = arch.rust_target() {
-        sink.args(["--target", target]);
-        release.push(target);
-    }
-    run_cmd(&mut sink)?;
+    let otlp_sink = build_example("otlp_sink", arch.rust_target())?;
     let inputs = image::Inputs {
         busybox: kernel::busybox(dir, suite, arch)?,
         hostprof,
-        otlp_sink: release.join("release/examples/otlp_sink"),
+        otlp_sink,
     };
     let arch_dir = dir.join(arch.name());
     fs::create_dir_all(&arch_dir)?;
