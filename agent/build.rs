@@ -4,6 +4,11 @@ use std::{env, path::Path, process::Command};
 
 fn main() {
     let ebpf_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent-ebpf");
+    // aya-build watches only the eBPF package's own directory; the programs
+    // also compile the contract and the unwinder core.
+    for shared in ["../common", "../unwinder"] {
+        println!("cargo:rerun-if-changed={shared}");
+    }
     if let Err(missing) = toolchain_ready() {
         // One actionable line instead of a wall of cargo output.
         panic!("cannot build the eBPF program: {missing}; run `cargo xtask setup` first");

@@ -1,6 +1,7 @@
 //! OTLP export and local outputs, end to end with the real eBPF sampler:
 //! `hostprof agent` against an in-test gRPC collector (dictionary rules,
-//! per-container grouping, a collector that comes back after an outage), and
+//! a collector that comes back after an outage; per-container grouping is
+//! in tests/containers.rs, with real containers), and
 //! `hostprof record` pprof/OTLP files read back by their consumers.
 // The serializing guard of `require_ebpf` spans whole tests on purpose,
 // awaits included: each test owns its runtime, nothing else waits on that lock.
@@ -11,118 +12,18 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{Arc, Mutex},
 };
 
-use common::cgroup::ContainerCgroup;
+use common::collector::{Collector, assert_valid};
 use hostprof::profile::dictionary_violations;
 use hostprof_proto::{
-    Message,
-    collector::{
-        ExportProfilesServiceRequest, ExportProfilesServiceResponse,
-        profiles_service_server::{ProfilesService, ProfilesServiceServer},
-    },
-    common::any_value::Value,
-    profiles::{ProfilesData, ProfilesDictionary, ResourceProfiles},
+    Message, collector::profiles_service_server::ProfilesServiceServer, profiles::ProfilesData,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     net::TcpListener,
 };
 use tonic::codec::CompressionEncoding;
-
-/// An OTLP collector that keeps what it receives.
-#[derive(Clone, Default)]
-struct Collector {
-    requests: Arc<Mutex<Vec<ExportProfilesServiceRequest>>>,
-}
-
-#[tonic::async_trait]
-impl ProfilesService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportProfilesServiceRequest>,
-    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
-        self.requests.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(
-            ExportProfilesServiceResponse::default(),
-        ))
-    }
-}
-
-impl Collector {
-    fn requests(&self) -> Vec<ExportProfilesServiceRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    /// Serves on `listener` until the returned task is aborted.
-    fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
-        let service =
-            ProfilesServiceServer::new(self.clone()).accept_compressed(CompressionEncoding::Gzip);
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-                .expect("serve");
-        })
-    }
-}
-
-/// Asserts every dictionary rule, and the CPU profile shape, on each request.
-fn assert_valid(requests: &[ExportProfilesServiceRequest]) {
-    assert!(!requests.is_empty(), "the collector received nothing");
-    for (at, request) in requests.iter().enumerate() {
-        let dictionary = request.dictionary.as_ref().expect("a dictionary");
-        let problems = dictionary_violations(dictionary, &request.resource_profiles);
-        assert!(problems.is_empty(), "request {at}: {problems:#?}");
-        for group in &request.resource_profiles {
-            let profile = &group.scope_profiles[0].profiles[0];
-            let strings = &dictionary.string_table;
-            let sample_type = profile.sample_type.expect("sample_type");
-            assert_eq!(strings[sample_type.type_strindex as usize], "samples");
-            let period_type = profile.period_type.expect("period_type");
-            assert_eq!(strings[period_type.unit_strindex as usize], "nanoseconds");
-            assert_eq!(profile.period, 1_000_000_000 / 19);
-            assert!(
-                profile
-                    .samples
-                    .iter()
-                    .all(|s| !s.timestamps_unix_nano.is_empty())
-            );
-        }
-    }
-}
-
-fn resource_string(group: &ResourceProfiles, key: &str) -> Option<String> {
-    group
-        .resource
-        .as_ref()?
-        .attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(text) => Some(text.clone()),
-            _ => None,
-        })
-}
-
-/// Pids with samples in `group`.
-fn sampled_pids(dictionary: &ProfilesDictionary, group: &ResourceProfiles) -> Vec<i64> {
-    let mut pids = Vec::new();
-    for sample in &group.scope_profiles[0].profiles[0].samples {
-        for &index in &sample.attribute_indices {
-            let attribute = &dictionary.attribute_table[index as usize];
-            if dictionary.string_table[attribute.key_strindex as usize] == "process.pid"
-                && let Some(Value::IntValue(pid)) =
-                    attribute.value.as_ref().and_then(|v| v.value.clone())
-            {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
 
 fn spin_program() -> PathBuf {
     common::build_c(
@@ -152,83 +53,6 @@ async fn run_agent(
         String::from_utf8_lossy(&output.stderr)
     );
     output
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_exports_valid_profiles_one_resource_per_container() {
-    let Some(_serial) = common::require_ebpf() else {
-        return;
-    };
-    let program = spin_program();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let collector = Collector::default();
-    let server = collector.serve(listener);
-
-    let cgroup = ContainerCgroup::create();
-    let mut boxed = Command::new(&program).arg("6").spawn().unwrap();
-    cgroup.add(boxed.id());
-    let mut host = Command::new(&program).arg("6").spawn().unwrap();
-    let stderr = run_agent(&endpoint, "4", &[]).await.stderr;
-    boxed.wait().unwrap();
-    host.wait().unwrap();
-    let container_id = cgroup.id.clone();
-    drop(cgroup);
-    server.abort();
-
-    let requests = collector.requests();
-    assert_valid(&requests);
-    assert!(
-        requests.len() >= 3,
-        "expected a request per 1 s window, got {}:\n{}",
-        requests.len(),
-        String::from_utf8_lossy(&stderr)
-    );
-    let (boxed_pid, host_pid) = (i64::from(boxed.id()), i64::from(host.id()));
-    let mut seen_boxed_in_container = false;
-    let mut seen_host_in_host = false;
-    for request in &requests {
-        let dictionary = request.dictionary.as_ref().unwrap();
-        let host_groups = request
-            .resource_profiles
-            .iter()
-            .filter(|group| resource_string(group, "container.id").is_none())
-            .count();
-        assert!(host_groups <= 1, "one host group per request");
-        for group in &request.resource_profiles {
-            assert_eq!(
-                resource_string(group, "service.name").as_deref(),
-                Some("otlp-test")
-            );
-            assert_eq!(resource_string(group, "os.type").as_deref(), Some("linux"));
-            let pids = sampled_pids(dictionary, group);
-            match resource_string(group, "container.id") {
-                Some(id) if id == container_id => {
-                    assert!(
-                        !pids.contains(&host_pid),
-                        "host process in the container group"
-                    );
-                    seen_boxed_in_container |= pids.contains(&boxed_pid);
-                }
-                Some(_) => {}
-                None => {
-                    assert!(
-                        !pids.contains(&boxed_pid),
-                        "container process in the host group"
-                    );
-                    seen_host_in_host |= pids.contains(&host_pid);
-                }
-            }
-        }
-    }
-    assert!(
-        seen_boxed_in_container,
-        "no samples of the container workload in its group"
-    );
-    assert!(
-        seen_host_in_host,
-        "no samples of the host workload in the host group"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! Replay of recorded stacks through the kernel's unwinder core on the host:
 //! x86_64 and aarch64 programs built without frame pointers crash on purpose
 //! under qemu-user, which writes an ELF core; the registers and stack of
-//! that core are unwound by `agent_ebpf::unwind` with tables built from the
+//! that core are unwound by `hostprof_unwind` with tables built from the
 //! program, exactly as the eBPF program would.
 mod common;
 
@@ -10,9 +10,9 @@ use std::{
     process::Command,
 };
 
-use agent_ebpf::unwind::reason;
 use common::*;
 use hostprof::unwind::replay::{self, Snapshot, SnapshotMapping};
+use hostprof_unwind::reason;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 fn unique() -> usize {
@@ -141,7 +141,7 @@ fn replay(arch: &str, mode: &str) -> Option<(Vec<String>, u32)> {
     let program = build(arch)?;
     let core = crash(arch, &program, mode);
     let snapshot = Snapshot::from_core(&core, mappings(&program)).expect("read the core");
-    let (frames, why) = replay::unwind(&snapshot, agent_ebpf::MAX_USER_STACK_DEPTH);
+    let (frames, why) = replay::unwind(&snapshot, hostprof_common::MAX_USER_STACK_DEPTH);
     Some((names(&program, &frames), why))
 }
 
@@ -213,7 +213,7 @@ fn replay_in_plt(arch: &str) -> Option<(Vec<String>, u32)> {
     let plt = object::ObjectSection::address(&file.section_by_name(".plt").expect("a .plt"));
     // The second stub: the first may be a resolver stub in lazy PLTs.
     snapshot.regs.pc = plt + 16 + 4;
-    let (frames, why) = replay::unwind(&snapshot, agent_ebpf::MAX_USER_STACK_DEPTH);
+    let (frames, why) = replay::unwind(&snapshot, hostprof_common::MAX_USER_STACK_DEPTH);
     Some((names(&program, &frames), why))
 }
 

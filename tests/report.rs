@@ -11,10 +11,9 @@ use std::{
     io::Read as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
 };
 
-use common::{cgroup::ContainerCgroup, *};
+use common::{cgroup::ContainerCgroup, tmux::Tmux, *};
 use hostprof_proto::{Message, profiles::ProfilesData};
 use serde_json::Value;
 
@@ -379,6 +378,9 @@ fn container_option_and_placeholder_split_the_resources() {
     let host_program = work_dir().join("split_host");
     std::fs::copy(&program, &boxed_program).unwrap();
     std::fs::copy(&program, &host_program).unwrap();
+    // A cgroup named like a container is enough here: what is tested is
+    // `report`'s split of a file by container (tests/containers.rs checks
+    // the ids real containers get); it keeps this test free of a daemon.
     let cgroup = ContainerCgroup::create();
     let mut boxed = Command::new(&boxed_program).arg("3").spawn().unwrap();
     cgroup.add(boxed.id());
@@ -498,62 +500,6 @@ fn bad_files_fail_in_one_line() {
     let missing = dir.join("missing.otlp.pb");
     let output = report(&[missing.as_os_str()]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
-}
-
-/// A detached tmux session running a command; killed on drop.
-struct Tmux {
-    name: String,
-}
-
-impl Tmux {
-    fn start(name: &str, command: &str) -> Tmux {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", name])
-            .output();
-        run_ok(Command::new("tmux").args([
-            "new-session",
-            "-d",
-            "-x",
-            "200",
-            "-y",
-            "50",
-            "-s",
-            name,
-            command,
-        ]));
-        Tmux {
-            name: name.to_owned(),
-        }
-    }
-
-    fn screen(&self) -> String {
-        let output = run_ok(Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]));
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Polls the screen until `done` accepts it; panics with it at the deadline.
-    fn wait_for<T>(&self, what: &str, seconds: u64, done: impl Fn(&str) -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        loop {
-            let screen = self.screen();
-            if let Some(found) = done(&screen) {
-                return found;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what} after {seconds} s; the terminal shows:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.name])
-            .output();
-    }
 }
 
 /// The sample count of the progress line on `screen`, if one shows.

@@ -52,7 +52,7 @@ impl Target {
     /// Symbolizes `address` of this process as the pipeline would.
     fn symbolize(&self, symbolizer: &Symbolizer, address: u64) -> Frame {
         let (mapping, file_offset) = ProcessTable::new()
-            .mapping_of(self.pid(), "target", address)
+            .mapping_of(self.pid(), "target", 0, address)
             .unwrap_or_else(|| panic!("{address:#x} is not mapped in {}", self.pid()));
         let mut frame = Frame {
             kind: FrameKind::Native,

@@ -5,9 +5,9 @@ mod common;
 
 use std::{collections::HashMap, path::Path, process::Command};
 
-use agent_ebpf::unwind::reason;
 use common::*;
 use hostprof::sampler::{Sampler, SamplerOptions};
+use hostprof_unwind::reason;
 
 const FLAGS: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -336,8 +336,9 @@ fn assert_replay_matches_kernel(program: &Path, args: &[&str]) {
             continue;
         }
         tables += 1;
-        let (frames, why) = replay::unwind(&recorded.snapshot, agent_ebpf::MAX_USER_STACK_DEPTH);
-        let kernel_why = (recorded.flags >> agent_ebpf::SAMPLE_UNWIND_SHIFT) & 0xff;
+        let (frames, why) =
+            replay::unwind(&recorded.snapshot, hostprof_common::MAX_USER_STACK_DEPTH);
+        let kernel_why = (recorded.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
         if frames == recorded.kernel_frames {
             same += 1;
         } else if why == reason::READ_FAULT && recorded.kernel_frames.starts_with(&frames) {
@@ -408,7 +409,7 @@ fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
     let mut ring = sampler.take_ring().expect("the ring");
     running::wait_for(std::time::Duration::from_secs(60), || {
         let counters = sampler.counters().ok()?;
-        (counters.get(agent_ebpf::Counter::Submitted) >= 60).then_some(())
+        (counters.get(hostprof_common::Counter::Submitted) >= 60).then_some(())
     })
     .expect("the program was not sampled 60 times");
     sampler.stop();
@@ -418,6 +419,15 @@ fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
     while let Some(record) = ring.next() {
         if let Some(copy) = hostprof::sampler::decode_stack_copy(&record) {
             assert!(copy.regs.is_some() && !copy.stack.is_empty());
+        } else {
+            // A bare sample is as long as its frames need.
+            let sample = hostprof::sampler::decode_sample(&record).expect("a sample");
+            let frames = (sample.kernel_stack_len + sample.user_stack_len) as usize;
+            assert_eq!(
+                record.len(),
+                hostprof_common::SAMPLE_HEADER_BYTES + 8 * frames
+            );
+            assert!(sample.user_stack_len > 0 && sample.user_stack[0] != 0);
         }
         sizes.push(record.len());
     }
@@ -426,22 +436,32 @@ fn ring_record_sizes(options: SamplerOptions) -> Vec<usize> {
 }
 
 #[test]
-fn no_stack_memory_leaves_the_kernel_without_stack_copy() {
+fn stack_memory_leaves_the_kernel_only_when_asked_or_early() {
     let Some(_serial) = require_ebpf() else {
         return;
     };
-    // Default options: every record is a bare Sample (frames, no memory).
-    let sizes = ring_record_sizes(SamplerOptions::default());
-    let sample = std::mem::size_of::<agent_ebpf::Sample>();
+    // Early copies off (`--no-early-stack-copy`): every record is a bare
+    // Sample (frames, no memory), only as long as its frames.
+    let sizes = ring_record_sizes(SamplerOptions {
+        early_copy_bytes: 0,
+        ..Default::default()
+    });
+    let sample = std::mem::size_of::<hostprof_common::Sample>();
     assert!(
-        sizes.iter().all(|size| *size == sample),
-        "records of other sizes than a Sample ({sample}): {sizes:?}"
+        sizes.iter().all(|size| *size < sample),
+        "records as long as a whole Sample ({sample}): {sizes:?}"
     );
+    // By default only samples of a process whose tables are not loaded
+    // carry a copy (here none are: nothing loads them), for the agent to
+    // unwind and free (tests/procs.rs checks no output ever holds it).
+    let sizes = ring_record_sizes(SamplerOptions::default());
+    let with_stack = std::mem::size_of::<hostprof_common::StackSample>();
+    assert!(sizes.iter().all(|size| *size == with_stack), "{sizes:?}");
     // The control: asked for, each record carries the stack.
     let sizes = ring_record_sizes(SamplerOptions {
         stack_copy_bytes: 4096,
+        early_copy_bytes: 0,
         ..Default::default()
     });
-    let with_stack = std::mem::size_of::<agent_ebpf::StackSample>();
     assert!(sizes.iter().all(|size| *size == with_stack), "{sizes:?}");
 }

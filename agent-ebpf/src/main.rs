@@ -4,7 +4,7 @@
 //! and both stacks, straight into a ring-buffer reservation: no stack-id hash
 //! map, so nothing is lost to hash collisions and each sample keeps its own
 //! timestamp. Every way a sample can be skipped, lost or damaged bumps a
-//! per-CPU counter (see `agent_ebpf::Counter`).
+//! per-CPU counter (see `hostprof_common::Counter`).
 //!
 //! This binary only exists for the BPF target; on the host the crate is just
 //! its library (the shared contract), so the host build has nothing to do here.

@@ -13,8 +13,8 @@ use std::{
 use flate2::{Compression, write::GzEncoder};
 use hostprof::{
     model::ResolvedSample,
-    output::PprofProfile,
-    pipeline::{self, SampleSink},
+    output::{PprofProfile, Sink},
+    pipeline,
     profile::{ProfileBuilder, ResourceConfig},
     sampler::{Sampler, SamplerOptions, read_ring},
     symbolize::Symbolizer,
@@ -93,6 +93,7 @@ async fn record(duration: Duration, frequency: u64) -> anyhow::Result<Vec<Resolv
     };
     let mut sampler = Sampler::start(&options)?;
     let ring = sampler.take_ring()?;
+    let events = hostprof::procs::EventSource::new(sampler.take_process_events()?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (batch_tx, batch_rx) = mpsc::sync_channel(256);
     let (progress, _) = tokio::sync::watch::channel(Default::default());
@@ -103,6 +104,9 @@ async fn record(duration: Duration, frequency: u64) -> anyhow::Result<Vec<Resolv
             batch_rx,
             Arc::new(Symbolizer::new()),
             None,
+            Some(events),
+            None,
+            hostprof::python::Python::default(),
             Default::default(),
         ) else {
             return resolved;

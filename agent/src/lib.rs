@@ -7,7 +7,7 @@
 //! [`model`] is the vocabulary they share; [`cli`] wires them for the user,
 //! with the agent's layered [`config`]. Every file read on behalf of a
 //! process goes through [`files`]; [`input`] reads profiles back from files
-//! (`hostprof report`).
+//! (`hostprof report`); [`top`] ranks live samples for `hostprof top`.
 pub mod cli;
 pub mod config;
 pub mod export;
@@ -19,7 +19,9 @@ pub mod pipeline;
 pub mod privileges;
 pub mod procs;
 pub mod profile;
+pub mod python;
 pub mod sampler;
 pub mod status;
 pub mod symbolize;
+pub mod top;
 pub mod unwind;

@@ -51,6 +51,8 @@ pub enum FrameKind {
     Kernel,
     Native,
     Go,
+    /// Python code run by CPython's interpreter.
+    Python,
 }
 
 impl FrameKind {
@@ -60,6 +62,7 @@ impl FrameKind {
             FrameKind::Kernel => "kernel",
             FrameKind::Native => "native",
             FrameKind::Go => "go",
+            FrameKind::Python => "cpython",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The userspace pipeline: a raw kernel [`Sample`] becomes a [`ResolvedSample`]
-//! (procs → unwind → symbolize) and goes to every [`SampleSink`]. See [`spawn`].
+//! (procs → unwind → symbolize) and goes, in batches, to the sinks of
+//! [`crate::output`]. See [`spawn`].
 //!
 //! The kernel already walked the stacks (frame pointers), so "unwind" here is
 //! turning each instruction pointer into a [`Frame`] with its mapping.
@@ -13,28 +14,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_ebpf::Sample;
+use hostprof_common::Sample;
+
+use crate::{sampler::StackCopy, unwind::early::EarlyStacks};
 
 use crate::{
     model::{Frame, FrameKind, Mapping, OffCpu, ResolvedSample, ThreadState},
-    procs::ProcessTable,
+    procs::{EventSource, ProcessTable},
     symbolize::Symbolizer,
     unwind,
 };
-
-/// Where resolved samples go: a file format, an exporter, a summary.
-pub trait SampleSink: Send {
-    fn push(&mut self, sample: &ResolvedSample);
-
-    /// `count` samples like `sample` (profiles read back from files carry
-    /// counts rather than one record per sample); sinks that only add up
-    /// counts do it in one step.
-    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
-        for _ in 0..count {
-            self.push(sample);
-        }
-    }
-}
 
 /// Converts kernel CLOCK_MONOTONIC timestamps to Unix time.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +79,9 @@ pub fn spawn(
     batches: Receiver<Vec<Sample>>,
     symbolizer: Arc<Symbolizer>,
     unwind: Option<unwind::Requests>,
+    events: Option<EventSource>,
+    early: Option<(Receiver<StackCopy>, EarlyStacks)>,
+    python: crate::python::Python,
     state: Arc<PipelineState>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
     let symbols_state = state.clone();
@@ -100,18 +92,46 @@ pub fn spawn(
         .spawn(move || {
             let mut attributor = Attributor::new();
             attributor.unwind = unwind;
-            for batch in batches {
-                let attributed: Vec<ResolvedSample> = batch
-                    .iter()
-                    .map(|sample| attributor.attribute(sample))
-                    .collect();
+            attributor.python = python;
+            if let Some(events) = events {
+                attributor.follow_events(events);
+            }
+            attributor.early = early;
+            let mut batches = batches.into_iter();
+            loop {
+                let batch = batches.next();
+                let ended = batch.is_none();
+                // Every event before these samples is in the ring by now.
+                attributor.apply_events();
+                let attributed = attributor.attribute_batch(&batch.unwrap_or_default(), ended);
+                if let Some((_, early)) = &attributor.early {
+                    let figures = early.stats();
+                    state
+                        .early_unwound
+                        .store(figures.unwound, Ordering::Relaxed);
+                    state
+                        .early_timed_out
+                        .store(figures.timed_out, Ordering::Relaxed);
+                    state
+                        .early_dropped
+                        .store(figures.dropped, Ordering::Relaxed);
+                }
+                if attributed.is_empty() {
+                    if ended {
+                        break;
+                    }
+                    continue;
+                }
                 state
                     .tracked_processes
                     .store(attributor.cached_processes() as u64, Ordering::Relaxed);
                 state
                     .process_sweeps
                     .store(attributor.sweeps, Ordering::Relaxed);
-                if attributed_tx.send((Instant::now(), attributed)).is_err() {
+                let procs = attributor.procs.stats();
+                state.proc_reads.store(procs.proc_reads, Ordering::Relaxed);
+                state.process_events.store(procs.events, Ordering::Relaxed);
+                if attributed_tx.send((Instant::now(), attributed)).is_err() || ended {
                     break;
                 }
             }
@@ -159,6 +179,18 @@ pub struct PipelineState {
     pub tracked_processes: AtomicU64,
     /// Sweeps of exited processes out of that cache so far.
     pub process_sweeps: AtomicU64,
+    /// Reads of processes' `/proc` files so far (per process image, not
+    /// per sample).
+    pub proc_reads: AtomicU64,
+    /// Forks, execs and exits heard from the kernel so far.
+    pub process_events: AtomicU64,
+    /// Samples taken before their tables were loaded, unwound on the host
+    /// from their stack copies ([`unwind::early`]).
+    pub early_unwound: AtomicU64,
+    /// Such samples that went on with frame pointers (tables too late).
+    pub early_timed_out: AtomicU64,
+    /// Stack copies dropped because the early queue was full.
+    pub early_dropped: AtomicU64,
     /// Estimated bytes of the symbolizer's caches.
     pub symbol_cache_bytes: AtomicU64,
     /// Samples attributed longer ago than this go on without names; `None`:
@@ -179,6 +211,13 @@ pub struct Attributor {
     sweeps: u64,
     /// Where to ask for unwind tables of processes the kernel did not know.
     unwind: Option<unwind::Requests>,
+    /// The kernel's forks, execs and exits.
+    events: Option<EventSource>,
+    /// Stack copies of samples taken before their tables were loaded, and
+    /// the samples waiting for them.
+    early: Option<(Receiver<StackCopy>, EarlyStacks)>,
+    /// Python processes: their interpreter frames.
+    python: crate::python::Python,
 }
 
 impl Default for Attributor {
@@ -196,7 +235,62 @@ impl Attributor {
             sweep_interval: sweep_interval(),
             sweeps: 0,
             unwind: None,
+            events: None,
+            early: None,
+            python: crate::python::Python::default(),
         }
+    }
+
+    /// Attributes a batch; samples with an early stack copy wait (in
+    /// `early`) for their tables and come out of a later call, unwound.
+    /// `ended`: the last call, every sample still waiting comes out.
+    fn attribute_batch(&mut self, batch: &[Sample], ended: bool) -> Vec<ResolvedSample> {
+        let mut attributed = Vec::with_capacity(batch.len());
+        let Some((copies, mut early)) = self.early.take() else {
+            attributed.extend(batch.iter().map(|sample| self.attribute(sample)));
+            return attributed;
+        };
+        // The reader sent a batch's copies before the batch.
+        for copy in copies.try_iter() {
+            early.add_copy(copy);
+        }
+        for sample in batch {
+            if early.hold(sample) {
+                // Its tables, and its process read while it still exists.
+                if let Some(requests) = &self.unwind {
+                    requests.request(sample.tgid);
+                }
+                self.procs
+                    .info(sample.tgid, &comm_str(&sample.comm), sample.ktime_ns);
+                continue;
+            }
+            attributed.push(self.attribute(sample));
+        }
+        for sample in early.ready(ended) {
+            attributed.push(self.attribute(&sample));
+        }
+        self.early = Some((copies, early));
+        attributed
+    }
+
+    /// Tracks processes from the kernel's events from now on.
+    pub fn follow_events(&mut self, events: EventSource) {
+        self.procs = ProcessTable::with_events();
+        self.events = Some(events);
+    }
+
+    /// Applies the process events waiting; call before each batch.
+    pub fn apply_events(&mut self) {
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        let (procs, unwind) = (&mut self.procs, &self.unwind);
+        events.drain(|event| {
+            procs.apply(event);
+            if let Some(requests) = unwind {
+                requests.on_event(event);
+            }
+        });
     }
 
     /// Processes currently cached.
@@ -213,7 +307,7 @@ impl Attributor {
             requests.request(sample.tgid);
         }
         let comm = comm_str(&sample.comm);
-        let process = self.procs.info(sample.tgid, &comm);
+        let process = self.procs.info(sample.tgid, &comm, sample.ktime_ns);
         let kernel = &sample.kernel_stack
             [..(sample.kernel_stack_len as usize).min(sample.kernel_stack.len())];
         let user =
@@ -227,10 +321,14 @@ impl Attributor {
             lines: Vec::new(),
         }));
         for &address in user {
-            let (mapping, file_offset) = match self.procs.mapping_of(sample.tgid, &comm, address) {
-                Some((mapping, offset)) => (Some(mapping), offset),
-                None => (None, 0),
-            };
+            let (mapping, file_offset) =
+                match self
+                    .procs
+                    .mapping_of(sample.tgid, &comm, sample.ktime_ns, address)
+                {
+                    Some((mapping, offset)) => (Some(mapping), offset),
+                    None => (None, 0),
+                };
             frames.push(Frame {
                 kind: FrameKind::Native,
                 address,
@@ -239,8 +337,12 @@ impl Attributor {
                 lines: Vec::new(),
             });
         }
+        if sample.kind == hostprof_common::SAMPLE_KIND_CPU {
+            self.add_python_frames(sample, &comm, &mut frames);
+        }
         if self.last_sweep.elapsed() >= self.sweep_interval {
             self.procs.forget_exited();
+            self.python.retain(crate::procs::is_alive);
             self.last_sweep = Instant::now();
             self.sweeps += 1;
         }
@@ -251,11 +353,28 @@ impl Attributor {
             cpu: sample.cpu,
             time_unix_nano: self.clock.to_unix_nanos(sample.ktime_ns),
             frames,
-            off_cpu: (sample.kind == agent_ebpf::SAMPLE_KIND_OFF_CPU).then(|| OffCpu {
+            off_cpu: (sample.kind == hostprof_common::SAMPLE_KIND_OFF_CPU).then(|| OffCpu {
                 blocked_ns: sample.off_cpu_ns,
                 state: ThreadState::from_kernel(sample.thread_state),
             }),
         }
+    }
+}
+
+impl Attributor {
+    /// Puts the sample's interpreter frames, named, in place of the native
+    /// frames of CPython's evaluation loop.
+    fn add_python_frames(&mut self, sample: &Sample, comm: &str, frames: &mut Vec<Frame>) {
+        let maps = self
+            .procs
+            .executable_maps(sample.tgid, comm, sample.ktime_ns);
+        let Some(interpreter) = self.python.interpreter(sample.tgid, maps.iter()) else {
+            return;
+        };
+        let groups = self
+            .python
+            .frames(sample.tgid, &interpreter, &sample.python);
+        self.python.merge(sample.tgid, &interpreter, frames, groups);
     }
 }
 
@@ -272,8 +391,8 @@ fn sweep_interval() -> Duration {
 /// True when the kernel had no (current) mappings for the sample's process:
 /// unknown to it, or an address outside them (an exec or dlopen since).
 fn needs_tables(flags: u32) -> bool {
-    use agent_ebpf::unwind::reason;
-    let why = (flags >> agent_ebpf::SAMPLE_UNWIND_SHIFT) & 0xff;
+    use hostprof_unwind::reason;
+    let why = (flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
     why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
 }
 

@@ -6,7 +6,7 @@
 use hostprof::{
     input::{InputFormat, read},
     output::{FoldedStacks, Summary},
-    pipeline::SampleSink,
+    output::Sink,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -3,7 +3,7 @@
 //! it accepts must be a table the kernel can binary-search.
 #![no_main]
 
-use agent_ebpf::unwind::table::build;
+use hostprof_unwind::table::build;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

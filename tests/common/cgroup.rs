@@ -1,5 +1,8 @@
 //! A stand-in container for tests: a cgroup v2 directory named like a
 //! containerd container's scope, which hostprof reads as that container.
+//! Only for tests where the runtime is not the point (a recorded file's
+//! split by container in tests/report.rs): the per-container grouping itself
+//! is tested with real Docker containers in tests/containers.rs.
 use std::{
     path::PathBuf,
     time::{Duration, Instant},

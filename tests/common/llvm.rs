@@ -7,15 +7,18 @@ use std::{
     process::{Command, Stdio},
 };
 
-use hostprof::symbolize::Symbolizer;
+use hostprof::symbolize::{Module, Symbolizer};
 use object::{Object, ObjectSymbol, SymbolKind};
 
-/// One function of an address's answer: its raw (mangled) name and the line
-/// its definition starts at (0 when unknown).
+/// One function of an address's answer: its raw (mangled) name, the line
+/// its definition starts at (0 when unknown), and the source file and line
+/// executing in it (empty and 0 when unknown).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Named {
     pub name: String,
     pub start_line: u32,
+    pub file: String,
+    pub line: u32,
 }
 
 /// The functions at one address, innermost first, by each tool.
@@ -39,6 +42,16 @@ impl Comparison {
 
     /// Same functions and the same start lines.
     pub fn agrees(&self) -> bool {
+        self.llvm.len() == self.hostprof.len()
+            && self
+                .llvm
+                .iter()
+                .zip(&self.hostprof)
+                .all(|(a, b)| (&a.name, a.start_line) == (&b.name, b.start_line))
+    }
+
+    /// Same functions, start lines, files and lines: identical frames.
+    pub fn frames_agree(&self) -> bool {
         self.llvm == self.hostprof
     }
 
@@ -51,7 +64,17 @@ impl Comparison {
     ///
     /// `None` for any other difference.
     pub fn explained(&self, symbols: &Symbols) -> Option<Difference> {
-        if self.agrees() {
+        self.difference(symbols, false)
+    }
+
+    /// [`Comparison::explained`] of whole frames: files and lines must be
+    /// the same too.
+    pub fn frame_explained(&self, symbols: &Symbols) -> Option<Difference> {
+        self.difference(symbols, true)
+    }
+
+    fn difference(&self, symbols: &Symbols, frames: bool) -> Option<Difference> {
+        if (frames && self.frames_agree()) || (!frames && self.agrees()) {
             return Some(Difference::Same);
         }
         let (Some((llvm, llvm_inlined)), Some((ours, our_inlined))) =
@@ -59,7 +82,18 @@ impl Comparison {
         else {
             return None;
         };
-        if llvm_inlined != our_inlined || llvm.start_line != ours.start_line {
+        let same = |a: &[Named], b: &[Named]| {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(a, b)| (&a.name, a.start_line) == (&b.name, b.start_line))
+        };
+        if !same(llvm_inlined, our_inlined) || llvm.start_line != ours.start_line {
+            return None;
+        }
+        if frames
+            && (llvm_inlined != our_inlined || (&llvm.file, llvm.line) != (&ours.file, ours.line))
+        {
             return None;
         }
         if is_clone_of(&llvm.name, &ours.name) {
@@ -205,16 +239,25 @@ fn parse_verbose(text: &str) -> Vec<Vec<Named>> {
             let mut functions: Vec<Named> = Vec::new();
             for line in block.lines() {
                 if let Some(field) = line.strip_prefix("  ") {
-                    if let (Some(function), Some(value)) = (
-                        functions.last_mut(),
-                        field.strip_prefix("Function start line: "),
-                    ) {
-                        function.start_line = value.trim().parse().expect("a line number");
+                    let Some(function) = functions.last_mut() else {
+                        continue;
+                    };
+                    let number = |value: &str| value.trim().parse().expect("a line number");
+                    if let Some(value) = field.strip_prefix("Function start line: ") {
+                        function.start_line = number(value);
+                    } else if let Some(value) = field.strip_prefix("Line: ") {
+                        function.line = number(value);
+                    } else if let Some(value) = field.strip_prefix("Filename: ")
+                        && value != "??"
+                    {
+                        function.file = value.to_string();
                     }
                 } else {
                     functions.push(Named {
                         name: line.to_string(),
                         start_line: 0,
+                        file: String::new(),
+                        line: 0,
                     });
                 }
             }
@@ -230,7 +273,14 @@ pub fn compare(binary: &Path, addresses: &[u64]) -> Vec<Comparison> {
     let module = Symbolizer::new()
         .module_for_path(binary)
         .unwrap_or_else(|err| panic!("load {}: {err}", binary.display()));
-    llvm_symbolizer(binary, addresses)
+    compare_module(binary, &module, addresses)
+}
+
+/// llvm-symbolizer's functions at `addresses` of `reference`, next to what
+/// hostprof's `module` (the same code, its debug info perhaps elsewhere or
+/// rewritten, as by dwz) says.
+pub fn compare_module(reference: &Path, module: &Module, addresses: &[u64]) -> Vec<Comparison> {
+    llvm_symbolizer(reference, addresses)
         .into_iter()
         .zip(addresses)
         .map(|(llvm, &address)| Comparison {
@@ -242,6 +292,8 @@ pub fn compare(binary: &Path, addresses: &[u64]) -> Vec<Comparison> {
                 .map(|line| Named {
                     name: line.system_name.to_string(),
                     start_line: line.start_line,
+                    file: line.file.as_deref().unwrap_or_default().to_string(),
+                    line: line.line,
                 })
                 .collect(),
         })

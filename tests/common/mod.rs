@@ -6,8 +6,11 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod collector;
+pub mod docker;
 pub mod llvm;
 pub mod running;
+pub mod tmux;
 
 use std::{
     path::{Path, PathBuf},

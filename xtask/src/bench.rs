@@ -12,15 +12,17 @@ use anyhow::{Context, Result, bail};
 
 use crate::{build, root, run_cmd};
 
+mod python;
+
 /// CPU time and peak memory of a finished child.
 #[derive(Clone, Copy, Default)]
-struct Usage {
-    cpu: Duration,
-    max_rss_kib: u64,
+pub(crate) struct Usage {
+    pub(crate) cpu: Duration,
+    pub(crate) max_rss_kib: u64,
 }
 
 impl Usage {
-    fn plus(self, other: Usage) -> Usage {
+    pub(crate) fn plus(self, other: Usage) -> Usage {
         Usage {
             cpu: self.cpu + other.cpu,
             max_rss_kib: self.max_rss_kib.max(other.max_rss_kib),
@@ -29,7 +31,7 @@ impl Usage {
 }
 
 /// Waits for `child` and returns its resource usage (wait4).
-fn wait_usage(child: Child) -> Result<Usage> {
+pub(crate) fn wait_usage(child: Child) -> Result<Usage> {
     let pid = child.id() as libc::pid_t;
     let mut status = 0;
     // SAFETY: all-zero is a valid rusage; wait4 fills it.
@@ -46,6 +48,18 @@ fn wait_usage(child: Child) -> Result<Usage> {
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
         max_rss_kib: usage.ru_maxrss as u64,
     })
+}
+
+/// Waits for `child`, whose stderr is piped: its usage and stderr.
+pub(crate) fn wait_usage_stderr(mut child: Child) -> Result<(Usage, String)> {
+    let mut pipe = child.stderr.take().context("no stderr")?;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+        text
+    });
+    let usage = wait_usage(child)?;
+    Ok((usage, reader.join().unwrap_or_default()))
 }
 
 struct Row {
@@ -104,9 +118,13 @@ pub fn run(seconds: u64) -> Result<()> {
         "\nkernel ns/sample: the eBPF program's run_time_ns / run_cnt (BPF stats); perf has no equivalent figure."
     );
     println!();
+    crate::peers::run(&hostprof, &dir, seconds)?;
+    println!();
     bench_unwinding(&hostprof, &dir, seconds)?;
     println!();
     bench_off_cpu(&hostprof, &dir)?;
+    println!();
+    python::bench_python(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();
@@ -250,10 +268,22 @@ fn with_workload<T>(
     seconds: u64,
     measure: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
+    with_workload_args(workload, &[], seconds, measure)
+}
+
+/// [`with_workload`], the workload given `args` before its seconds.
+pub(crate) fn with_workload_args<T>(
+    workload: &Path,
+    args: &[&str],
+    seconds: u64,
+    measure: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     let busy: Vec<Child> = (0..2)
         .map(|_| {
             Command::new(workload)
+                .args(args)
                 .arg((seconds + 3).to_string())
+                .stdout(Stdio::null())
                 .spawn()
         })
         .collect::<Result<_, _>>()
@@ -487,7 +517,7 @@ fn bench_perf(dir: &Path, seconds: u64) -> Result<Row> {
 }
 
 /// The integer right before `marker` in `text` (`"1234 samples from"`).
-fn number_before(text: &str, marker: &str) -> Option<u64> {
+pub(crate) fn number_before(text: &str, marker: &str) -> Option<u64> {
     let end = text.find(marker)?;
     let digits: String = text[..end]
         .chars()

@@ -3,6 +3,7 @@
 mod bench;
 mod fuzz;
 mod package;
+mod peers;
 mod setup;
 mod soak;
 mod vmtest;
@@ -91,6 +92,10 @@ enum Task {
         /// by default).
         #[arg(long)]
         kvm: bool,
+        /// Instead of the matrix: boot Debian bookworm with systemd as PID
+        /// 1, install the .deb and check hostprof.service as shipped.
+        #[arg(long)]
+        systemd: bool,
     },
     /// Measure hostprof next to its peers (perf, ...) and print the figures.
     Bench {
@@ -102,7 +107,13 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Task::Setup { build_only } => setup::run(build_only),
+        Task::Setup { build_only } => {
+            setup::run(build_only)?;
+            if build_only {
+                return Ok(());
+            }
+            setup::bench_tools()
+        }
         Task::Build { target } => build(target.as_deref()).map(drop),
         Task::Run { args } => {
             setup::run(false)?;
@@ -122,12 +133,23 @@ fn main() -> Result<()> {
             setup::run(false)?;
             soak::run(minutes, &agent_args)
         }
-        Task::Vmtest { kernels, keep, kvm } => {
+        Task::Vmtest {
+            kernels,
+            keep,
+            kvm,
+            systemd,
+        } => {
             setup::run(false)?;
-            vmtest::run(&vmtest::Options { kernels, keep, kvm })
+            vmtest::run(&vmtest::Options {
+                kernels,
+                keep,
+                kvm,
+                systemd,
+            })
         }
         Task::Bench { seconds } => {
             setup::run(false)?;
+            setup::bench_tools()?;
             bench::run(seconds)
         }
     }
@@ -231,6 +253,7 @@ const TEST_STAGES: &[Stage] = &[
     ("packages", packages),
     ("integration tests", integration_tests),
     ("kernel matrix", kernel_matrix),
+    ("systemd VM", systemd_vm),
     ("fuzz smoke", fuzz_smoke),
 ];
 
@@ -272,8 +295,8 @@ fn lints() -> Result<()> {
 }
 
 /// Unit tests and doc tests: no root, no eBPF, no test tools. `--workspace`
-/// includes agent-ebpf (not a default member), whose unwinder tests run on
-/// the host.
+/// includes the unwinder core (hostprof-unwind), whose tests run its `step`
+/// on synthetic stacks on the host.
 fn unit_tests() -> Result<()> {
     run_cmd(cargo().args(["test", "--workspace", "--lib", "--bins", "--no-fail-fast"]))?;
     run_cmd(cargo().args(["test", "--workspace", "--doc", "--no-fail-fast"]))
@@ -296,13 +319,23 @@ fn integration_tests() -> Result<()> {
     run_cmd(
         cargo()
             .args(["test", "--workspace", "--no-fail-fast", "--test", "*"])
-            .env("HOSTPROF_AARCH64_BIN", binary_path(Some(CROSS_TARGET))),
+            .env("HOSTPROF_AARCH64_BIN", binary_path(Some(CROSS_TARGET)))
+            // tests/containers.rs builds packaging/Dockerfile from it.
+            .env("HOSTPROF_PACKAGE_DIR", package::dir(None)),
     )
 }
 
 /// The release build on other kernels and on arm64, under qemu.
 fn kernel_matrix() -> Result<()> {
     vmtest::run(&vmtest::Options::default())
+}
+
+/// The .deb's systemd unit, run by systemd in a VM.
+fn systemd_vm() -> Result<()> {
+    vmtest::run(&vmtest::Options {
+        systemd: true,
+        ..Default::default()
+    })
 }
 
 /// A smoke run: every target replays its corpus (seeds and past finds)

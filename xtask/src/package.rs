@@ -1,6 +1,6 @@
 //! `cargo xtask package`: the release tarball and a `.deb` (built with
 //! Debian's own dpkg-deb, no extra tool). The container image
-//! (packaging/Dockerfile) copies its binary from here too.
+//! (packaging/Dockerfile) is built from the tarball's directory.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -45,13 +45,15 @@ pub struct Packages {
 
 pub fn run(target: Option<&str>) -> Result<Packages> {
     let binary = build(target)?;
-    let arch = target
-        .and_then(|t| t.split('-').next())
-        .unwrap_or(std::env::consts::ARCH);
+    let arch = arch(target);
     let version = env!("CARGO_PKG_VERSION");
-    let name = format!("hostprof-{version}-{arch}-linux");
+    let stage = dir(target);
+    let name = stage
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .into_owned();
     let out = root().join("target/package");
-    let stage = out.join(&name);
     if stage.exists() {
         fs::remove_dir_all(&stage)?;
     }
@@ -59,10 +61,6 @@ pub fn run(target: Option<&str>) -> Result<Packages> {
     copy(&binary, &stage.join("hostprof"))?;
     for (source, dest) in FILES {
         copy(&root().join(source), &stage.join(dest))?;
-    }
-    // The image build copies this path: the same bytes as the tarball's.
-    if target.is_none() {
-        copy(&binary, &out.join("hostprof"))?;
     }
     let tarball = out.join(format!("{name}.tar.gz"));
     run_cmd(
@@ -80,6 +78,21 @@ pub fn run(target: Option<&str>) -> Result<Packages> {
         tarball,
         deb,
     })
+}
+
+fn arch(target: Option<&str>) -> &str {
+    target
+        .and_then(|t| t.split('-').next())
+        .unwrap_or(std::env::consts::ARCH)
+}
+
+/// The tarball's content, unpacked: the context packaging/Dockerfile builds
+/// the image from.
+pub fn dir(target: Option<&str>) -> PathBuf {
+    let version = env!("CARGO_PKG_VERSION");
+    root()
+        .join("target/package")
+        .join(format!("hostprof-{version}-{}-linux", arch(target)))
 }
 
 fn deb(binary: &Path, arch: &str, version: &str, out: &Path) -> Result<PathBuf> {

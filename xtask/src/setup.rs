@@ -33,8 +33,21 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
         "libc6-dev-arm64-cross",
         "/usr/aarch64-linux-gnu/include/stdio.h",
     ),
-    // tests/report.rs runs `record` in a terminal to see its progress line.
+    // tests/report.rs runs `record` in a terminal to see its progress line,
+    // tests/top.rs drives `hostprof top`.
     ("tmux", "tmux"),
+    // tests/containers.rs: real Docker containers (the test starts dockerd),
+    // and the image's offline base; `cargo xtask vmtest --systemd`'s rootfs.
+    ("docker.io", "dockerd"),
+    ("debootstrap", "debootstrap"),
+    // tests/debug_sources.rs: dwz supplementary files made by the real tool.
+    ("dwz", "dwz"),
+    // tests/debug_sources.rs: a real debuginfod server (elfutils), run in a
+    // network namespace of its own (ip brings its loopback up).
+    ("debuginfod", "debuginfod"),
+    ("iproute2", "ip"),
+    // tests/golden.rs compares names in libc with its debug file.
+    ("libc6-dbg", "/usr/share/doc/libc6-dbg/copyright"),
 ];
 
 /// Python tools from PyPI, each with a shell command that succeeds once it
@@ -53,6 +66,8 @@ const PYPI_TEST_TOOLS: &[(&str, &str)] = &[
         "protobuf",
         "python3 -c 'import google.protobuf.json_format'",
     ),
+    // tests/python.rs compares hostprof's Python frames with py-spy's.
+    ("py-spy", "command -v py-spy"),
 ];
 
 pub fn run(build_only: bool) -> Result<()> {
@@ -74,9 +89,57 @@ pub fn build_tools() -> Result<()> {
 /// What only the tests, benchmarks and fuzzing use.
 pub fn test_tools() -> Result<()> {
     debian_tools(DEBIAN_TEST_TOOLS)?;
+    newer_go()?;
     pypi_tools()?;
+    python_roots()?;
     cross_target()?;
     cargo_fuzz()
+}
+
+/// A Go with the 1.20+ pclntab layout for tests/debug_sources.rs, from
+/// Debian's bookworm-backports (bookworm's own Go is 1.19); installed beside
+/// it, `/usr/bin/go` stays 1.19.
+const NEWER_GO: (&str, &str) = ("golang-1.23-go", "/usr/lib/go-1.23/bin/go");
+const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/bookworm-backports.sources";
+
+fn newer_go() -> Result<()> {
+    if is_installed(NEWER_GO.1) {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/etc/debian_version").unwrap_or_default();
+    if !release.starts_with("12") || !crate::is_root() {
+        bail!(
+            "missing {}: on Debian 12, as root, enable bookworm-backports and run \
+             apt-get install -t bookworm-backports {}",
+            NEWER_GO.1,
+            NEWER_GO.0
+        );
+    }
+    if !std::path::Path::new(BACKPORTS_SOURCE).exists() {
+        std::fs::write(
+            BACKPORTS_SOURCE,
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\n\
+             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        )?;
+    }
+    run_cmd(Command::new("apt-get").arg("update").arg("-q"))?;
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(["-t", "bookworm-backports", NEWER_GO.0])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// profile-bee (`probee`), an aya-based eBPF profiler that `cargo xtask
+/// bench` measures next to hostprof and perf: installed by `cargo xtask
+/// setup` and `cargo xtask bench` only (it takes minutes to build, and
+/// nothing else uses it).
+pub fn bench_tools() -> Result<()> {
+    if has_command("probee") {
+        return Ok(());
+    }
+    run_cmd(Command::new("cargo").args(["+stable", "install", "profile-bee", "--locked"]))
 }
 
 /// cargo-fuzz, for `cargo xtask fuzz` (it drives the nightly toolchain).
@@ -105,6 +168,38 @@ fn pypi_tools() -> Result<()> {
         if !succeeds(Command::new("sh").args(["-c", check])) {
             run_cmd(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
         }
+    }
+    Ok(())
+}
+
+/// Debian releases whose root file systems tests/python.rs runs Python in
+/// (static CPython 3.13 and 3.14), with the debootstrap script each needs:
+/// bookworm's debootstrap has none for forky, whose layout is sid's.
+const PYTHON_ROOTS: &[(&str, Option<&str>)] = &[
+    ("trixie", None),
+    ("forky", Some("/usr/share/debootstrap/scripts/sid")),
+];
+
+/// target/python-roots/RELEASE: a minimal Debian with python3 in each.
+fn python_roots() -> Result<()> {
+    let roots = crate::root().join("target/python-roots");
+    for (release, script) in PYTHON_ROOTS {
+        let root = roots.join(release);
+        if root.join("usr/bin/python3").exists() {
+            continue;
+        }
+        if !crate::is_root() {
+            bail!("debootstrap needs root: run `sudo cargo xtask setup`");
+        }
+        std::fs::create_dir_all(&roots)?;
+        let mut cmd = Command::new("debootstrap");
+        cmd.args(["--variant=minbase", "--include=python3", release])
+            .arg(&root)
+            .arg("http://deb.debian.org/debian");
+        if let Some(script) = script {
+            cmd.arg(script);
+        }
+        run_cmd(&mut cmd)?;
     }
     Ok(())
 }

@@ -20,6 +20,9 @@ pub(super) trait Kernel {
     /// The current task's user stack, unwound with the tables into `dst`
     /// (see [`unwind_user`]).
     fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)>;
+    /// The current thread's interpreter frames (CPU samples of Python
+    /// processes; see `python`) into `dst`.
+    fn python(tgid: u32, dst: *mut hostprof_common::python::Stack);
     /// The last element `<= target` of a sorted run: the process's
     /// mappings or a table's rows.
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32>
@@ -39,30 +42,43 @@ impl Kernel for Modern {
     /// Unwinds right here, one `bpf_loop` call per frame.
     #[inline(always)]
     fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
-        unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
+        let mappings = PROCESS_MAPPINGS.get_ptr(&tgid)?;
         let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
         start_unwind::<Modern>(state, tgid)?;
-        let mut ctx_slot = slot;
+        let mut ctx = FrameCtx {
+            slot,
+            _pad: 0,
+            mappings,
+        };
         unsafe {
             bpf_loop(
                 MAX_USER_STACK_DEPTH as u32,
                 unwind_frame as *mut c_void,
-                (&mut ctx_slot as *mut u32).cast(),
+                (&mut ctx as *mut FrameCtx).cast(),
                 0,
             )
         };
         Some(finish_unwind(state, dst))
     }
 
+    /// Mappings: branch-free probes in line (the process's mappings are
+    /// one map value already in hand: a few loads and compares, no helper
+    /// call). Rows: one `bpf_loop` call per probe.
+    #[inline(always)]
+    fn python(tgid: u32, dst: *mut hostprof_common::python::Stack) {
+        super::python::walk(tgid, unsafe { &mut *dst });
+    }
+
     #[inline(always)]
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
+        let start = match what {
+            Sorted::Mappings => return search_mappings(process.mappings, len, target),
+            Sorted::Rows { start } => start,
+        };
         let mut ctx = SearchCtx {
             search: Search::new(len, target),
-            tgid: process.tgid,
-            table_start: match what {
-                Sorted::Mappings => SEARCH_MAPPINGS,
-                Sorted::Rows { start } => start,
-            },
+            table_start: start,
+            _pad: 0,
         };
         unsafe {
             bpf_loop(
@@ -79,9 +95,9 @@ impl Kernel for Modern {
 /// Linux 5.10 to 5.16.
 pub(super) struct Legacy;
 
-/// Probes of a legacy search over a process's mappings: enough for
-/// `MAX_PROCESS_MAPPINGS` (64) of them.
-pub(super) const LEGACY_MAPPING_PROBES: u32 = 7;
+/// Probes of a search over a process's mappings: enough for
+/// `MAX_PROCESS_MAPPINGS` of them.
+pub(super) const LEGACY_MAPPING_PROBES: u32 = 9;
 const _: () = assert!(1 << LEGACY_MAPPING_PROBES > unwind::MAX_PROCESS_MAPPINGS);
 /// Probes of a legacy search over a table's rows: tables of up to 4 M rows
 /// (64 MiB); a longer table's addresses past that count as not covered.
@@ -118,19 +134,23 @@ impl Kernel for Legacy {
         Some(unwound)
     }
 
+    /// No interpreter frames before 5.17: Linux 5.10's verifier rejects
+    /// the walk in `sample_legacy` (to be split into a tail call of its own).
+    #[inline(always)]
+    fn python(_tgid: u32, dst: *mut hostprof_common::python::Stack) {
+        unsafe {
+            (*dst).len = 0;
+            (*dst).reason = hostprof_common::python::reason::NONE;
+        }
+    }
+
     /// Branch-free probes (see `Search::probe_branchless`); rows are
     /// read with `bpf_probe_read_kernel` from the rows map's flat memory,
     /// because a map lookup per probe is a branch (its NULL check) too.
     #[inline(always)]
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
         match what {
-            Sorted::Mappings => {
-                let key = |index: u32| {
-                    let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
-                    Some(process.mappings.mappings[index].start)
-                };
-                unwind::search_last_le_branchless(len, target, LEGACY_MAPPING_PROBES, key)
-            }
+            Sorted::Mappings => search_mappings(process.mappings, len, target),
             Sorted::Rows { start } => {
                 let base = process.rows_base;
                 if base == 0 {
@@ -155,6 +175,18 @@ impl Kernel for Legacy {
             }
         }
     }
+}
+
+/// The last of `mappings` starting at or below `target`: branch-free
+/// probes (see `Search::probe_branchless`), the same path for both
+/// variants.
+#[inline(always)]
+pub(super) fn search_mappings(mappings: &ProcessMappings, len: u32, target: u64) -> Option<u32> {
+    let key = |index: u32| {
+        let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+        Some(mappings.mappings[index].start)
+    };
+    unwind::search_last_le_branchless(len, target, LEGACY_MAPPING_PROBES, key)
 }
 
 /// The current task's user pc, sp, frame pointer and link register.

@@ -4,14 +4,17 @@
 //!
 //! - `sample`: `sample_cpu` on every cpu-clock event (and its legacy variant);
 //! - `off_cpu`: `off_cpu_switch` on `sched_switch`;
-//! - `process`: `forget_exec` and `follow_fork`;
+//! - `process`: `forget_exec`, `follow_fork`, and the process events
+//!   (`process_fork`, `forget_exec`, `process_exit`);
 //! - `kernel`: what differs between kernels (modern: `bpf_loop`; legacy:
 //!   5.10 to 5.16) and the user registers;
 //! - `unwinder`: the table-driven unwinder's kernel side, in `bpf_loop`
-//!   callbacks or in chains of tail calls.
+//!   callbacks or in chains of tail calls;
+//! - `python`: CPython's interpreter frames.
 mod kernel;
 mod off_cpu;
 mod process;
+mod python;
 mod sample;
 mod unwinder;
 
@@ -21,17 +24,6 @@ use core::{
     ptr::{read_volatile, write_volatile},
 };
 
-use agent_ebpf::{
-    COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_THREAD_SIZE, DEFAULT_UNWIND_CHUNKS,
-    MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
-    MAX_USER_STACK_DEPTH, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
-    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
-    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_UNWIND_SHIFT, Sample,
-    StackSample, UNWIND_DWARF, UnwindState,
-    unwind::{
-        self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
-    },
-};
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -46,42 +38,54 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{PerfEventContext, RawTracePointContext},
 };
+use hostprof_common::{
+    COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_THREAD_SIZE, DEFAULT_UNWIND_CHUNKS,
+    MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
+    MAX_USER_STACK_DEPTH, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK,
+    PROCESS_EVENTS_BYTES, ProcessEvent, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
+    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
+    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
+    SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState,
+    unwind::{
+        self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
+    },
+};
 
 use kernel::{Kernel, read_user_regs};
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_FILTER_BY_TGID`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_FILTER_BY_TGID`).
 #[unsafe(no_mangle)]
 static FILTER_BY_TGID: u8 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_TGID_OFFSET`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TASK_TGID_OFFSET`).
 #[unsafe(no_mangle)]
 static TASK_TGID_OFFSET: u32 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_THRESHOLD_NS`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_OFF_CPU_THRESHOLD_NS`).
 #[unsafe(no_mangle)]
 static OFF_CPU_THRESHOLD_NS: u64 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_OFF_CPU_SAMPLE_PPM`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_OFF_CPU_SAMPLE_PPM`).
 #[unsafe(no_mangle)]
 static OFF_CPU_SAMPLE_PPM: u32 = 1_000_000;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STATE_OFFSET`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TASK_STATE_OFFSET`).
 #[unsafe(no_mangle)]
 static TASK_STATE_OFFSET: u32 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_PID_OFFSET`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TASK_PID_OFFSET`).
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u32 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_TASK_STACK_OFFSET`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TASK_STACK_OFFSET`).
 #[unsafe(no_mangle)]
 static TASK_STACK_OFFSET: u32 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_PT_REGS_SIZE`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_PT_REGS_SIZE`).
 #[unsafe(no_mangle)]
 static PT_REGS_SIZE: u32 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_THREAD_SIZE`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_THREAD_SIZE`).
 #[unsafe(no_mangle)]
 static THREAD_SIZE: u32 = DEFAULT_THREAD_SIZE;
 
@@ -89,11 +93,20 @@ static THREAD_SIZE: u32 = DEFAULT_THREAD_SIZE;
 static OFF_CPU_START: LruHashMap<u32, Sample> =
     LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
 
+/// Per-CPU scratch `Sample` of the CPU sampler: filled there, then only
+/// its used part goes to the ring (`output`). Not shared with the
+/// off-CPU tracepoint, which the sampler's NMI can interrupt.
+#[map(name = "SAMPLE_SCRATCH")]
+static SAMPLE_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+
 #[map(name = "OFF_CPU_SCRATCH")]
 static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "SAMPLES")]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+#[map(name = "PROCESS_EVENTS")]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
@@ -101,13 +114,21 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT
 #[map(name = "FILTER_TGIDS")]
 static FILTER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_UNWIND_MODE`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_UNWIND_MODE`).
 #[unsafe(no_mangle)]
 static UNWIND_MODE: u8 = 0;
 
-/// Set by the agent at load time (`agent_ebpf::GLOBAL_STACK_COPY_BYTES`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_STACK_COPY_BYTES`).
 #[unsafe(no_mangle)]
 static STACK_COPY_BYTES: u32 = 0;
+
+/// Set by the agent at load time (`hostprof_common::GLOBAL_EARLY_COPY_BYTES`).
+#[unsafe(no_mangle)]
+static EARLY_COPY_BYTES: u32 = 0;
+
+/// Set by the agent at load time (`hostprof_common::GLOBAL_PYTHON_WALK`).
+#[unsafe(no_mangle)]
+static PYTHON_WALK: u32 = 0;
 
 #[map(name = "UNWIND_ROWS")]
 static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
@@ -120,6 +141,9 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
 
 const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+/// Masks a kernel stack's length for the verifier (at most 127 frames).
+const KERNEL_FRAMES_MASK: usize = 127;
+const _: () = assert!(MAX_STACK_DEPTH == KERNEL_FRAMES_MASK);
 const USER_STACK_BYTES: u32 = (MAX_USER_STACK_DEPTH * size_of::<u64>()) as u32;
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -215,7 +239,15 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         let (kernel_len, kernel_flags) =
             read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
         let tgid = (pid_tgid >> 32) as u32;
-        let user = (*sample).user_stack.as_mut_ptr();
+        // The user frames follow the kernel ones at once (the record's
+        // compact layout, `hostprof_common::Sample`): only the frames a stack
+        // has go to the ring. Masked for the verifier: at most
+        // MAX_STACK_DEPTH kernel frames, then MAX_USER_STACK_DEPTH user
+        // ones end exactly at the end of the `Sample`.
+        let user = (*sample)
+            .kernel_stack
+            .as_mut_ptr()
+            .add(kernel_len as usize & KERNEL_FRAMES_MASK);
         let dwarf = read_volatile(&UNWIND_MODE) == UNWIND_DWARF;
         let slot = if kind == SAMPLE_KIND_CPU {
             SLOT_CPU
@@ -241,19 +273,46 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
                 }
             }
         };
+        // Interpreter frames: added by the CPU sampler's common path only
+        // (`sample::emit_cpu_sample`), once; a second inlined copy of the
+        // walk (the stack-copy path) took the program past the verifier's
+        // million instructions.
+        (*sample).python.len = 0;
+        (*sample).python.reason = hostprof_common::python::reason::NONE;
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
         (*sample).flags = kernel_flags | user_flags;
     }
 }
 
-/// Submits a reserved ring entry, batching wakeups: the reader also
-/// drains on a timer, so a quiet ring never strands samples.
+/// Copies the used part of a filled `sample` (compact layout: header,
+/// kernel frames, user frames; all of it when it has Python frames) to the ring, batching wakeups: the reader
+/// also drains on a timer, so a quiet ring never strands samples. A
+/// record of a few hundred bytes instead of a fixed 2 KiB: less to copy
+/// here, to read there, and the ring holds more samples.
 #[inline(always)]
-fn submit(mut entry: aya_ebpf::maps::ring_buf::RingBufEntry<Sample>) {
-    let flags = unsafe { (*entry.as_mut_ptr()).flags };
-    entry.submit(wakeup_flags(flags));
-    bump(Counter::Submitted);
+fn output(sample: *const Sample) {
+    let (kernel, user, flags, python) = unsafe {
+        (
+            (*sample).kernel_stack_len as usize,
+            (*sample).user_stack_len as usize,
+            (*sample).flags,
+            (*sample).python.len,
+        )
+    };
+    let frames = (kernel & KERNEL_FRAMES_MASK) + (user & (2 * MAX_USER_STACK_DEPTH - 1));
+    let mut len = SAMPLE_HEADER_BYTES + frames * size_of::<u64>();
+    // Interpreter frames sit after the native ones, at a fixed place: a
+    // Python sample goes whole (the same compact layout, as long as a Sample).
+    if len > size_of::<Sample>() || python != 0 {
+        len = size_of::<Sample>();
+    }
+    // SAFETY: `sample` is a whole `Sample` (a map value) and len fits in it.
+    let bytes = unsafe { core::slice::from_raw_parts(sample.cast::<u8>(), len) };
+    match SAMPLES.output::<[u8]>(bytes, wakeup_flags(flags)) {
+        Ok(()) => bump(Counter::Submitted),
+        Err(_) => bump(Counter::RingFull),
+    }
 }
 
 /// The ring's wakeup flag for a sample with these `flags`.

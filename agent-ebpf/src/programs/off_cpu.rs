@@ -28,7 +28,7 @@ pub(super) fn off_cpu<K: Kernel>(ctx: &RawTracePointContext) -> i32 {
 }
 
 /// `off_cpu_switch` for kernels before 5.17
-/// (`agent_ebpf::PROGRAM_OFF_CPU_SWITCH_LEGACY`).
+/// (`hostprof_common::PROGRAM_OFF_CPU_SWITCH_LEGACY`).
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
@@ -79,32 +79,15 @@ pub(super) fn off_cpu_back(ctx: &RawTracePointContext, now: u64) {
     let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.add(offset).cast::<u32>()) }) else {
         return;
     };
-    let Some(record) = OFF_CPU_START.get_ptr(&tid) else {
+    let Some(record) = OFF_CPU_START.get_ptr_mut(&tid) else {
         return;
     };
     let away = now.saturating_sub(unsafe { (*record).ktime_ns });
     if away >= unsafe { read_volatile(&OFF_CPU_THRESHOLD_NS) } {
-        match SAMPLES.reserve::<Sample>(0) {
-            Some(mut entry) => {
-                let dst = entry.as_mut_ptr();
-                // SAFETY: both are whole `Sample`s: a map value and a ring entry.
-                let copied = unsafe {
-                    aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-                        dst.cast(),
-                        size_of::<Sample>() as u32,
-                        record.cast(),
-                    )
-                };
-                if copied == 0 {
-                    unsafe { (*dst).off_cpu_ns = away };
-                    bump(Counter::OffCpuEmitted);
-                    submit(entry);
-                } else {
-                    entry.discard(0);
-                }
-            }
-            None => bump(Counter::RingFull),
-        }
+        // SAFETY: a map value of this thread, removed right below.
+        unsafe { (*record).off_cpu_ns = away };
+        bump(Counter::OffCpuEmitted);
+        output(record);
     }
     let _ = OFF_CPU_START.remove(&tid);
 }

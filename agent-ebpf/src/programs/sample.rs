@@ -14,7 +14,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// `sample_cpu` for kernels before 5.17 (`agent_ebpf::PROGRAM_SAMPLE_LEGACY`).
+/// `sample_cpu` for kernels before 5.17 (`hostprof_common::PROGRAM_SAMPLE_LEGACY`).
 #[perf_event]
 pub fn sample_legacy(ctx: PerfEventContext) -> u32 {
     if let Some(pid_tgid) = sample_wanted() {
@@ -66,7 +66,19 @@ pub(super) fn try_sample_cpu<K: Kernel>(ctx: &PerfEventContext) {
 /// Writes the CPU sample of the current task to the ring.
 #[inline(always)]
 pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) {
-    let copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
+    let mut copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
+    // A process without tables in the kernel yet: copy the top of its stack
+    // for the agent to unwind once they are loaded.
+    if copy == 0 {
+        let early = unsafe { read_volatile(&EARLY_COPY_BYTES) };
+        let tgid = (pid_tgid >> 32) as u32;
+        if early != 0
+            && unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF
+            && unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none()
+        {
+            copy = early;
+        }
+    }
     if copy != 0 {
         let Some(mut entry) = SAMPLES.reserve::<StackSample>(0) else {
             bump(Counter::RingFull);
@@ -89,19 +101,21 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
         bump(Counter::Submitted);
         return;
     }
-    let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
-        bump(Counter::RingFull);
+    let Some(scratch) = SAMPLE_SCRATCH.get_ptr_mut(0) else {
         return;
     };
     unsafe {
         fill::<K, _>(
             ctx,
-            entry.as_mut_ptr(),
+            scratch,
             pid_tgid,
             SAMPLE_KIND_CPU,
             bpf_ktime_get_ns(),
             0,
-        )
+        );
+        if read_volatile(&PYTHON_WALK) != 0 {
+            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).python);
+        }
     };
-    submit(entry);
+    output(scratch);
 }

@@ -8,7 +8,6 @@ use super::kernel::*;
 /// tables the agent loaded.
 pub(super) struct KernelProcess<'a, K> {
     pub(super) mappings: &'a ProcessMappings,
-    pub(super) tgid: u32,
     /// Legacy only: the address of the rows map's first row, as a plain
     /// number (see [`rows_base`]); 0 when unknown.
     pub(super) rows_base: u64,
@@ -70,44 +69,51 @@ pub(super) fn row(index: u32) -> Option<UnwindRow> {
     chunk.0.get((index % ROW_CHUNK as u32) as usize).copied()
 }
 
-/// `SearchCtx::table_start` of a search over the process's mappings.
-pub(super) const SEARCH_MAPPINGS: u32 = u32::MAX;
-
-/// A binary search run by `bpf_loop`, one probe per call.
+/// A binary search over a table's rows run by `bpf_loop`, one probe per
+/// call (rows are array-map elements: each probe is an address
+/// computation, no hash lookup).
 #[repr(C)]
 pub(super) struct SearchCtx {
     pub(super) search: Search,
-    pub(super) tgid: u32,
-    /// First row of the table searched, or SEARCH_MAPPINGS.
+    /// First row of the table searched.
     pub(super) table_start: u32,
+    pub(super) _pad: u32,
 }
 
 pub(super) extern "C" fn search_probe(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the SearchCtx on the caller's stack.
     let ctx = unsafe { &mut *(ctx as *mut SearchCtx) };
-    let (tgid, start) = (ctx.tgid, ctx.table_start);
-    let more = ctx.search.probe(|index| {
-        if start == SEARCH_MAPPINGS {
-            let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }?;
-            let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
-            Some(mappings.mappings[index].start)
-        } else {
-            row(start.wrapping_add(index)).map(|row| row.pc as u64)
-        }
-    });
+    let start = ctx.table_start;
+    let more = ctx
+        .search
+        .probe(|index| row(start.wrapping_add(index)).map(|row| row.pc as u64));
     if more { 0 } else { 1 }
 }
 
-/// One frame per call, from `bpf_loop`; `ctx` points at the
-/// UNWIND_STATE slot. Returns 1 to stop.
+/// What `unwind_frame` gets from `bpf_loop`: the UNWIND_STATE slot and
+/// the process's mappings, looked up once per stack rather than once
+/// per frame (a hash lookup is the costliest thing a frame did).
+#[repr(C)]
+pub(super) struct FrameCtx {
+    pub(super) slot: u32,
+    pub(super) _pad: u32,
+    pub(super) mappings: *const ProcessMappings,
+}
+
+/// One frame per call, from `bpf_loop`; `ctx` points at a [`FrameCtx`].
+/// Returns 1 to stop.
 pub(super) extern "C" fn unwind_frame(_index: u64, ctx: *mut c_void) -> i64 {
-    let slot = unsafe { *(ctx as *const u32) };
-    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
+    // SAFETY: bpf_loop passes the FrameCtx on the caller's stack.
+    let ctx = unsafe { &*(ctx as *const FrameCtx) };
+    let Some(state) = UNWIND_STATE.get_ptr_mut(ctx.slot) else {
         return 1;
     };
     // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
     let state = unsafe { &mut *state };
-    let Some(mappings) = (unsafe { PROCESS_MAPPINGS.get(&state.tgid) }) else {
+    // SAFETY: a PROCESS_MAPPINGS value, valid for the whole program run
+    // (map values outlive an RCU read section even if the agent deletes
+    // the entry meanwhile).
+    let Some(mappings) = (unsafe { ctx.mappings.as_ref() }) else {
         state.reason = unwind::reason::UNKNOWN_PROCESS;
         return 1;
     };
@@ -124,7 +130,6 @@ pub(super) fn frame<K: Kernel>(
 ) -> bool {
     let mut process = KernelProcess::<K> {
         mappings,
-        tgid: unsafe { read_volatile(&state.tgid) },
         rows_base,
         kernel: core::marker::PhantomData,
     };
@@ -199,7 +204,7 @@ pub(super) fn finish_unwind(state: &mut UnwindState, dst: *mut u64) -> (u32, u32
 pub(super) const IDLE: u32 = u32::MAX - 1;
 
 /// The tail-call targets of the legacy sampler
-/// (`agent_ebpf::LEGACY_TAIL_PROGRAMS`): unwinders that walk
+/// (`hostprof_common::LEGACY_TAIL_PROGRAMS`): unwinders that walk
 /// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
 /// programs that then write the record. Tail calls, not a loop, because
 /// the verifiers of those kernels walk every path of a loop: a whole
@@ -222,8 +227,8 @@ pub(super) const LEGACY_FRAMES_PER_CALL: usize = 3;
 pub(super) const LEGACY_UNWIND_CALLS: u32 = 30;
 
 /// Tail-call indices in each tails map.
-pub(super) const TAIL_UNWIND: u32 = agent_ebpf::LEGACY_TAIL_UNWIND;
-pub(super) const TAIL_EMIT: u32 = agent_ebpf::LEGACY_TAIL_EMIT;
+pub(super) const TAIL_UNWIND: u32 = hostprof_common::LEGACY_TAIL_UNWIND;
+pub(super) const TAIL_EMIT: u32 = hostprof_common::LEGACY_TAIL_EMIT;
 
 /// Starts the unwind of the current task in `slot` when its process has
 /// tables, then jumps to the unwinder in `tails`.

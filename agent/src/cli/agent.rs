@@ -7,18 +7,12 @@
 //! owns the byte-bounded retry queue, so a slow or absent collector never
 //! holds up sampling.
 use std::{
-    sync::{
-        atomic::Ordering,
-        mpsc::{Receiver, RecvTimeoutError},
-    },
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use tokio::sync::{
-    mpsc::{UnboundedSender, unbounded_channel},
-    watch,
-};
+use tokio::sync::{mpsc::unbounded_channel, watch};
 
 use super::{
     AgentArgs,
@@ -27,12 +21,11 @@ use super::{
 };
 use crate::{
     config::AgentConfig,
-    export::{ExportConfig, ExportStats, run_exporter},
-    model::ResolvedSample,
+    export::{ExportConfig, ExportStats, Windows, run_exporter},
+    output,
     profile::{ProfileBuilder, ResourceConfig},
-    sampler::{OffCpuOptions, SamplerOptions},
+    sampler::SamplerOptions,
     status::{self, Snapshot},
-    symbolize::SymbolizerOptions,
 };
 
 /// How often the snapshot behind status lines and metrics is refreshed.
@@ -42,25 +35,18 @@ const SYMBOLIZE_AT_SHUTDOWN: Duration = Duration::from_secs(3);
 /// Time allowed, beyond one export timeout, for the last windows at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// What the resolver thread did.
-#[derive(Debug, Default)]
-struct Windows {
-    cut: u64,
-    samples: u64,
-}
-
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let config = AgentConfig::load(args.flags())?;
     if args.print_config {
         print!("{}", config.to_toml());
         return Ok(());
     }
-    super::init_logging(config.log_format, &config.log_level);
-    let resource = ResourceConfig::from_env(config.service_name.as_deref())?;
-    let export = ExportConfig::from_agent(&config);
+    super::init_logging(config.agent.log_format, &config.shared.log_level);
+    let resource = ResourceConfig::from_env(config.agent.service_name.as_deref())?;
+    let export = ExportConfig::from_agent(&config.agent);
     let endpoint = export.endpoint.clone();
     // Before loading anything: a taken port fails fast with nothing to undo.
-    let metrics = match config.metrics_addr {
+    let metrics = match config.agent.metrics_addr {
         Some(addr) => Some(status::server::bind(addr).await?),
         None => None,
     };
@@ -68,26 +54,23 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (export_tx, export_progress) = watch::channel(ExportStats::default());
     let exporter = tokio::spawn(run_exporter(export, requests_rx, export_tx));
 
-    let (unwind, unwind_chunks) = super::unwind_options(config.unwind, config.unwind_table_mib);
+    let (unwind, unwind_chunks) = config.shared.unwind_options();
     let options = SamplerOptions {
         unwind,
         unwind_chunks,
-        frequency_hz: config.frequency,
+        early_copy_bytes: config.shared.early_copy_bytes(),
+        frequency_hz: config.shared.frequency,
         pids: None,
-        off_cpu: config.off_cpu.then_some(OffCpuOptions {
-            threshold: config.off_cpu_threshold,
-            probability: config.off_cpu_probability,
-        }),
+        off_cpu: config.shared.off_cpu_options(),
         ..Default::default()
     };
-    let symbolizer = SymbolizerOptions {
-        debug_dirs: config.debug_dirs.clone(),
-        cache_bytes: usize::try_from(config.symbol_cache_mib << 20).unwrap_or(usize::MAX),
-    };
-    let (frequency, interval) = (config.frequency, config.report_interval);
+    let symbolizer = config.shared.symbolizer_options();
+    let (frequency, interval) = (config.shared.frequency, config.agent.report_interval);
     let session = Session::start(&options, symbolizer, Mode::Agent, None, move |batches| {
         let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
-        cut_windows(batches, builder, interval, requests_tx)
+        let mut windows = Windows::new(builder, interval, requests_tx);
+        output::drain(batches, &mut [&mut windows]);
+        windows.finish()
     })?;
     let (snapshot_tx, snapshots) = watch::channel(Snapshot::default());
     let server = metrics.map(|listener| {
@@ -102,7 +85,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &session,
         &export_progress,
         &snapshot_tx,
-        config.status_interval,
+        config.agent.status_interval,
         args.duration,
     )
     .await?;
@@ -112,7 +95,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let finished = session.stop(Some(SYMBOLIZE_AT_SHUTDOWN)).await?;
     // The exporter tries what is queued once more; a collector that accepts
     // connections but never answers must not hold up the exit.
-    let stats = match tokio::time::timeout(config.export_timeout + SHUTDOWN_GRACE, exporter).await {
+    let stats = match tokio::time::timeout(config.agent.export_timeout + SHUTDOWN_GRACE, exporter)
+        .await
+    {
         Ok(joined) => joined
             .context("the exporter task panicked")?
             .context("cannot start the OTLP exporter")?,
@@ -190,56 +175,18 @@ async fn watch_until_end<T: Send + 'static>(
                     process_sweeps: session.pipeline.process_sweeps.load(Ordering::Relaxed),
                     symbol_cache_bytes: session.pipeline.symbol_cache_bytes.load(Ordering::Relaxed),
                     unsymbolized: session.pipeline.unsymbolized_samples.load(Ordering::Relaxed),
+                    proc_reads: session.pipeline.proc_reads.load(Ordering::Relaxed),
+                    early: (
+                        session.pipeline.early_unwound.load(Ordering::Relaxed),
+                        session.pipeline.early_timed_out.load(Ordering::Relaxed),
+                        session.pipeline.early_dropped.load(Ordering::Relaxed),
+                    ),
                 };
                 snapshots.send_replace(snapshot);
                 if !status_interval.is_zero() && last_status.elapsed() >= status_interval {
                     last_status = Instant::now();
                     tracing::info!(target: "hostprof::status", "status {}", snapshot.status_line());
                 }
-            }
-        }
-    }
-}
-
-/// Resolves batches into `builder` and sends a request every `interval`, and
-/// once more when the batches end.
-fn cut_windows(
-    batches: Receiver<Vec<ResolvedSample>>,
-    mut builder: ProfileBuilder,
-    interval: Duration,
-    requests: UnboundedSender<hostprof_proto::collector::ExportProfilesServiceRequest>,
-) -> Windows {
-    let mut windows = Windows::default();
-    let mut deadline = Instant::now() + interval;
-    let cut = |builder: &mut ProfileBuilder, windows: &mut Windows| {
-        windows.samples += builder.samples();
-        let request = builder.finish(unix_nanos_now());
-        windows.cut += 1;
-        if !request.resource_profiles.is_empty() {
-            // Fails only when the exporter is gone, which ends the agent anyway.
-            let _ = requests.send(request);
-        }
-    };
-    loop {
-        // Batches may arrive faster than the timeout, so check the clock first.
-        let now = Instant::now();
-        if now >= deadline {
-            cut(&mut builder, &mut windows);
-            deadline += interval;
-            if deadline <= now {
-                deadline = now + interval;
-            }
-        }
-        match batches.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(batch) => {
-                for sample in &batch {
-                    builder.add(sample);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                cut(&mut builder, &mut windows);
-                return windows;
             }
         }
     }

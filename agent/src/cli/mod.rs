@@ -1,18 +1,19 @@
 //! Command-line interface: clap arguments and the commands they run.
 mod agent;
-mod output;
 mod progress;
 mod record;
 mod report;
 mod session;
+mod top;
 
 pub use record::RECORDING_LINE;
+pub(crate) use record::unix_nanos_now;
 
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 
-use crate::config;
+use crate::{config, output::OutputFormat};
 
 /// eBPF host-level sampling profiler.
 #[derive(Debug, Parser)]
@@ -32,6 +33,8 @@ pub enum Command {
     /// Read a profile `record` or `agent` wrote: print its top functions, or
     /// write it in another format.
     Report(ReportArgs),
+    /// Show the hottest functions live, full screen, over the last seconds.
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,56 +73,14 @@ pub struct AgentArgs {
     /// annotated with where it came from) and exit.
     #[arg(long = "print-config")]
     pub print_config: bool,
-    /// Samples per second on each CPU [default: 19].
-    #[arg(short = 'F', long = "frequency", value_name = "HZ", value_parser = config::parse_frequency)]
-    pub frequency: Option<u64>,
     /// Stop after this many seconds (fractions allowed); default: until
     /// SIGTERM or Ctrl-C. The last window is sent either way.
     #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = config::parse_seconds)]
     pub duration: Option<Duration>,
-    /// Seconds between exports (each export is one profile window) [default: 5].
-    #[arg(long = "report-interval", value_name = "SECONDS", value_parser = config::parse_seconds)]
-    pub report_interval: Option<Duration>,
-    /// OTLP gRPC endpoint (`http://` for plain text, `https://` for TLS);
-    /// default: HOSTPROF_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT,
-    /// OTEL_EXPORTER_OTLP_ENDPOINT, the file, then http://localhost:4317.
-    /// Headers come from OTEL_EXPORTER_OTLP_HEADERS (or otlp-headers).
-    #[arg(long = "otlp-endpoint", value_name = "URL", value_parser = config::parse_endpoint)]
-    pub otlp_endpoint: Option<String>,
-    /// PEM file of the CA that signs the collector's certificate; default: the
-    /// system's roots. TLS certificates are always verified.
-    #[arg(long = "otlp-ca", value_name = "FILE")]
-    pub otlp_ca: Option<PathBuf>,
-    /// Seconds one export call may take [default: 10].
-    #[arg(long = "export-timeout", value_name = "SECONDS", value_parser = config::parse_seconds)]
-    pub export_timeout: Option<Duration>,
-    /// MiB of unsent profiles to keep while the collector is unreachable; the
-    /// oldest are dropped beyond it [default: 64].
-    #[arg(long = "export-queue-mib", value_name = "MIB", value_parser = config::parse_u64)]
-    pub export_queue_mib: Option<u64>,
-    /// `service.name` of every resource; default: OTEL_SERVICE_NAME.
-    #[arg(long = "service-name", value_name = "NAME")]
-    pub service_name: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics: `PORT` or `:PORT`
-    /// listen on 127.0.0.1 only; give a host (`0.0.0.0:PORT`) to listen
-    /// elsewhere. Off by default: no listening socket.
-    #[arg(long = "metrics-addr", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Seconds between one-line status logs; 0 turns them off [default: 60].
-    #[arg(long = "status-interval", value_name = "SECONDS", value_parser = config::parse_seconds_or_zero)]
-    pub status_interval: Option<Duration>,
-    /// Log lines as `text` or `json` objects [default: text].
-    #[arg(long = "log-format", value_name = "FORMAT", value_parser = config::parse_log_format)]
-    pub log_format: Option<config::LogFormat>,
-    /// Log level or RUST_LOG-style filter [default: info; RUST_LOG wins].
-    #[arg(long = "log-level", value_name = "FILTER", value_parser = config::parse_log_level)]
-    pub log_level: Option<String>,
     #[command(flatten)]
-    pub off_cpu: OffCpuArgs,
+    pub shared: config::SharedFlags,
     #[command(flatten)]
-    pub symbols: SymbolArgs,
-    #[command(flatten)]
-    pub unwind: UnwindArgs,
+    pub agent: config::AgentFlags,
 }
 
 impl AgentArgs {
@@ -127,24 +88,8 @@ impl AgentArgs {
     pub fn flags(&self) -> config::Flags {
         config::Flags {
             config: self.config.clone(),
-            frequency: self.frequency,
-            report_interval: self.report_interval,
-            otlp_endpoint: self.otlp_endpoint.clone(),
-            otlp_ca: self.otlp_ca.clone(),
-            export_timeout: self.export_timeout,
-            export_queue_mib: self.export_queue_mib,
-            service_name: self.service_name.clone(),
-            off_cpu: self.off_cpu.enabled.then_some(true),
-            off_cpu_threshold: self.off_cpu.threshold,
-            off_cpu_probability: self.off_cpu.probability,
-            debug_dirs: self.symbols.debug_dirs.clone(),
-            symbol_cache_mib: self.symbols.cache_mib,
-            metrics_addr: self.metrics_addr,
-            status_interval: self.status_interval,
-            log_format: self.log_format,
-            log_level: self.log_level.clone(),
-            unwind: self.unwind.method,
-            unwind_table_mib: self.unwind.table_mib,
+            shared: self.shared.clone(),
+            agent: self.agent.clone(),
         }
     }
 }
@@ -159,10 +104,6 @@ pub struct RecordArgs {
         conflicts_with = "command"
     )]
     pub pids: Vec<u32>,
-    /// Samples per second on each CPU.
-    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 99,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub frequency: u64,
     /// Stop after this many seconds (fractions allowed); default: until Ctrl-C
     /// or until the profiled processes exit.
     #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = config::parse_seconds)]
@@ -172,18 +113,14 @@ pub struct RecordArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     #[command(flatten)]
-    pub off_cpu: OffCpuArgs,
-    #[command(flatten)]
-    pub symbols: SymbolArgs,
-    #[command(flatten)]
-    pub unwind: UnwindArgs,
+    pub settings: config::SharedFlags,
     /// Also copy the user registers and the top BYTES of the user stack
     /// (at most 16384) out of the kernel with each CPU sample, to replay the
     /// unwind on the host and check it against the kernel's. Off by default:
     /// stack memory can hold secrets (keys, passwords) and leaves the kernel
     /// only with this flag. Costs a ~18 KiB ring record per sample.
     #[arg(long = "stack-copy", value_name = "BYTES",
-          value_parser = clap::value_parser!(u32).range(8..=agent_ebpf::MAX_STACK_COPY as i64))]
+          value_parser = clap::value_parser!(u32).range(8..=hostprof_common::MAX_STACK_COPY as i64))]
     pub stack_copy: Option<u32>,
     /// With --stack-copy: write each sample's snapshot (registers, stack
     /// bytes, mappings, and the frames the kernel found) to a file in DIR,
@@ -200,123 +137,56 @@ pub struct RecordArgs {
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
-    /// Log level or RUST_LOG-style filter for messages on stderr (`debug`
-    /// shows, among others, the kernel verifier's log when a program is
-    /// rejected) [default: warn; RUST_LOG wins].
-    #[arg(long = "log-level", value_name = "FILTER", value_parser = config::parse_log_level)]
-    pub log_level: Option<String>,
     /// Command to start and profile (with its threads) until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
-/// What `hostprof record -o` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    /// Folded stacks (flamegraph.pl / inferno input).
-    Folded,
-    /// Flame graph SVG.
-    Svg,
-    /// pprof profile.proto, gzipped (`go tool pprof`).
-    Pprof,
-    /// OTLP `ProfilesData`, protobuf.
-    Otlp,
-    /// OTLP `ProfilesData`, OTLP/JSON.
-    OtlpJson,
-}
-
-/// Off-CPU profiling options, shared by `record` and `agent`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct OffCpuArgs {
-    /// Also record when threads are off CPU (blocked, sleeping, waiting for a
-    /// CPU), with their stacks and state. Folded values then become
-    /// microseconds, CPU stacks weighing one sampling period each.
-    #[arg(long = "off-cpu")]
-    pub enabled: bool,
-    /// Shortest off-CPU period to record (e.g. 1ms, 500us, 0.01s) [default: 1ms].
-    #[arg(long = "off-cpu-threshold", value_name = "DURATION", value_parser = config::parse_duration)]
-    pub threshold: Option<Duration>,
-    /// Share (0 to 1) of context switches to track, to bound overhead on busy
-    /// hosts [default: 1].
-    #[arg(long = "off-cpu-probability", value_name = "P", value_parser = config::parse_probability)]
-    pub probability: Option<f64>,
-}
-
-impl OffCpuArgs {
+/// What the shared settings mean to the running parts.
+impl config::SharedSettings {
     /// The sampler's off-CPU options, when off-CPU profiling is on.
-    pub fn options(&self) -> Option<crate::sampler::OffCpuOptions> {
-        self.enabled.then_some(crate::sampler::OffCpuOptions {
-            threshold: self.threshold.unwrap_or(config::DEFAULT_OFF_CPU_THRESHOLD),
-            probability: self.probability.unwrap_or(1.0),
+    pub fn off_cpu_options(&self) -> Option<crate::sampler::OffCpuOptions> {
+        self.off_cpu.then_some(crate::sampler::OffCpuOptions {
+            threshold: self.off_cpu_threshold,
+            probability: self.off_cpu_probability,
         })
     }
-}
 
-/// How user stacks are walked, shared by `record` and `agent`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct UnwindArgs {
-    /// `dwarf`: in-kernel unwinding with tables built from each binary's
-    /// `.eh_frame` (complete stacks without frame pointers), frame pointers
-    /// where a binary has none; `fp`: frame pointers only [default: dwarf].
-    #[arg(long = "unwind", value_name = "METHOD", value_parser = config::parse_unwind)]
-    pub method: Option<config::UnwindMethod>,
-    /// Kernel memory for unwind tables, in MiB; tables beyond it fall back
-    /// to frame pointers (and are counted) [default: 32].
-    #[arg(long = "unwind-table-mib", value_name = "MIB", value_parser = config::parse_unwind_table_mib)]
-    pub table_mib: Option<u32>,
-}
-
-impl UnwindArgs {
     /// The sampler's (mode, rows map chunks).
-    pub fn options(&self) -> (crate::sampler::UnwindMode, u32) {
-        unwind_options(
-            self.method.unwrap_or(config::UnwindMethod::Dwarf),
-            self.table_mib.unwrap_or(config::DEFAULT_UNWIND_TABLE_MIB),
-        )
+    pub fn unwind_options(&self) -> (crate::sampler::UnwindMode, u32) {
+        let mode = match self.unwind {
+            config::UnwindMethod::Dwarf => crate::sampler::UnwindMode::Tables,
+            config::UnwindMethod::Fp => crate::sampler::UnwindMode::FramePointers,
+        };
+        let chunk = std::mem::size_of::<hostprof_common::RowChunk>() as u64;
+        let chunks = (u64::from(self.unwind_table_mib) << 20).div_ceil(chunk);
+        (mode, chunks as u32)
     }
-}
 
-/// The sampler's (mode, rows map chunks) for `method` and `table_mib`.
-pub fn unwind_options(
-    method: config::UnwindMethod,
-    table_mib: u32,
-) -> (crate::sampler::UnwindMode, u32) {
-    let mode = match method {
-        config::UnwindMethod::Dwarf => crate::sampler::UnwindMode::Tables,
-        config::UnwindMethod::Fp => crate::sampler::UnwindMode::FramePointers,
-    };
-    let chunk = std::mem::size_of::<agent_ebpf::RowChunk>() as u64;
-    (mode, (u64::from(table_mib) << 20).div_ceil(chunk) as u32)
-}
+    /// Bytes of stack the kernel copies for samples taken before their
+    /// process's tables are loaded (0: none; see `unwind::early`).
+    pub fn early_copy_bytes(&self) -> u32 {
+        if self.early_stack_copy {
+            crate::unwind::early::EARLY_COPY_BYTES
+        } else {
+            0
+        }
+    }
 
-/// Symbolization options, shared by `record` and `agent`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SymbolArgs {
-    /// Another directory of debug files (`.build-id/xx/rest.debug` or
-    /// `.gnu_debuglink` names), searched before /usr/lib/debug (repeatable).
-    #[arg(long = "debug-dir", value_name = "DIR")]
-    pub debug_dirs: Vec<PathBuf>,
-    /// Memory for parsed binaries and cached names, in MiB (default: 48 for
-    /// `agent`, 512 for `record`). A file whose DWARF would need more than
-    /// half of it is named from its symbol tables only (no lines, no inlined
-    /// calls).
-    #[arg(long = "symbol-cache-mib", value_name = "MIB", value_parser = config::parse_cache_mib)]
-    pub cache_mib: Option<u64>,
-}
-
-/// `agent`'s symbol cache: it shares every node for months, next to
-/// everything else (the soak's RSS target is 100 MB).
-pub const AGENT_SYMBOL_CACHE_MIB: u64 = config::DEFAULT_SYMBOL_CACHE_MIB;
-/// `record`'s: a developer's one-off, where DWARF of big binaries matters.
-pub const RECORD_SYMBOL_CACHE_MIB: u64 = 512;
-
-impl SymbolArgs {
-    /// The symbolizer's options; `default_mib` when `--symbol-cache-mib` is absent.
-    pub fn options(&self, default_mib: u64) -> crate::symbolize::SymbolizerOptions {
-        let mib = self.cache_mib.unwrap_or(default_mib);
+    /// The symbolizer's options.
+    pub fn symbolizer_options(&self) -> crate::symbolize::SymbolizerOptions {
         crate::symbolize::SymbolizerOptions {
             debug_dirs: self.debug_dirs.clone(),
-            cache_bytes: usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            cache_bytes: usize::try_from(self.symbol_cache_mib.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX),
+            // `record` reads no variables into its settings, but
+            // DEBUGINFOD_URLS is every debugger's convention.
+            debuginfod: match self.debuginfod_urls.as_deref() {
+                Some(urls) => crate::symbolize::DebuginfodOptions::with_urls(
+                    urls.split_ascii_whitespace().map(str::to_string).collect(),
+                ),
+                None => crate::symbolize::DebuginfodOptions::from_env(),
+            },
         }
     }
 }
@@ -340,16 +210,13 @@ pub fn init_logging(format: config::LogFormat, level: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => {
-            // aya warns when it cannot raise RLIMIT_MEMLOCK, which only
-            // matters before 5.11 and precedes a clearer error of ours.
-            init_logging(
-                config::LogFormat::Text,
-                args.log_level.as_deref().unwrap_or("warn,aya=error"),
-            );
-            record::run(args).await
+            let settings = config::record_settings(args.settings.clone())?;
+            init_logging(config::LogFormat::Text, &settings.log_level);
+            record::run(args, settings).await
         }
         Command::Agent(args) => agent::run(args).await,
         Command::Report(args) => report::run(args),
+        Command::Top(args) => top::run(args).await,
     }
 }
 
@@ -366,7 +233,7 @@ mod tests {
         let Command::Record(args) = cli.command else {
             panic!("not record")
         };
-        assert_eq!(args.frequency, 999);
+        assert_eq!(args.settings.frequency, Some(999));
         assert_eq!(args.duration, Some(Duration::from_millis(2500)));
         assert_eq!(args.command, ["sleep", "1"]);
     }
@@ -385,9 +252,9 @@ mod tests {
         let Command::Agent(args) = cli.command else {
             panic!("not agent")
         };
-        assert_eq!(args.frequency, None);
-        assert_eq!(args.report_interval, Some(Duration::from_secs(1)));
-        assert_eq!(args.export_timeout, None);
+        assert_eq!(args.shared.frequency, None);
+        assert_eq!(args.agent.report_interval, Some(Duration::from_secs(1)));
+        assert_eq!(args.agent.export_timeout, None);
         assert_eq!(args.duration, None);
         let cli = Cli::try_parse_from(["hostprof", "record", "-o", "x", "--format", "otlp-json"])
             .unwrap();
@@ -428,30 +295,31 @@ mod tests {
         let Command::Agent(args) = cli.command else {
             panic!("not agent")
         };
-        let off_cpu = args.off_cpu.options().expect("off-CPU on");
+        let config = config::AgentConfig::resolve(args.flags(), &|_| None).unwrap();
+        let off_cpu = config.shared.off_cpu_options().expect("off-CPU on");
         assert_eq!(off_cpu.threshold, Duration::from_millis(5));
-        let symbols = args.symbols.options(AGENT_SYMBOL_CACHE_MIB);
+        let symbols = config.shared.symbolizer_options();
         assert_eq!(
             symbols.debug_dirs,
             [PathBuf::from("/a"), PathBuf::from("/b")]
         );
         assert_eq!(symbols.cache_bytes, 48 << 20);
-        let cli = Cli::try_parse_from(["hostprof", "record", "-d", "1"]).unwrap();
-        let Command::Record(args) = cli.command else {
-            panic!("not record")
+        let record = |argv: &[&str]| {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            let Command::Record(args) = cli.command else {
+                panic!("not record")
+            };
+            config::record_settings(args.settings).unwrap()
         };
-        assert!(args.off_cpu.options().is_none());
-        assert!(
-            args.symbols
-                .options(RECORD_SYMBOL_CACHE_MIB)
-                .debug_dirs
-                .is_empty()
-        );
-        let cli = Cli::try_parse_from(["hostprof", "record", "--symbol-cache-mib", "32"]).unwrap();
-        let Command::Record(args) = cli.command else {
-            panic!("not record")
-        };
-        assert_eq!(args.symbols.options(512).cache_bytes, 32 << 20);
+        let settings = record(&["hostprof", "record", "-d", "1"]);
+        assert!(settings.off_cpu_options().is_none());
+        assert!(settings.symbolizer_options().debug_dirs.is_empty());
+        assert_eq!(settings.symbolizer_options().cache_bytes, 512 << 20);
+        assert_eq!(settings.frequency, 99);
+        let settings = record(&["hostprof", "record", "--symbol-cache-mib", "32"]);
+        assert_eq!(settings.symbolizer_options().cache_bytes, 32 << 20);
+        let settings = record(&["hostprof", "record", "--off-cpu"]);
+        assert!(settings.off_cpu);
     }
 
     #[test]

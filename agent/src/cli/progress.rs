@@ -12,7 +12,11 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::sampler::{Counters, ReaderStats};
+use crate::{
+    model::ResolvedSample,
+    output::{Sink, Summary},
+    sampler::{Counters, ReaderStats},
+};
 
 /// What the worker thread has done so far.
 #[derive(Debug, Default)]
@@ -25,11 +29,49 @@ pub(super) struct Live {
 }
 
 impl Live {
-    /// After each batch: the batch's size and the summary's totals.
+    /// On each tick: the samples since the last one and the summary's totals.
     pub fn update(&self, batch: usize, samples: u64, processes: usize) {
         self.resolved.fetch_add(batch as u64, Ordering::Relaxed);
         self.samples.store(samples, Ordering::Relaxed);
         self.processes.store(processes as u64, Ordering::Relaxed);
+    }
+}
+
+/// `record`'s summary, publishing its totals to the progress line on every
+/// tick.
+pub(super) struct LiveSummary {
+    summary: Summary,
+    live: Arc<Live>,
+    /// Samples pushed since the last tick.
+    pushed: usize,
+}
+
+impl LiveSummary {
+    pub fn new(live: Arc<Live>) -> Self {
+        LiveSummary {
+            summary: Summary::new(),
+            live,
+            pushed: 0,
+        }
+    }
+
+    pub fn into_summary(self) -> Summary {
+        self.summary
+    }
+}
+
+impl Sink for LiveSummary {
+    fn push(&mut self, sample: &ResolvedSample) {
+        self.summary.push(sample);
+        self.pushed += 1;
+    }
+
+    fn tick(&mut self, _now: Instant) {
+        self.live.update(
+            std::mem::take(&mut self.pushed),
+            self.summary.samples(),
+            self.summary.processes(),
+        );
     }
 }
 

@@ -8,14 +8,10 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use super::{
-    OutputFormat, ReportArgs,
-    output::{Output, write_output},
-};
+use super::ReportArgs;
 use crate::{
     input::{self, InputFormat, InputProfile},
-    output::Summary,
-    pipeline::SampleSink,
+    output::{OutputFormat, ProfileFile, Sink, Summary, write_output},
     profile::ResourceConfig,
 };
 
@@ -120,7 +116,7 @@ fn write_profile(
             .iter()
             .map(|(key, value)| (key.as_str(), value.as_str())),
     );
-    let mut output = Output::new(
+    let mut output = ProfileFile::new(
         Some(format),
         frequency,
         profile.start_unix_nano,

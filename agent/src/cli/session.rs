@@ -41,6 +41,9 @@ pub(super) enum Mode {
     /// without names), and only [`crate::privileges::KEPT`] capabilities
     /// remain after setup.
     Agent,
+    /// `top`: samples on time as for `agent` (a live view must not lag
+    /// behind a first parse of a huge binary), privileges as for `record`.
+    Live,
 }
 
 /// A started sampler with its reader and resolver thread.
@@ -66,6 +69,9 @@ pub(super) struct Finished<T> {
     pub program_stats: (std::time::Duration, u64),
     /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
     pub unwind: Option<LoaderStats>,
+    /// Samples taken before their tables were loaded: (unwound on the host
+    /// from their stack copies, sent on with frame pointers, copies dropped).
+    pub early: (u64, u64, u64),
 }
 
 /// Longest wait for the unwind tables of `-p` processes before sampling.
@@ -79,7 +85,7 @@ impl<T: Send + 'static> Session<T> {
         options: &SamplerOptions,
         symbolizer: SymbolizerOptions,
         mode: Mode,
-        copies: Option<mpsc::Sender<StackCopy>>,
+        copies: Option<mpsc::SyncSender<StackCopy>>,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
         let mut sampler = Sampler::load(options)?;
@@ -102,11 +108,12 @@ impl<T: Send + 'static> Session<T> {
             }
         }
         let ring = sampler.take_ring()?;
-        let (requests, unwind) = match options.unwind {
+        let events = crate::procs::EventSource::new(sampler.take_process_events()?);
+        let (requests, unwind, mirror) = match options.unwind {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;
                 let preload = options.pids.clone().unwrap_or_default();
-                let (requests, stats, preloaded) = crate::unwind::spawn_service(
+                let (requests, stats, preloaded, mirror) = crate::unwind::spawn_service(
                     maps,
                     options.unwind_chunks,
                     preload,
@@ -121,10 +128,28 @@ impl<T: Send + 'static> Session<T> {
                         "unwind tables still loading after {PRELOAD_WAIT:?}: sampling starts anyway"
                     );
                 }
-                (Some(requests), Some(stats))
+                (Some(requests), Some(stats), Some(mirror))
             }
-            UnwindMode::FramePointers => (None, None),
+            UnwindMode::FramePointers => (None, None, None),
         };
+        // Samples taken before their process's tables were loaded: their
+        // stack copies wait in a bounded queue, in memory only.
+        let (early_tx, early) = match mirror {
+            Some(mirror) if options.early_copy_bytes > 0 => {
+                let (tx, rx) = mpsc::sync_channel(crate::unwind::early::MAX_HELD);
+                (
+                    Some(tx),
+                    Some((rx, crate::unwind::early::EarlyStacks::new(mirror))),
+                )
+            }
+            _ => (None, None),
+        };
+        let mut python = crate::python::Python::new(Some(sampler.take_python_map()?));
+        // Named Python processes are walked from their first sample.
+        let mut procs = crate::procs::ProcessTable::new();
+        for &pid in options.pids.iter().flatten() {
+            python.interpreter(pid, procs.executable_maps(pid, "", u64::MAX).iter());
+        }
         sampler.start_sampling(options.frequency_hz)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
@@ -132,7 +157,10 @@ impl<T: Send + 'static> Session<T> {
         let reader = tokio::spawn(read_ring_with_copies(
             ring,
             batch_tx,
-            copies,
+            crate::sampler::CopySinks {
+                all: copies,
+                early: early_tx,
+            },
             stop_rx,
             progress_tx,
         ));
@@ -140,11 +168,20 @@ impl<T: Send + 'static> Session<T> {
         // then lists our own programs too.
         let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
         let pipeline_state = Arc::new(PipelineState {
-            max_symbolize_lag: (mode == Mode::Agent).then_some(AGENT_MAX_SYMBOLIZE_LAG),
+            max_symbolize_lag: matches!(mode, Mode::Agent | Mode::Live)
+                .then_some(AGENT_MAX_SYMBOLIZE_LAG),
             ..Default::default()
         });
-        let resolved = pipeline::spawn(batch_rx, symbolizer, requests, pipeline_state.clone())
-            .context("cannot start the pipeline threads")?;
+        let resolved = pipeline::spawn(
+            batch_rx,
+            symbolizer,
+            requests,
+            Some(events),
+            early,
+            python,
+            pipeline_state.clone(),
+        )
+        .context("cannot start the pipeline threads")?;
         let worker = std::thread::Builder::new()
             .name("hostprof-work".into())
             .spawn(move || work(resolved))
@@ -191,7 +228,13 @@ impl<T: Send + 'static> Session<T> {
             .unwind
             .as_ref()
             .map(|stats| *stats.lock().unwrap_or_else(|e| e.into_inner()));
+        let early = (
+            self.pipeline.early_unwound.load(Ordering::Relaxed),
+            self.pipeline.early_timed_out.load(Ordering::Relaxed),
+            self.pipeline.early_dropped.load(Ordering::Relaxed) + reader.early_copies_dropped,
+        );
         Ok(Finished {
+            early,
             output,
             reader,
             counters,

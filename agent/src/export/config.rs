@@ -3,7 +3,7 @@
 //! [`crate::config`].
 use std::{path::PathBuf, time::Duration};
 
-use crate::config::AgentConfig;
+use crate::config::AgentSettings;
 
 /// A validated exporter configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,10 +22,10 @@ pub struct ExportConfig {
 
 impl ExportConfig {
     /// The agent configuration's export settings.
-    pub fn from_agent(config: &AgentConfig) -> Self {
+    pub fn from_agent(config: &AgentSettings) -> Self {
         ExportConfig {
             endpoint: config.otlp_endpoint.clone(),
-            headers: config.otlp_headers.clone(),
+            headers: config.otlp_headers.clone().unwrap_or_default(),
             ca: config.otlp_ca.clone(),
             timeout: config.export_timeout,
             queue_bytes: usize::try_from(config.export_queue_mib.saturating_mul(1 << 20))

@@ -1,6 +1,7 @@
 //! OTLP profiles export over gRPC (`ProfilesService/Export`).
 //!
-//! [`ExportConfig`] says where and how (endpoint, headers, TLS);
+//! [`Windows`] is the agent's sink: it cuts the samples into one request per
+//! window. [`ExportConfig`] says where and how (endpoint, headers, TLS);
 //! [`run_exporter`] sends each window's
 //! request, gzipped, and on UNAVAILABLE, RESOURCE_EXHAUSTED or
 //! DEADLINE_EXCEEDED keeps it in a [`ByteQueue`] and retries with jittered
@@ -9,10 +10,12 @@
 mod client;
 mod config;
 mod queue;
+mod windows;
 
 pub use client::{ExportStats, run_exporter};
 pub use config::ExportConfig;
 pub use queue::{Backoff, ByteQueue};
+pub use windows::Windows;
 
 use std::path::PathBuf;
 

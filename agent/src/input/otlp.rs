@@ -160,6 +160,7 @@ impl<'a> Tables<'a> {
                 kind = match value.str() {
                     Some("kernel") => FrameKind::Kernel,
                     Some("go") => FrameKind::Go,
+                    Some("cpython") => FrameKind::Python,
                     _ => FrameKind::Native,
                 };
             }

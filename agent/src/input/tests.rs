@@ -7,8 +7,8 @@ use hostprof_proto::Message;
 use super::*;
 use crate::{
     model::{BuildIds, Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ThreadState},
+    output::Sink,
     output::{FoldedStacks, PprofProfile, otlp_json},
-    pipeline::SampleSink,
     profile::{ProfileBuilder, ResourceConfig},
 };
 

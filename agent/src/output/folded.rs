@@ -2,7 +2,7 @@
 //! distinct stack (the input of flamegraph.pl and inferno).
 use std::{collections::HashMap, io};
 
-use crate::{model::ResolvedSample, pipeline::SampleSink};
+use crate::{model::ResolvedSample, output::Sink};
 
 /// Counts of distinct folded stacks.
 #[derive(Debug, Default)]
@@ -55,7 +55,7 @@ impl FoldedStacks {
     }
 }
 
-impl SampleSink for FoldedStacks {
+impl Sink for FoldedStacks {
     fn push(&mut self, sample: &ResolvedSample) {
         self.push_count(sample, 1);
     }

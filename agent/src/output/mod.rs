@@ -1,21 +1,86 @@
-//! Local outputs of `hostprof record`: folded stacks, flame graph SVG, pprof,
-//! and the end-of-run summary (OTLP files come from [`crate::profile`] and
-//! [`otlp_json`]).
+//! Where resolved samples go: the [`Sink`] seam, and the local outputs —
+//! folded stacks, flame graph SVG, pprof, OTLP files ([`ProfileFile`] picks
+//! one by [`OutputFormat`]) and the end-of-run summary.
 //!
-//! Every output is a [`SampleSink`](crate::pipeline::SampleSink); they share the
-//! frame naming below so a function reads the same everywhere.
+//! Every consumer of samples is a [`Sink`]: these outputs, the summary,
+//! `record`'s progress line and the agent's windowed exporter
+//! (`export::Windows`, built on [`crate::profile::ProfileBuilder`], itself a
+//! sink). [`drain`] feeds the pipeline's batches to any set of them, so
+//! `record`, `report` and `agent` differ only in the sinks they plug in.
+//! Outputs share the frame naming below so a function reads the same
+//! everywhere.
+mod file;
 mod flamegraph;
 mod folded;
 pub mod otlp_json;
 mod pprof;
 mod summary;
 
+pub use file::{OutputFormat, ProfileFile, write_output};
 pub use flamegraph::write_flamegraph;
 pub use folded::FoldedStacks;
 pub use pprof::PprofProfile;
 pub use summary::Summary;
 
-use crate::model::{Frame, FrameKind, ResolvedSample};
+use std::{
+    sync::mpsc::{Receiver, RecvTimeoutError},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    input::Counted,
+    model::{Frame, FrameKind, ResolvedSample},
+};
+
+/// What every consumer of resolved samples implements.
+pub trait Sink: Send {
+    fn push(&mut self, sample: &ResolvedSample);
+
+    /// `count` samples like `sample` (profiles read back from files carry
+    /// counts rather than one record per sample); sinks that only add up
+    /// counts do it in one step.
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
+        for _ in 0..count {
+            self.push(sample);
+        }
+    }
+
+    /// A sample read back from a file, with its count and, for OTLP, the
+    /// times of its occurrences; sinks that keep times override this.
+    fn push_counted(&mut self, counted: &Counted) {
+        self.push_count(&counted.sample, counted.count);
+    }
+
+    /// Called after every batch and at least every [`TICK`]: sinks that act
+    /// on a schedule (the agent cutting profile windows, the progress line)
+    /// do it here.
+    fn tick(&mut self, _now: Instant) {}
+}
+
+/// The longest time between two [`Sink::tick`] calls of [`drain`].
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// Feeds every batch to every sink until the batches end (the session
+/// stopped), ticking them after each batch and at least every [`TICK`].
+pub fn drain(batches: Receiver<Vec<ResolvedSample>>, sinks: &mut [&mut dyn Sink]) {
+    loop {
+        match batches.recv_timeout(TICK) {
+            Ok(batch) => {
+                for sample in &batch {
+                    for sink in sinks.iter_mut() {
+                        sink.push(sample);
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        for sink in sinks.iter_mut() {
+            sink.tick(now);
+        }
+    }
+}
 
 /// Names for one frame, outermost inlined function first: `name` for user code,
 /// `name_[k]` for kernel code, `[module+0xOFFSET]` when unsymbolized.
@@ -23,9 +88,16 @@ pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
     let unsymbolized = frame.lines.is_empty().then(|| frame.unsymbolized_label());
     let named = frame.lines.iter().rev().map(move |line| match frame.kind {
         FrameKind::Kernel => format!("{}_[k]", line.function),
+        FrameKind::Python => python_label(line),
         _ => line.function.to_string(),
     });
     unsymbolized.into_iter().chain(named)
+}
+
+/// `qualname (file:line)`, as py-spy shows Python frames.
+fn python_label(line: &crate::model::Line) -> String {
+    let file = line.file.as_deref().unwrap_or("?");
+    format!("{} ({file}:{})", line.function, line.line)
 }
 
 /// Every frame label of a sample, root first.

@@ -17,7 +17,7 @@ use hostprof_proto::{
 
 use crate::{
     model::{Frame, Mapping as ModelMapping, ResolvedSample, ThreadState},
-    pipeline::SampleSink,
+    output::Sink,
 };
 
 /// A location's identity: mapping id, address, (function id, line) per line.
@@ -182,7 +182,7 @@ impl PprofProfile {
     }
 }
 
-impl SampleSink for PprofProfile {
+impl Sink for PprofProfile {
     fn push(&mut self, sample: &ResolvedSample) {
         self.push_count(sample, 1);
     }

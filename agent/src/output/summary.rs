@@ -5,7 +5,7 @@ use std::{
     fmt::Write as _,
 };
 
-use crate::{model::ResolvedSample, pipeline::SampleSink};
+use crate::{model::ResolvedSample, output::Sink};
 
 /// Per-function sample counts.
 #[derive(Debug, Default)]
@@ -88,7 +88,7 @@ impl Summary {
     }
 }
 
-impl SampleSink for Summary {
+impl Sink for Summary {
     fn push(&mut self, sample: &ResolvedSample) {
         self.push_count(sample, 1);
     }

@@ -16,7 +16,7 @@ pub enum MapsError {
 }
 
 /// A process's executable mappings, sorted by start address.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ExecutableMaps {
     mappings: Vec<Arc<Mapping>>,
 }

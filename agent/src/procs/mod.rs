@@ -1,12 +1,16 @@
 //! Process metadata from `/proc`: who a pid is, which container it runs in,
 //! and what it has mapped.
 //!
-//! [`ProcessTable`] caches one entry per process and refreshes it when the
-//! process is new, when an address falls outside every known mapping (an
-//! exec or a `dlopen` happened since), or when the pid was reused. Lookups
-//! happen as samples arrive, so a process started after the agent is read on
-//! its first sample.
+//! [`ProcessTable`] keeps, per pid, the images it ran: a new one starts at
+//! each fork or exec the kernel reports ([`ProcessEvent`]s), so a reused pid
+//! is told from the old process without reading `/proc` per sample. Each
+//! image is read from `/proc` once, at its first sample (a forked child
+//! starts as a copy of its parent and is not read at all), and again only
+//! when an address misses every mapping (a `dlopen`), with backoff. Samples
+//! go to the image that ran at their kernel time, so samples taken before an
+//! exec or a pid reuse keep their old names.
 mod cgroup;
+mod events;
 mod maps;
 
 use std::{
@@ -16,121 +20,289 @@ use std::{
 };
 
 pub use cgroup::{CgroupIdentity, parse_cgroup};
+pub use events::{EventSource, decode_event};
+use hostprof_common::{PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK, ProcessEvent};
 pub use maps::{ExecutableMaps, MapsError, parse_maps};
 
 use crate::model::{Mapping, ProcessInfo};
 
-/// Re-read a process's maps at most this often when addresses miss.
+/// Re-read a process's maps at most this often when addresses miss; the
+/// interval doubles, up to [`MAX_REFRESH_INTERVAL`], while re-reading finds
+/// nothing new (JIT code, anonymous memory).
 const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(50);
+const MAX_REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Check at most this often whether a cached pid now belongs to another
-/// process. The check reads /proc/PID/stat: done per sample it was most of
-/// the agent's CPU on a busy host.
-const REUSE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Images kept per pid: enough for samples still in flight across a few
+/// quick execs.
+const MAX_IMAGES: usize = 4;
 
+/// How long an exited process is kept for its samples still in flight.
+const EXIT_LINGER: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
 struct Process {
     info: Arc<ProcessInfo>,
-    /// `starttime` from /proc/PID/stat: tells a reused pid from the old process.
-    start_time: u64,
     maps: ExecutableMaps,
     refreshed_at: Instant,
-    /// When the pid was last checked for reuse.
-    checked_at: Instant,
+    /// Wait at least this long before the next re-read on a miss.
+    refresh_after: Duration,
     /// False when /proc had nothing (exited, or caught mid-fork).
     readable: bool,
+}
+
+/// What one pid ran from kernel time `since` on.
+struct Image {
+    since: u64,
+    /// `None` until its first sample.
+    process: Option<Process>,
+}
+
+struct Entry {
+    /// By `since`, at most [`MAX_IMAGES`].
+    images: Vec<Image>,
+    /// Kernel time the main thread exited, and when we heard of it.
+    exited: Option<(u64, Instant)>,
+    /// A sample used this entry since the last sweep.
+    used: bool,
+}
+
+impl Entry {
+    fn new(since: u64, process: Option<Process>) -> Self {
+        Entry {
+            images: vec![Image { since, process }],
+            exited: None,
+            used: true,
+        }
+    }
+
+    fn push(&mut self, since: u64, process: Option<Process>) {
+        let at = self.images.partition_point(|image| image.since <= since);
+        self.images.insert(at, Image { since, process });
+        if self.images.len() > MAX_IMAGES {
+            self.images.remove(0);
+        }
+        self.exited = None;
+    }
+}
+
+/// Figures for status lines and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Reads of a process's `/proc` files (stat, exe, maps, cgroup).
+    pub proc_reads: u64,
+    /// Process events applied.
+    pub events: u64,
 }
 
 /// Cache of per-process metadata.
 #[derive(Default)]
 pub struct ProcessTable {
-    processes: HashMap<u32, Process>,
+    entries: HashMap<u32, Entry>,
+    /// The kernel reports forks: a sample after an exit with no fork since
+    /// is late work of the exited process, not a new one.
+    fork_events: bool,
+    stats: TableStats,
 }
 
 impl ProcessTable {
+    /// A table without process events: a pid is one process until it exits.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A table fed with the kernel's forks, execs and exits
+    /// ([`ProcessTable::apply`]).
+    pub fn with_events() -> Self {
+        ProcessTable {
+            fork_events: true,
+            ..Self::default()
+        }
+    }
+
     /// Number of processes cached.
     pub fn len(&self) -> usize {
-        self.processes.len()
+        self.entries.len()
     }
 
     /// True when nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.processes.is_empty()
+        self.entries.is_empty()
     }
 
-    /// Metadata for `pid`; `comm` names the process if /proc no longer has it.
-    pub fn info(&mut self, pid: u32, comm: &str) -> Arc<ProcessInfo> {
-        self.entry(pid, comm).info.clone()
+    pub fn stats(&self) -> TableStats {
+        self.stats
     }
 
-    /// The executable mapping holding user address `address` of `pid`, and the
-    /// address's offset in the mapped file.
+    /// Takes in a fork, exec or exit.
+    pub fn apply(&mut self, event: &ProcessEvent) {
+        self.stats.events += 1;
+        let (pid, at) = (event.tgid, event.ktime_ns);
+        match event.kind {
+            PROCESS_EVENT_FORK => {
+                // The child runs its parent's image until it execs: a copy
+                // under its own pid, no /proc read.
+                let template = self
+                    .entries
+                    .get(&event.parent_tgid)
+                    .and_then(|parent| parent.images.last())
+                    .and_then(|image| image.process.as_ref())
+                    .filter(|parent| parent.readable)
+                    .map(|parent| Process {
+                        info: Arc::new(ProcessInfo {
+                            pid,
+                            ..(*parent.info).clone()
+                        }),
+                        ..parent.clone()
+                    });
+                match self.entries.get_mut(&pid) {
+                    Some(entry) => entry.push(at, template),
+                    None => {
+                        self.entries.insert(pid, Entry::new(at, template));
+                    }
+                }
+            }
+            PROCESS_EVENT_EXEC => match self.entries.get_mut(&pid) {
+                Some(entry) => entry.push(at, None),
+                None => {
+                    self.entries.insert(pid, Entry::new(at, None));
+                }
+            },
+            PROCESS_EVENT_EXIT => {
+                if let Some(entry) = self.entries.get_mut(&pid) {
+                    entry.exited = Some((at, Instant::now()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Metadata for `pid` at kernel time `ktime_ns`; `comm` names the
+    /// process if /proc no longer has it.
+    pub fn info(&mut self, pid: u32, comm: &str, ktime_ns: u64) -> Arc<ProcessInfo> {
+        self.image(pid, comm, ktime_ns).0.info.clone()
+    }
+
+    /// The executable mapping holding user address `address` of `pid` at
+    /// kernel time `ktime_ns`, and the address's offset in the mapped file.
     pub fn mapping_of(
         &mut self,
         pid: u32,
         comm: &str,
+        ktime_ns: u64,
         address: u64,
     ) -> Option<(Arc<Mapping>, u64)> {
-        let process = self.entry(pid, comm);
+        let reads = &mut self.stats.proc_reads;
+        let (process, latest) = image_of(
+            &mut self.entries,
+            self.fork_events,
+            reads,
+            pid,
+            comm,
+            ktime_ns,
+        );
         if let Some(hit) = process.maps.find(address) {
             return Some(hit);
         }
-        // A miss on a live process means its maps changed (exec, dlopen, JIT).
-        if process.refreshed_at.elapsed() < MIN_REFRESH_INTERVAL {
+        // A miss in the running image means its maps changed (dlopen, JIT);
+        // /proc now says nothing about an image replaced since.
+        if !latest || process.refreshed_at.elapsed() < process.refresh_after {
             return None;
         }
+        *reads += 1;
         let fresh = read_process(pid, comm);
         let hit = fresh.maps.find(address);
-        self.processes.insert(pid, fresh);
+        let backoff = if hit.is_some() {
+            MIN_REFRESH_INTERVAL
+        } else {
+            (process.refresh_after * 2).min(MAX_REFRESH_INTERVAL)
+        };
+        *process = Process {
+            refresh_after: backoff,
+            ..fresh
+        };
         hit
     }
 
-    /// Drops processes that have exited. Call periodically.
-    pub fn forget_exited(&mut self) {
-        self.processes.retain(|pid, _| is_alive(*pid));
+    /// The executable mappings of `pid`'s image at kernel time `ktime_ns`
+    /// (`u64::MAX`: the latest), as last read.
+    pub fn executable_maps(&mut self, pid: u32, comm: &str, ktime_ns: u64) -> &ExecutableMaps {
+        &self.image(pid, comm, ktime_ns).0.maps
     }
 
-    fn entry(&mut self, pid: u32, comm: &str) -> &mut Process {
-        let stale = match self.processes.get_mut(&pid) {
-            None => true,
-            // A first look can miss a process caught mid-fork or mid-exec:
-            // look again, rate-limited, while samples of it keep coming.
-            Some(cached) if !cached.readable => {
-                cached.refreshed_at.elapsed() >= MIN_REFRESH_INTERVAL
+    /// Drops processes that have exited: those the kernel said exited a
+    /// while ago, and, without an exit event, those unused since the last
+    /// sweep that /proc no longer has. Call periodically.
+    pub fn forget_exited(&mut self) {
+        self.entries.retain(|pid, entry| {
+            let used = std::mem::replace(&mut entry.used, false);
+            match entry.exited {
+                Some((_, heard)) => heard.elapsed() < EXIT_LINGER,
+                None => used || is_alive(*pid),
             }
-            // Pid reuse: same number, another process. Only worth checking when
-            // the cached entry is old enough to have been reused.
-            Some(cached) => {
-                let now = Instant::now();
-                if now.duration_since(cached.checked_at) > REUSE_CHECK_INTERVAL {
-                    cached.checked_at = now;
-                    start_time(pid).is_some_and(|start| start != cached.start_time)
-                } else {
-                    false
-                }
-            }
-        };
-        if stale {
-            self.processes.insert(pid, read_process(pid, comm));
-        }
-        self.processes.get_mut(&pid).expect("inserted above")
+        });
     }
+
+    fn image(&mut self, pid: u32, comm: &str, ktime_ns: u64) -> (&mut Process, bool) {
+        image_of(
+            &mut self.entries,
+            self.fork_events,
+            &mut self.stats.proc_reads,
+            pid,
+            comm,
+            ktime_ns,
+        )
+    }
+}
+
+/// The image of `pid` that ran at `ktime_ns`, read at its first sample, and
+/// whether it is the latest.
+fn image_of<'a>(
+    entries: &'a mut HashMap<u32, Entry>,
+    fork_events: bool,
+    reads: &mut u64,
+    pid: u32,
+    comm: &str,
+    ktime_ns: u64,
+) -> (&'a mut Process, bool) {
+    let entry = entries.entry(pid).or_insert_with(|| Entry::new(0, None));
+    entry.used = true;
+    // Without fork events, a sample after the exit is a new process with
+    // the same pid (with them, its fork would have said so).
+    if !fork_events
+        && let Some((exited, _)) = entry.exited
+        && ktime_ns > exited
+    {
+        entry.push(ktime_ns, None);
+    }
+    let index = entry
+        .images
+        .partition_point(|image| image.since <= ktime_ns)
+        .saturating_sub(1);
+    let latest = index + 1 == entry.images.len();
+    let image = &mut entry.images[index];
+    let retry = match &image.process {
+        None => true,
+        // A first look can miss a process caught mid-fork or mid-exec:
+        // look again, rate-limited, while samples of it keep coming.
+        Some(process) => {
+            latest && !process.readable && process.refreshed_at.elapsed() >= MIN_REFRESH_INTERVAL
+        }
+    };
+    if retry {
+        image.process = Some(if latest {
+            *reads += 1;
+            read_process(pid, comm)
+        } else {
+            // /proc shows a later image now: only the sample's comm is known.
+            unreadable(pid, comm, Instant::now())
+        });
+    }
+    (image.process.as_mut().expect("set above"), latest)
 }
 
 /// Whether a process with this pid exists now (in our pid namespace).
 pub fn is_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-fn start_time(pid: u32) -> Option<u64> {
-    procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()
-        .map(|stat| stat.starttime)
 }
 
 fn read_process(pid: u32, comm: &str) -> Process {
@@ -170,10 +342,9 @@ fn read_process(pid: u32, comm: &str) -> Process {
     };
     Process {
         info: Arc::new(info),
-        start_time: stat.starttime,
         maps,
         refreshed_at: now,
-        checked_at: now,
+        refresh_after: MIN_REFRESH_INTERVAL,
         readable: true,
     }
 }
@@ -188,10 +359,9 @@ fn unreadable(pid: u32, comm: &str, now: Instant) -> Process {
     };
     Process {
         info: Arc::new(info),
-        start_time: 0,
         maps: ExecutableMaps::default(),
         refreshed_at: now,
-        checked_at: now,
+        refresh_after: MIN_REFRESH_INTERVAL,
         readable: false,
     }
 }
@@ -202,35 +372,4 @@ pub(crate) fn strip_deleted(path: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_our_own_process() {
-        let mut table = ProcessTable::new();
-        let pid = std::process::id();
-        let info = table.info(pid, "ignored");
-        assert_eq!(info.pid, pid);
-        assert_eq!(
-            &*info.exe_path,
-            std::env::current_exe().unwrap().to_str().unwrap()
-        );
-        // The address of this very function lies in our executable's mapping.
-        let here = reads_our_own_process as *const () as u64;
-        let (mapping, offset) = table
-            .mapping_of(pid, "ignored", here)
-            .expect("text is mapped");
-        assert_eq!(&*mapping.path, &*info.exe_path);
-        assert!(offset >= mapping.file_offset);
-    }
-
-    #[test]
-    fn an_exited_process_keeps_its_comm() {
-        let mut table = ProcessTable::new();
-        // Pids above pid_max are never valid.
-        let info = table.info(u32::MAX - 1, "gone");
-        assert_eq!(&*info.comm, "gone");
-        assert_eq!(info.exe_name(), "gone");
-        assert!(table.mapping_of(u32::MAX - 1, "gone", 0x1000).is_none());
-    }
-}
+mod tests;

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     model::{Frame, Mapping, ResolvedSample},
-    pipeline::SampleSink,
+    output::Sink,
 };
 
 /// Which `ResourceProfiles` a sample belongs to; the host group has neither.
@@ -350,8 +350,20 @@ fn frame_type(frame: &Frame) -> AttributeValue {
     AttributeValue::Str(frame.kind.otel_name().to_owned())
 }
 
-impl SampleSink for ProfileBuilder {
+impl Sink for ProfileBuilder {
     fn push(&mut self, sample: &ResolvedSample) {
         self.add(sample);
+    }
+
+    /// Keeps each occurrence's time when the file had them.
+    fn push_counted(&mut self, counted: &crate::input::Counted) {
+        if counted.timestamps.is_empty() {
+            return self.push_count(&counted.sample, counted.count);
+        }
+        let mut sample = counted.sample.clone();
+        for &time in &counted.timestamps {
+            sample.time_unix_nano = time;
+            self.add(&sample);
+        }
     }
 }

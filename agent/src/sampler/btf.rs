@@ -148,6 +148,21 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_fuzz_seed() {
+        // fuzz/corpus/btf's seed is valid BTF: fuzzing starts from real
+        // structs, bitfield encoding (pt_regs) included.
+        let seed = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/corpus/btf/small_task_struct.btf"
+        );
+        let btf = std::fs::read(seed).unwrap();
+        assert_eq!(member_offset(&btf, "task_struct", "tgid"), Some(36));
+        assert_eq!(member_offset(&btf, "task_struct", "stack"), Some(8));
+        assert_eq!(member_offset(&btf, "pt_regs", "sp"), Some(19));
+        assert_eq!(struct_size(&btf, "pt_regs"), Some(168));
+    }
+
+    #[test]
     fn rejects_what_is_not_btf() {
         assert!(member_offset(b"", "task_struct", "tgid").is_none());
         assert!(member_offset(&[0x9f, 0xeb, 1, 0, 0xff, 0xff, 0xff, 0xff], "a", "b").is_none());

@@ -1,7 +1,7 @@
 //! What the running kernel can do, and so which variant of the eBPF programs
 //! to load.
 //!
-//! The sampler exists twice in the eBPF object (see `agent_ebpf`
+//! The sampler exists twice in the eBPF object (see `hostprof_common`
 //! `PROGRAM_SAMPLE_LEGACY`): one variant uses `bpf_loop` and
 //! `bpf_task_pt_regs` (Linux 5.17+), the other bounded loops and the task's
 //! kernel stack (Linux 5.10+). Helpers are probed, not guessed from the
@@ -30,16 +30,16 @@ impl Variant {
     /// The perf_event sampler of this variant.
     pub fn sample_program(self) -> &'static str {
         match self {
-            Variant::Modern => agent_ebpf::PROGRAM_SAMPLE,
-            Variant::Legacy => agent_ebpf::PROGRAM_SAMPLE_LEGACY,
+            Variant::Modern => hostprof_common::PROGRAM_SAMPLE,
+            Variant::Legacy => hostprof_common::PROGRAM_SAMPLE_LEGACY,
         }
     }
 
     /// The off-CPU tracepoint of this variant.
     pub fn off_cpu_program(self) -> &'static str {
         match self {
-            Variant::Modern => agent_ebpf::PROGRAM_OFF_CPU_SWITCH,
-            Variant::Legacy => agent_ebpf::PROGRAM_OFF_CPU_SWITCH_LEGACY,
+            Variant::Modern => hostprof_common::PROGRAM_OFF_CPU_SWITCH,
+            Variant::Legacy => hostprof_common::PROGRAM_OFF_CPU_SWITCH_LEGACY,
         }
     }
 

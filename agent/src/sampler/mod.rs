@@ -3,14 +3,13 @@
 //!
 //! [`Sampler`] is the only owner of the `aya::Ebpf` handle. Dropping it detaches
 //! every perf event and unloads the program.
-mod btf;
+pub mod btf;
 mod error;
 mod kernel;
 mod reader;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
-use agent_ebpf::{Counter, Sample};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
@@ -23,8 +22,9 @@ use aya::{
     util::online_cpus,
 };
 pub use error::SamplerError;
+use hostprof_common::{Counter, Sample};
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
-pub use reader::{ReaderStats, read_ring, read_ring_with_copies};
+pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));
@@ -49,9 +49,14 @@ pub struct SamplerOptions {
     /// Chunks of the unwind rows map ([`UnwindMode::Tables`]).
     pub unwind_chunks: u32,
     /// Bytes of user stack (and the user registers) to copy out of the
-    /// kernel with each CPU sample, at most [`agent_ebpf::MAX_STACK_COPY`];
-    /// 0 (the default) copies none: no stack memory leaves the kernel.
+    /// kernel with each CPU sample, at most [`hostprof_common::MAX_STACK_COPY`];
+    /// 0 (the default) copies none (but see `early_copy_bytes`).
     pub stack_copy_bytes: u32,
+    /// With [`UnwindMode::Tables`]: bytes of user stack copied with the
+    /// samples of a process whose tables are not loaded yet, which the agent
+    /// unwinds once they are and then frees (`crate::unwind::early`); 0
+    /// turns that off.
+    pub early_copy_bytes: u32,
 }
 
 /// How the kernel walks user stacks.
@@ -78,13 +83,14 @@ impl Default for SamplerOptions {
         SamplerOptions {
             frequency_hz: 99,
             pids: None,
-            ring_bytes: agent_ebpf::DEFAULT_RING_BYTES,
+            ring_bytes: hostprof_common::DEFAULT_RING_BYTES,
             bpf_stats: false,
             follow_children: false,
             off_cpu: None,
             unwind: UnwindMode::default(),
-            unwind_chunks: agent_ebpf::DEFAULT_UNWIND_CHUNKS,
+            unwind_chunks: hostprof_common::DEFAULT_UNWIND_CHUNKS,
             stack_copy_bytes: 0,
+            early_copy_bytes: crate::unwind::early::EARLY_COPY_BYTES,
         }
     }
 }
@@ -134,10 +140,16 @@ impl Sampler {
         };
         let filter_by_tgid = u8::from(options.pids.is_some());
         let follow = options.follow_children && options.pids.is_some();
-        let tgid_offset = if follow {
-            task_member_offset(&["tgid"])?
-        } else {
-            0
+        // Fork events need the child's tgid; without BTF only following
+        // children fails, the agent then learns of new processes from
+        // their execs and first samples.
+        let tgid_offset = match task_member_offset(&["tgid"]) {
+            Ok(offset) => offset,
+            Err(err) if follow => return Err(err),
+            Err(err) => {
+                tracing::info!("no fork events ({err}); new processes are read at their exec");
+                0
+            }
         };
         let (state_offset, pid_offset) = match options.off_cpu {
             // `__state` since Linux 5.14, `state` before.
@@ -154,12 +166,12 @@ impl Sampler {
             (off.probability.clamp(0.0, 1.0) * 1e6).round() as u32
         });
         let unwind_mode = match options.unwind {
-            UnwindMode::FramePointers => agent_ebpf::UNWIND_FP,
-            UnwindMode::Tables => agent_ebpf::UNWIND_DWARF,
+            UnwindMode::FramePointers => hostprof_common::UNWIND_FP,
+            UnwindMode::Tables => hostprof_common::UNWIND_DWARF,
         };
         let stack_copy = options
             .stack_copy_bytes
-            .min(agent_ebpf::MAX_STACK_COPY as u32);
+            .min(hostprof_common::MAX_STACK_COPY as u32);
         let variant = Variant::detect()?;
         tracing::info!(
             "linux {}: eBPF programs with {}",
@@ -169,6 +181,15 @@ impl Sampler {
         // The legacy programs find the user registers at the top of the
         // task's kernel stack; only needed where user registers are read.
         let needs_regs = options.unwind == UnwindMode::Tables || stack_copy > 0;
+        // The early-copy path adds a second inlined fill to sample_cpu:
+        // Linux 6.1's verifier gives up on it (E2BIG, cargo xtask vmtest),
+        // so older kernels keep frame pointers for samples before tables.
+        let early_copy = match options.unwind {
+            UnwindMode::Tables if verified_since(EXTRA_PATHS_SINCE) => options
+                .early_copy_bytes
+                .min(hostprof_common::MAX_STACK_COPY as u32),
+            _ => 0,
+        };
         let (stack_offset, pt_regs_size) = if variant == Variant::Legacy && needs_regs {
             let btf = read_btf()?;
             (
@@ -180,19 +201,56 @@ impl Sampler {
         } else {
             (0, 0)
         };
+        // The interpreter walk passes the verifiers of the kernels it was
+        // checked on (cargo xtask vmtest); Linux 6.1's rejects sample_cpu
+        // with it, so older kernels sample without Python frames.
+        let python_walk = u32::from(verified_since(EXTRA_PATHS_SINCE));
+        if !verified_since(EXTRA_PATHS_SINCE) {
+            tracing::info!(
+                "no Python frames and no early stack copies on this kernel (they need Linux \
+                 {}.{} or later)",
+                EXTRA_PATHS_SINCE.0,
+                EXTRA_PATHS_SINCE.1
+            );
+        }
         let ebpf = EbpfLoader::new()
-            .override_global(agent_ebpf::GLOBAL_TASK_STACK_OFFSET, &stack_offset, true)
-            .override_global(agent_ebpf::GLOBAL_PT_REGS_SIZE, &pt_regs_size, true)
-            .override_global(agent_ebpf::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
-            .override_global(agent_ebpf::GLOBAL_FILTER_BY_TGID, &filter_by_tgid, true)
-            .override_global(agent_ebpf::GLOBAL_UNWIND_MODE, &unwind_mode, true)
-            .map_max_entries(agent_ebpf::MAP_UNWIND_ROWS, options.unwind_chunks.max(1))
-            .override_global(agent_ebpf::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
-            .override_global(agent_ebpf::GLOBAL_TASK_STATE_OFFSET, &state_offset, true)
-            .override_global(agent_ebpf::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
-            .override_global(agent_ebpf::GLOBAL_OFF_CPU_THRESHOLD_NS, &threshold_ns, true)
-            .override_global(agent_ebpf::GLOBAL_OFF_CPU_SAMPLE_PPM, &sample_ppm, true)
-            .map_max_entries(agent_ebpf::MAP_SAMPLES, options.ring_bytes)
+            .override_global(
+                hostprof_common::GLOBAL_TASK_STACK_OFFSET,
+                &stack_offset,
+                true,
+            )
+            .override_global(hostprof_common::GLOBAL_PT_REGS_SIZE, &pt_regs_size, true)
+            .override_global(hostprof_common::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
+            .override_global(hostprof_common::GLOBAL_EARLY_COPY_BYTES, &early_copy, true)
+            .override_global(hostprof_common::GLOBAL_PYTHON_WALK, &python_walk, true)
+            .override_global(
+                hostprof_common::GLOBAL_FILTER_BY_TGID,
+                &filter_by_tgid,
+                true,
+            )
+            .override_global(hostprof_common::GLOBAL_UNWIND_MODE, &unwind_mode, true)
+            .map_max_entries(
+                hostprof_common::MAP_UNWIND_ROWS,
+                options.unwind_chunks.max(1),
+            )
+            .override_global(hostprof_common::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
+            .override_global(
+                hostprof_common::GLOBAL_TASK_STATE_OFFSET,
+                &state_offset,
+                true,
+            )
+            .override_global(hostprof_common::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
+            .override_global(
+                hostprof_common::GLOBAL_OFF_CPU_THRESHOLD_NS,
+                &threshold_ns,
+                true,
+            )
+            .override_global(
+                hostprof_common::GLOBAL_OFF_CPU_SAMPLE_PPM,
+                &sample_ppm,
+                true,
+            )
+            .map_max_entries(hostprof_common::MAP_SAMPLES, ring_bytes(options))
             .load(EBPF_OBJECT)
             .map_err(SamplerError::load)?;
         let mut sampler = Sampler {
@@ -210,8 +268,16 @@ impl Sampler {
         if options.off_cpu.is_some() {
             sampler.trace_off_cpu()?;
         }
-        if options.unwind == UnwindMode::Tables {
-            sampler.attach_raw_tracepoint(agent_ebpf::PROGRAM_FORGET_EXEC, "sched_process_exec")?;
+        // Process events (and, with tables, forgetting exec'd images).
+        sampler
+            .attach_raw_tracepoint(hostprof_common::PROGRAM_FORGET_EXEC, "sched_process_exec")?;
+        sampler
+            .attach_raw_tracepoint(hostprof_common::PROGRAM_PROCESS_EXIT, "sched_process_exit")?;
+        if tgid_offset != 0 {
+            sampler.attach_raw_tracepoint(
+                hostprof_common::PROGRAM_PROCESS_FORK,
+                "sched_process_fork",
+            )?;
         }
         Ok(sampler)
     }
@@ -227,8 +293,10 @@ impl Sampler {
     fn follow_forks(&mut self) -> Result<(), SamplerError> {
         let program: &mut RawTracePoint = self
             .ebpf
-            .program_mut(agent_ebpf::PROGRAM_FOLLOW_FORK)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::PROGRAM_FOLLOW_FORK))?
+            .program_mut(hostprof_common::PROGRAM_FOLLOW_FORK)
+            .ok_or(SamplerError::MissingObject(
+                hostprof_common::PROGRAM_FOLLOW_FORK,
+            ))?
             .try_into()
             .map_err(SamplerError::load_program)?;
         program.load().map_err(SamplerError::load_program)?;
@@ -258,13 +326,15 @@ impl Sampler {
 
     /// Takes the unwind table maps (for `crate::unwind`); call once.
     pub fn take_unwind_maps(&mut self) -> Result<crate::unwind::KernelMaps, SamplerError> {
-        let rows = self
-            .ebpf
-            .take_map(agent_ebpf::MAP_UNWIND_ROWS)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_UNWIND_ROWS))?;
-        let processes = self.ebpf.take_map(agent_ebpf::MAP_PROCESS_MAPPINGS).ok_or(
-            SamplerError::MissingObject(agent_ebpf::MAP_PROCESS_MAPPINGS),
+        let rows = self.ebpf.take_map(hostprof_common::MAP_UNWIND_ROWS).ok_or(
+            SamplerError::MissingObject(hostprof_common::MAP_UNWIND_ROWS),
         )?;
+        let processes = self
+            .ebpf
+            .take_map(hostprof_common::MAP_PROCESS_MAPPINGS)
+            .ok_or(SamplerError::MissingObject(
+                hostprof_common::MAP_PROCESS_MAPPINGS,
+            ))?;
         Ok(crate::unwind::KernelMaps {
             rows: Array::try_from(rows).map_err(SamplerError::map)?,
             processes: HashMap::try_from(processes).map_err(SamplerError::map)?,
@@ -274,7 +344,7 @@ impl Sampler {
     fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
             self.load_legacy_tails(
-                &agent_ebpf::LEGACY_TAIL_PROGRAMS[agent_ebpf::LEGACY_TAIL_PERF_EVENT..],
+                &hostprof_common::LEGACY_TAIL_PROGRAMS[hostprof_common::LEGACY_TAIL_PERF_EVENT..],
             )?;
         }
         self.attach_raw_tracepoint(self.variant.off_cpu_program(), "sched_switch")
@@ -329,10 +399,9 @@ impl Sampler {
     /// Removes exited processes from the in-kernel filter, so following a
     /// long-running tree of short-lived children never fills it.
     pub fn forget_exited_pids(&mut self) -> Result<(), SamplerError> {
-        let map = self
-            .ebpf
-            .map_mut(agent_ebpf::MAP_FILTER_TGIDS)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_FILTER_TGIDS))?;
+        let map = self.ebpf.map_mut(hostprof_common::MAP_FILTER_TGIDS).ok_or(
+            SamplerError::MissingObject(hostprof_common::MAP_FILTER_TGIDS),
+        )?;
         let mut filter: HashMap<_, u32, u8> = HashMap::try_from(map).map_err(SamplerError::map)?;
         let gone: Vec<u32> = filter
             .keys()
@@ -358,7 +427,7 @@ impl Sampler {
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
             self.load_legacy_tails(
-                &agent_ebpf::LEGACY_TAIL_PROGRAMS[..agent_ebpf::LEGACY_TAIL_PERF_EVENT],
+                &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
             )?;
         }
         let name = self.variant.sample_program();
@@ -395,10 +464,9 @@ impl Sampler {
 
     /// Adds a process to the in-kernel filter (only meaningful with `pids`).
     pub fn add_pid(&mut self, pid: u32) -> Result<(), SamplerError> {
-        let map = self
-            .ebpf
-            .map_mut(agent_ebpf::MAP_FILTER_TGIDS)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_FILTER_TGIDS))?;
+        let map = self.ebpf.map_mut(hostprof_common::MAP_FILTER_TGIDS).ok_or(
+            SamplerError::MissingObject(hostprof_common::MAP_FILTER_TGIDS),
+        )?;
         let mut filter: HashMap<_, u32, u8> = HashMap::try_from(map).map_err(SamplerError::map)?;
         filter.insert(pid, 1, 0).map_err(SamplerError::map)
     }
@@ -407,17 +475,39 @@ impl Sampler {
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, SamplerError> {
         let map = self
             .ebpf
-            .take_map(agent_ebpf::MAP_SAMPLES)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_SAMPLES))?;
+            .take_map(hostprof_common::MAP_SAMPLES)
+            .ok_or(SamplerError::MissingObject(hostprof_common::MAP_SAMPLES))?;
         RingBuf::try_from(map).map_err(SamplerError::map)
+    }
+
+    /// Takes the ring buffer of [`hostprof_common::ProcessEvent`]s; call once.
+    pub fn take_process_events(&mut self) -> Result<RingBuf<MapData>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(hostprof_common::MAP_PROCESS_EVENTS)
+            .ok_or(SamplerError::MissingObject(
+                hostprof_common::MAP_PROCESS_EVENTS,
+            ))?;
+        RingBuf::try_from(map).map_err(SamplerError::map)
+    }
+
+    /// Takes the map of Python processes (see [`crate::python`]); call once.
+    pub fn take_python_map(&mut self) -> Result<crate::python::ProcessMap, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(hostprof_common::MAP_PYTHON_PROCESSES)
+            .ok_or(SamplerError::MissingObject(
+                hostprof_common::MAP_PYTHON_PROCESSES,
+            ))?;
+        HashMap::try_from(map).map_err(SamplerError::map)
     }
 
     /// Sums the per-CPU counters.
     pub fn counters(&self) -> Result<Counters, SamplerError> {
         let map = self
             .ebpf
-            .map(agent_ebpf::MAP_COUNTERS)
-            .ok_or(SamplerError::MissingObject(agent_ebpf::MAP_COUNTERS))?;
+            .map(hostprof_common::MAP_COUNTERS)
+            .ok_or(SamplerError::MissingObject(hostprof_common::MAP_COUNTERS))?;
         let array: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(SamplerError::map)?;
         let mut totals = Counters::default();
         for counter in Counter::ALL {
@@ -472,26 +562,88 @@ pub struct StackCopy {
 /// Decodes the stack copy of a ring-buffer record; `None` for plain
 /// samples (the only kind without `--stack-copy`).
 pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
-    if record.len() < std::mem::size_of::<agent_ebpf::StackSample>() {
+    if record.len() < std::mem::size_of::<hostprof_common::StackSample>() {
         return None;
     }
     // SAFETY: as in `decode_sample`: plain old data, enough bytes.
     let raw =
-        unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<agent_ebpf::StackSample>()) };
-    let len = (raw.stack_len as usize).min(agent_ebpf::MAX_STACK_COPY);
+        unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<hostprof_common::StackSample>()) };
+    let len = (raw.stack_len as usize).min(hostprof_common::MAX_STACK_COPY);
     Some(StackCopy {
-        sample: raw.sample,
+        sample: decode_sample(record)?,
         regs: (raw.regs_valid != 0).then_some(raw.regs),
         stack: raw.stack[..len].to_vec(),
     })
 }
 
-/// Decodes one ring-buffer record.
+/// The oldest kernel whose verifier was seen to accept the Python walk and
+/// the early-copy path in `sample_cpu` (`cargo xtask vmtest`: 6.12 and 6.18
+/// do, 6.1 does not). Older kernels get neither; the verifier prunes both
+/// paths, their load-time globals being 0.
+const EXTRA_PATHS_SINCE: (u32, u32) = (6, 12);
+
+/// The running kernel is `since` or newer.
+fn verified_since(since: (u32, u32)) -> bool {
+    kernel::parse_version(&kernel::kernel_release()).is_some_and(|version| version >= since)
+}
+
+/// Typical size of a ring record: the header and a few dozen frames.
+const TYPICAL_RECORD_BYTES: u64 = 512;
+/// Smallest ring: a few times the wakeup threshold.
+const MIN_RING_BYTES: u64 = 1 << 20;
+const _: () = assert!(MIN_RING_BYTES >= 4 * hostprof_common::RING_WAKEUP_BYTES);
+
+/// The ring's size: about a second of samples at full rate on every CPU
+/// (the reader drains it ten times a second), at least [`MIN_RING_BYTES`],
+/// at most `options.ring_bytes`. Its pages count in the agent's memory once
+/// written, and with records only as long as their frames a 2-CPU host at
+/// 999 Hz needs 1 MiB, not 8. Stack copies (18 KiB each, asked for or the
+/// early copies of processes whose tables are still loading, a burst at
+/// every exec) and off-CPU bursts keep the whole size.
+fn ring_bytes(options: &SamplerOptions) -> u32 {
+    if options.stack_copy_bytes != 0 || options.early_copy_bytes != 0 || options.off_cpu.is_some() {
+        return options.ring_bytes;
+    }
+    let cpus = online_cpus().map_or(1, |cpus| cpus.len()) as u64;
+    let second = cpus * options.frequency_hz * TYPICAL_RECORD_BYTES;
+    second
+        .next_power_of_two()
+        .max(MIN_RING_BYTES)
+        .min(u64::from(options.ring_bytes)) as u32
+}
+
+/// Decodes one ring-buffer record: a [`Sample`] in its compact layout
+/// (see `hostprof_common::Sample`), as long as its frames need.
 pub fn decode_sample(record: &[u8]) -> Option<Sample> {
-    if record.len() < std::mem::size_of::<Sample>() {
+    let sample_len = std::mem::size_of::<Sample>();
+    let header = hostprof_common::SAMPLE_HEADER_BYTES;
+    if record.len() < header {
         return None;
     }
-    // SAFETY: `Sample` is plain old data (see agent_ebpf) and the record holds
-    // at least that many bytes; the ring buffer only guarantees 8-byte alignment.
-    Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<Sample>()) })
+    // A stack-copy record starts with a whole `Sample`.
+    let record = &record[..record.len().min(sample_len)];
+    let mut bytes = [0u8; std::mem::size_of::<Sample>()];
+    bytes[..record.len()].copy_from_slice(record);
+    // SAFETY: `Sample` is plain old data (see hostprof_common) and `bytes` holds
+    // exactly one; read_unaligned because a byte array has no alignment.
+    let mut sample = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Sample>()) };
+    let kernel = sample.kernel_stack_len as usize;
+    let user = sample.user_stack_len as usize;
+    if kernel > hostprof_common::MAX_STACK_DEPTH
+        || user > hostprof_common::MAX_USER_STACK_DEPTH
+        || header + 8 * (kernel + user) > record.len()
+    {
+        return None;
+    }
+    // The user frames follow the kernel ones: move them to `user_stack`.
+    let frames = &bytes[header + 8 * kernel..header + 8 * (kernel + user)];
+    for (slot, frame) in sample.user_stack.iter_mut().zip(frames.chunks_exact(8)) {
+        *slot = u64::from_ne_bytes(frame.try_into().expect("8 bytes"));
+    }
+    sample.user_stack[user..].fill(0);
+    sample.kernel_stack[kernel..].fill(0);
+    Some(sample)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,11 +1,11 @@
 //! Drains the sample ring buffer from tokio, woken by epoll (`AsyncFd`) when the
 //! kernel signals a batch and by a timer for the remainder: no busy polling.
 use std::{
-    sync::mpsc::{Sender, SyncSender, TrySendError},
+    sync::mpsc::{SyncSender, TrySendError},
     time::Duration,
 };
 
-use agent_ebpf::Sample;
+use hostprof_common::Sample;
 
 use super::StackCopy;
 use aya::maps::{MapData, RingBuf};
@@ -22,6 +22,24 @@ pub struct ReaderStats {
     pub malformed: u64,
     /// Records carrying a copy of the user stack (`--stack-copy`).
     pub stack_copies: u64,
+    /// Stack copies dropped because their bounded queue was full (the
+    /// sample itself still counts).
+    pub stack_copies_dropped: u64,
+    /// Copies of samples taken before their process's tables were loaded,
+    /// passed on to be unwound on the host.
+    pub early_copies: u64,
+    /// Such copies dropped because their bounded queue was full.
+    pub early_copies_dropped: u64,
+}
+
+/// Where the stack copies of ring records go.
+#[derive(Default)]
+pub struct CopySinks {
+    /// Every copy (`--stack-copy`).
+    pub all: Option<SyncSender<StackCopy>>,
+    /// Copies of samples the kernel could not unwind for want of tables
+    /// (`crate::unwind::early`).
+    pub early: Option<SyncSender<StackCopy>>,
 }
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
@@ -34,15 +52,16 @@ pub async fn read_ring(
     stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
-    read_ring_with_copies(ring, out, None, stop, progress).await
+    read_ring_with_copies(ring, out, CopySinks::default(), stop, progress).await
 }
 
 /// [`read_ring`], also sending the stack copies of `--stack-copy` records
-/// to `copies` (each sample still goes to `out` as usual).
+/// to `copies` (each sample still goes to `out` as usual); a full `copies`
+/// drops the copy and counts it, never blocks the reader.
 pub async fn read_ring_with_copies(
     ring: RingBuf<MapData>,
     out: SyncSender<Vec<Sample>>,
-    copies: Option<Sender<StackCopy>>,
+    copies: CopySinks,
     mut stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
@@ -51,7 +70,9 @@ pub async fn read_ring_with_copies(
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|err| err.into_parts().1)?;
     let mut stats = ReaderStats::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(agent_ebpf::RING_DRAIN_INTERVAL_MS));
+    let mut tick = tokio::time::interval(Duration::from_millis(
+        hostprof_common::RING_DRAIN_INTERVAL_MS,
+    ));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         progress.send_if_modified(|published| {
@@ -62,20 +83,27 @@ pub async fn read_ring_with_copies(
         let stopping = tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                let batch = drain(guard.get_inner_mut(), copies.as_ref(), &mut stats);
+                let batch = drain(guard.get_inner_mut(), &copies, &mut stats);
                 guard.clear_ready();
                 send(&out, batch, &mut stats);
                 false
             }
             _ = tick.tick() => {
-                let batch = drain(ring.get_mut(), copies.as_ref(), &mut stats);
-                send(&out, batch, &mut stats);
+                let batch = drain(ring.get_mut(), &copies, &mut stats);
+                // Even empty: the attribution thread then applies the
+                // process events waiting (an exec's tables are asked for
+                // within a tick, not at the process's first sample).
+                if batch.is_empty() {
+                    let _ = out.try_send(batch);
+                } else {
+                    send(&out, batch, &mut stats);
+                }
                 false
             }
             _ = stop.wait_for(|stop| *stop) => true,
         };
         if stopping {
-            let batch = drain(ring.get_mut(), copies.as_ref(), &mut stats);
+            let batch = drain(ring.get_mut(), &copies, &mut stats);
             // The end of a run: wait for room rather than drop the tail.
             if !batch.is_empty() && out.send(batch).is_err() {
                 break;
@@ -86,18 +114,28 @@ pub async fn read_ring_with_copies(
     Ok(stats)
 }
 
-fn drain(
-    ring: &mut RingBuf<MapData>,
-    copies: Option<&Sender<StackCopy>>,
-    stats: &mut ReaderStats,
-) -> Vec<Sample> {
+fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStats) -> Vec<Sample> {
     let mut batch = Vec::new();
     while let Some(record) = ring.next() {
         if let Some(copy) = super::decode_stack_copy(&record) {
             stats.stack_copies += 1;
-            if let Some(copies) = copies {
-                // The receiver gone (stopping) is not the reader's concern.
-                let _ = copies.send(copy);
+            let why = (copy.sample.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+            if let Some(early) = &copies.early
+                && why == hostprof_unwind::reason::UNKNOWN_PROCESS
+            {
+                stats.early_copies += 1;
+                let copy = copy.clone();
+                if let Err(TrySendError::Full(_)) = early.try_send(copy) {
+                    stats.early_copies_dropped += 1;
+                }
+            }
+            if let Some(copies) = &copies.all {
+                match copies.try_send(copy) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => stats.stack_copies_dropped += 1,
+                    // The receiver gone (stopping) is not the reader's concern.
+                    Err(TrySendError::Disconnected(_)) => {}
+                }
             }
         }
         match super::decode_sample(&record) {

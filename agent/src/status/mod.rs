@@ -5,7 +5,7 @@ pub mod server;
 
 use std::fmt::Write as _;
 
-use agent_ebpf::Counter;
+use hostprof_common::Counter;
 
 use crate::{export::ExportStats, sampler::Counters, sampler::ReaderStats};
 
@@ -28,6 +28,11 @@ pub struct Snapshot {
     pub symbol_cache_bytes: u64,
     /// Samples passed on without names (symbolization behind, or stopping).
     pub unsymbolized: u64,
+    /// Reads of processes' `/proc` files (once per process image).
+    pub proc_reads: u64,
+    /// Samples taken before their tables were loaded: unwound on the host
+    /// from their stack copies, sent on with frame pointers, copies dropped.
+    pub early: (u64, u64, u64),
 }
 
 impl Snapshot {
@@ -132,6 +137,26 @@ impl Snapshot {
             &[("", self.unsymbolized)],
         );
         metric(
+            "hostprof_proc_reads_total",
+            "counter",
+            "Reads of a process's /proc files (once per process image, and at a dlopen).",
+            &[("", self.proc_reads)],
+        );
+        let (unwound, timed_out, dropped) = self.early;
+        metric(
+            "hostprof_early_stacks_total",
+            "counter",
+            "Samples taken before their process's unwind tables were loaded, by outcome of their stack copy (never exported).",
+            &[
+                ("{outcome=\"unwound\"}", unwound),
+                ("{outcome=\"frame_pointers\"}", timed_out),
+                (
+                    "{outcome=\"dropped\"}",
+                    dropped + self.reader.early_copies_dropped,
+                ),
+            ],
+        );
+        metric(
             "hostprof_tracked_processes",
             "gauge",
             "Processes whose metadata (maps, container) is cached.",
@@ -148,6 +173,20 @@ impl Snapshot {
             "gauge",
             "Estimated bytes of parsed symbols and cached results.",
             &[("", self.symbol_cache_bytes)],
+        );
+        // Process-wide counters of the unwind table loader.
+        let (degraded, loads) = crate::unwind::capacity_totals();
+        metric(
+            "hostprof_unwind_processes_degraded_total",
+            "counter",
+            "Processes left to frame pointers because the kernel's unwind maps were full (retried after a backoff).",
+            &[("", degraded)],
+        );
+        metric(
+            "hostprof_unwind_process_loads_total",
+            "counter",
+            "Processes whose mappings and unwind tables were (re)loaded into the kernel.",
+            &[("", loads)],
         );
         // Process-wide counters of the file layer, not part of a snapshot.
         let refused = crate::files::refusals();

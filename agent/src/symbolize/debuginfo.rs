@@ -25,14 +25,45 @@ pub struct DebugFile {
     /// Found inside the process's root (a container may have put it there),
     /// not in a host directory.
     pub in_root: bool,
+    /// Where it was found: supplementary (dwz) files may be named relative
+    /// to it.
+    pub location: Candidate,
 }
 
 /// A place a debug file may be.
-enum Candidate {
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Candidate {
     /// Inside the process's root.
     InRoot(String),
     /// A host path.
     Host(PathBuf),
+}
+
+impl Candidate {
+    /// `path` taken relative to this file's directory (an absolute `path`
+    /// stays as it is), in the same root.
+    pub fn sibling(&self, path: &str) -> Candidate {
+        match self {
+            Candidate::InRoot(_) if path.starts_with('/') => Candidate::InRoot(path.to_string()),
+            Candidate::InRoot(at) => {
+                let dir = at.rsplit_once('/').map_or("", |(dir, _)| dir);
+                Candidate::InRoot(format!("{dir}/{path}"))
+            }
+            Candidate::Host(at) => Candidate::Host(
+                at.parent()
+                    .map_or_else(|| PathBuf::from(path), |dir| dir.join(path)),
+            ),
+        }
+    }
+
+    /// Opens and reads the file as a `kind` through the file layer.
+    pub fn read(&self, root: Option<&Root>, kind: Kind) -> Option<FileData> {
+        let file = match self {
+            Candidate::InRoot(path) => root?.open(path, kind),
+            Candidate::Host(path) => files::open_host(path.to_str()?, kind),
+        };
+        file.and_then(files::OpenFile::read).ok()
+    }
 }
 
 impl DebugDirs {
@@ -64,7 +95,9 @@ impl DebugDirs {
             .find(|found| crc32fast::hash(&found.data) == crc)
     }
 
-    fn candidates_for_build_id(&self, relative: &str) -> Vec<Candidate> {
+    /// Places of `relative` under every debug directory: the extra host
+    /// ones, then `/usr/lib/debug` in the process's root and on the host.
+    pub fn candidates_for_build_id(&self, relative: &str) -> Vec<Candidate> {
         let mut candidates: Vec<Candidate> = self
             .extra
             .iter()
@@ -99,15 +132,16 @@ impl DebugDirs {
 }
 
 fn open(candidate: &Candidate, root: Option<&Root>) -> Option<DebugFile> {
-    let (file, in_root) = match candidate {
-        Candidate::InRoot(path) => (root?.open(path, Kind::DebugFile), true),
-        Candidate::Host(path) => (files::open_host(path.to_str()?, Kind::DebugFile), false),
-    };
-    let data = file.and_then(files::OpenFile::read).ok()?;
-    Some(DebugFile { data, in_root })
+    let data = candidate.read(root, Kind::DebugFile)?;
+    Some(DebugFile {
+        data,
+        in_root: matches!(candidate, Candidate::InRoot(_)),
+        location: candidate.clone(),
+    })
 }
 
-fn same_build_id(data: &[u8], id: &[u8]) -> bool {
+/// Whether the ELF file `data` has GNU build-id `id`.
+pub fn same_build_id(data: &[u8], id: &[u8]) -> bool {
     object::File::parse(data)
         .ok()
         .and_then(|file| file.build_id().ok().flatten().map(|found| found == id))

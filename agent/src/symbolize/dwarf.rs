@@ -8,10 +8,11 @@ use std::{borrow::Cow, sync::Arc};
 use gimli::{EndianArcSlice, RunTimeEndian};
 use object::{Object, ObjectSection};
 
-use super::{SymbolizeError, demangle::demangle};
+use super::{SymbolizeError, debuginfo::Candidate, demangle::demangle, split::Split};
+use crate::files::Root;
 use crate::model::Line;
 
-type Reader = EndianArcSlice<RunTimeEndian>;
+pub type Reader = EndianArcSlice<RunTimeEndian>;
 
 /// Largest believable expansion of a compressed debug section: real DWARF
 /// compresses 3-10x, and zlib cannot exceed ~1032x. The header's size is
@@ -23,12 +24,52 @@ const MAX_SECTION_BYTES: u64 = 2 << 30;
 
 /// Whether addr2line needs a section to name functions and lines: location
 /// lists (where variables live) and macros, often a third of optimized
-/// code's DWARF, are never read, so they are not kept.
+/// code's DWARF, are never read, so they are not kept. Split DWARF's
+/// sections (`.debug_info.dwo`) are judged by the same rule.
 fn is_needed(name: &str) -> bool {
+    let name = name.strip_suffix(".dwo").unwrap_or(name);
     let name = name
         .strip_prefix(".zdebug_")
         .or_else(|| name.strip_prefix(".debug_"));
     name.is_some_and(|name| !matches!(name, "loc" | "loclists" | "macinfo" | "macro"))
+}
+
+/// Which debug sections to keep.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Those addr2line reads ([`is_needed`]).
+    Needed,
+    /// All (a DWARF package's index refers into each).
+    All,
+}
+
+/// The section `name` of `file` as a reader (empty when absent or not
+/// kept), its size added to `bytes`; fails once `bytes` would exceed
+/// half of `limit` (what [`Dwarf::estimated_size`] counts).
+pub fn load_sections(
+    file: &object::File,
+    name: Option<&'static str>,
+    keep: Keep,
+    bytes: &mut usize,
+    limit: usize,
+) -> Result<Reader, SymbolizeError> {
+    let endian = if file.is_little_endian() {
+        RunTimeEndian::Little
+    } else {
+        RunTimeEndian::Big
+    };
+    let data = match name.and_then(|name| Some((name, file.section_by_name(name)?))) {
+        Some((name, section)) if keep == Keep::All || is_needed(name) => {
+            section_data(&section, name)?
+        }
+        _ => Arc::from(&[][..]),
+    };
+    *bytes += data.len();
+    let estimate = bytes.saturating_mul(2);
+    if estimate > limit {
+        return Err(SymbolizeError::DwarfTooLarge { estimate, limit });
+    }
+    Ok(EndianArcSlice::new(data, endian))
 }
 
 /// The bytes of a debug section, decompressed; a compressed section whose
@@ -62,20 +103,44 @@ pub struct Dwarf {
     /// addr2line parses units lazily through `OnceCell`s, so the context is
     /// not `Sync`; lookups of one file take turns.
     context: std::sync::Mutex<addr2line::Context<Reader>>,
+    /// Split units (`.dwo`, `.dwp`), handed to addr2line as it asks.
+    split: Split,
     /// Bytes of the sections held, for the cache's memory budget.
     section_bytes: usize,
+}
+
+/// Files beyond the one holding `.debug_info` that its DWARF may need.
+#[derive(Default)]
+pub struct Companions<'a> {
+    /// The dwz supplementary file (`.gnu_debugaltlink`).
+    pub sup: Option<&'a object::File<'a>>,
+    /// Where the binary is, and the root it is in: split DWARF (`.dwo`,
+    /// `.dwp`) is looked for from there.
+    pub binary: Option<(&'a Candidate, Option<&'a Root>)>,
 }
 
 impl Dwarf {
     /// Loads the DWARF of `file`; `None` when it has no `.debug_info`. Fails
     /// when the sections would hold more than `limit` bytes (the estimate of
     /// [`Dwarf::estimated_size`]), before reading any of them.
+    #[cfg(test)]
     pub fn load(file: &object::File, limit: usize) -> Result<Option<Self>, SymbolizeError> {
+        Self::load_with(file, &Companions::default(), limit)
+    }
+
+    /// Loads the DWARF of `file` as `Dwarf::load` does, with the supplementary and split DWARF of
+    /// `companions`.
+    pub fn load_with(
+        file: &object::File,
+        companions: &Companions,
+        limit: usize,
+    ) -> Result<Option<Self>, SymbolizeError> {
         if file.section_by_name(".debug_info").is_none() {
             return Ok(None);
         }
-        let needed = file
-            .sections()
+        let files = std::iter::once(file).chain(companions.sup);
+        let needed = files
+            .flat_map(|file| file.sections())
             .filter(|section| section.name().is_ok_and(is_needed))
             .map(|section| {
                 section
@@ -89,25 +154,63 @@ impl Dwarf {
         if estimate > limit {
             return Err(SymbolizeError::DwarfTooLarge { estimate, limit });
         }
-        let endian = if file.is_little_endian() {
-            RunTimeEndian::Little
-        } else {
-            RunTimeEndian::Big
-        };
         let mut section_bytes = 0;
-        let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, SymbolizeError> {
-            let data = match file.section_by_name(id.name()) {
-                Some(section) if is_needed(id.name()) => section_data(&section, id.name())?,
-                _ => Arc::from(&[][..]),
-            };
-            section_bytes += data.len();
-            Ok(EndianArcSlice::new(data, endian))
+        let mut dwarf = gimli::Dwarf::load(|id| {
+            load_sections(
+                file,
+                Some(id.name()),
+                Keep::Needed,
+                &mut section_bytes,
+                limit,
+            )
         })?;
+        if let Some(sup) = companions.sup {
+            dwarf.load_sup(|id| {
+                load_sections(
+                    sup,
+                    Some(id.name()),
+                    Keep::Needed,
+                    &mut section_bytes,
+                    limit,
+                )
+            })?;
+        }
+        let split = match companions.binary {
+            Some((binary, root)) => {
+                let endian = if file.is_little_endian() {
+                    RunTimeEndian::Little
+                } else {
+                    RunTimeEndian::Big
+                };
+                let remaining = limit.saturating_sub(section_bytes.saturating_mul(2));
+                Split::load(&dwarf, endian, binary, root, remaining)
+            }
+            None => Split::default(),
+        };
+        section_bytes += split.bytes;
         let context = addr2line::Context::from_dwarf(dwarf).map_err(SymbolizeError::Dwarf)?;
         Ok(Some(Dwarf {
             context: std::sync::Mutex::new(context),
+            split,
             section_bytes,
         }))
+    }
+
+    /// Runs an addr2line lookup to its end, giving it the split units it
+    /// asks for (those not found are skipped: the skeleton still names the
+    /// unit's lines).
+    fn finish<L>(&self, mut result: addr2line::LookupResult<L>) -> L::Output
+    where
+        L: addr2line::LookupContinuation<Buf = Reader>,
+    {
+        loop {
+            match result {
+                addr2line::LookupResult::Output(output) => return output,
+                addr2line::LookupResult::Load { load, continuation } => {
+                    result = continuation.resume(self.split.resolve(&load));
+                }
+            }
+        }
     }
 
     /// Functions at ELF address `address`, innermost inlined call first. Each
@@ -123,11 +226,11 @@ impl Dwarf {
             return Vec::new();
         };
         let mut lines = Vec::new();
-        let Ok(mut frames) = context.find_frames(address).skip_all_loads() else {
+        let Ok(mut frames) = self.finish(context.find_frames(address)) else {
             return lines;
         };
         // The unit the frames' DIEs belong to, for their declaration lines.
-        let unit = context.find_dwarf_and_unit(address).skip_all_loads();
+        let unit = self.finish(context.find_dwarf_and_unit(address));
         while let Ok(Some(frame)) = frames.next() {
             let start_line = unit
                 .zip(frame.dw_die_offset)
@@ -165,6 +268,11 @@ impl Dwarf {
         lines
     }
 
+    /// [`crate::files::content_id`] of each split DWARF file read.
+    pub fn split_contents(&self) -> &[Arc<str>] {
+        &self.split.contents
+    }
+
     /// Rough memory held: the sections plus what addr2line builds from them.
     pub fn estimated_size(&self) -> usize {
         self.section_bytes.saturating_mul(2)
@@ -178,8 +286,9 @@ const MAX_ORIGIN_LINKS: usize = 8;
 /// The line where the function of the DIE at `offset` begins
 /// (`DW_AT_decl_line`), found as llvm-symbolizer does: on the DIE itself, else
 /// on the DIE it is a concrete or inlined instance (`DW_AT_abstract_origin`)
-/// or the definition (`DW_AT_specification`) of. `None` without one, as in
-/// line-tables-only DWARF; links into other units are not followed.
+/// or the definition (`DW_AT_specification`) of, also in a dwz
+/// supplementary file. `None` without one, as in line-tables-only DWARF;
+/// links into other units of the same file are not followed.
 fn decl_line(unit: gimli::UnitRef<'_, Reader>, offset: gimli::UnitOffset) -> Option<u32> {
     let mut offset = offset;
     for _ in 0..=MAX_ORIGIN_LINKS {
@@ -196,8 +305,27 @@ fn decl_line(unit: gimli::UnitRef<'_, Reader>, offset: gimli::UnitOffset) -> Opt
         offset = match next {
             gimli::AttributeValue::UnitRef(offset) => offset,
             gimli::AttributeValue::DebugInfoRef(offset) => offset.to_unit_offset(&unit.header)?,
+            gimli::AttributeValue::DebugInfoRefSup(offset) => {
+                return decl_line_in_sup(unit.dwarf.sup()?, offset);
+            }
             _ => return None,
         };
+    }
+    None
+}
+
+/// [`decl_line`] of the DIE at `offset` of a dwz supplementary file (its
+/// partial units hold the declarations the linking files share).
+fn decl_line_in_sup(sup: &gimli::Dwarf<Reader>, offset: gimli::DebugInfoOffset) -> Option<u32> {
+    let mut headers = sup.units();
+    while let Ok(Some(header)) = headers.next() {
+        let Some(unit_offset) = offset.to_unit_offset(&header) else {
+            continue;
+        };
+        let unit = sup.unit(header).ok()?;
+        // A supplementary file has no supplementary file of its own, so
+        // this recursion ends.
+        return decl_line(gimli::UnitRef::new(sup, &unit), unit_offset);
     }
     None
 }

@@ -1,8 +1,9 @@
 //! Go function names from `.gopclntab`, which Go binaries keep even when
 //! stripped (the runtime needs it for tracebacks).
 //!
-//! Only the header and the function table of the Go 1.18+ layout are read:
-//! names, not lines (DWARF gives lines when present). Layout:
+//! The Go 1.18+ layout: names from the function table ([`functions`]),
+//! files and lines from each function's pc-value tables ([`Lines`], used
+//! when there is no DWARF, as in binaries linked with `-s -w`). Layout:
 //! `runtime/symtab.go` (`pcHeader`, `functab`, `_func`) in the Go sources.
 use std::sync::Arc;
 
@@ -165,10 +166,227 @@ mod tests {
     }
 
     #[test]
+    fn pc_value_tables_decode_zigzag_value_and_pc_deltas() {
+        assert_eq!(varint(&[0x96, 0x01, 7]), Some((150, &[7u8][..])));
+        assert_eq!(varint(&[0x80]), None);
+        // From entry: +11 (to 10) for 4 bytes, then +2 (to 12) for 3 bytes,
+        // then -13 (to -1) for 2, then the end.
+        let table = [22u8, 4, 4, 3, 25, 2, 0];
+        let lines = Lines {
+            data: Arc::from([&[0u8][..], &table[..]].concat()),
+            quantum: 1,
+            has_start_line: true,
+            cu_offset: 0,
+            filetab_offset: 0,
+            pctab_offset: 0,
+            func_data_offset: 0,
+            functab: Vec::new(),
+        };
+        let at = |pc| lines.value_at(1, 0x1000, pc);
+        assert_eq!(at(0x1000), Some(10));
+        assert_eq!(at(0x1003), Some(10));
+        assert_eq!(at(0x1004), Some(12));
+        assert_eq!(at(0x1006), Some(12));
+        assert_eq!(at(0x1008), Some(-1));
+        assert_eq!(at(0x1009), None, "past the table's end");
+        assert_eq!(lines.value_at(0, 0x1000, 0x1000), None, "no table");
+    }
+
+    #[test]
     fn rejects_other_data() {
         assert!(parse(b"not a pclntab at all", None).is_none());
         let mut truncated = table(0x401000);
         truncated.truncate(100);
         assert!(parse(&truncated, None).is_none());
     }
+}
+
+/// File and line lookups in a Go 1.18+ pclntab: each function's `pcfile`
+/// and `pcln` tables (varint-encoded value and pc deltas, `runtime/symtab.go`
+/// `pcvalue`/`step`). Inlined calls (the `FUNCDATA_InlTree`) are not
+/// expanded: the line is the innermost position, named after the function
+/// it was inlined into.
+pub struct Lines {
+    data: Arc<[u8]>,
+    quantum: u64,
+    /// Go 1.20+: `_func` has `startLine`.
+    has_start_line: bool,
+    cu_offset: usize,
+    filetab_offset: usize,
+    pctab_offset: usize,
+    func_data_offset: usize,
+    /// (start address, `_func` offset), sorted; the last entry is the end.
+    functab: Vec<(u64, u32)>,
+}
+
+/// Where an address is in Go source.
+#[derive(Debug, PartialEq, Eq)]
+pub struct GoLine {
+    pub file: Arc<str>,
+    pub line: u32,
+    /// 0 before Go 1.20 (the table does not say).
+    pub start_line: u32,
+}
+
+impl Lines {
+    /// Parses the pclntab of `file`; `None` without a Go 1.18+ one.
+    pub fn of(file: &object::File) -> Option<Lines> {
+        let data = file.section_by_name(".gopclntab")?.data().ok()?;
+        let text = file
+            .section_by_name(".text")
+            .map(|section| section.address());
+        Lines::parse(Arc::from(data), text)
+    }
+
+    /// Parses `data`; `text_fallback` is used when the header's text start
+    /// is 0.
+    pub fn parse(data: Arc<[u8]>, text_fallback: Option<u64>) -> Option<Lines> {
+        let magic = u32::from_le_bytes(data.get(..4)?.try_into().ok()?);
+        if magic != MAGIC_118 && magic != MAGIC_120 {
+            return None;
+        }
+        let quantum = u64::from(*data.get(6)?);
+        let ptr_size = usize::from(*data.get(7)?);
+        if (ptr_size != 8 && ptr_size != 4) || quantum == 0 {
+            return None;
+        }
+        let word = |index: usize| -> Option<usize> {
+            let at = 8 + index * ptr_size;
+            let bytes = data.get(at..at + ptr_size)?;
+            let value = match ptr_size {
+                8 => u64::from_le_bytes(bytes.try_into().ok()?),
+                _ => u64::from(u32::from_le_bytes(bytes.try_into().ok()?)),
+            };
+            usize::try_from(value).ok()
+        };
+        let nfunc = word(0)?;
+        let text_start = match word(2)? as u64 {
+            0 => text_fallback?,
+            start => start,
+        };
+        let func_data_offset = word(7)?;
+        let func_data = data.get(func_data_offset..)?;
+        let count = nfunc.checked_add(1)?;
+        if func_data.len() / 8 < count {
+            return None;
+        }
+        let functab = (0..count)
+            .map(|index| {
+                let pair = &func_data[index * 8..index * 8 + 8];
+                let start = u32::from_le_bytes(pair[..4].try_into().unwrap_or_default());
+                let func = u32::from_le_bytes(pair[4..].try_into().unwrap_or_default());
+                (text_start.saturating_add(u64::from(start)), func)
+            })
+            .collect();
+        Some(Lines {
+            quantum,
+            has_start_line: magic == MAGIC_120,
+            cu_offset: word(4)?,
+            filetab_offset: word(5)?,
+            pctab_offset: word(6)?,
+            func_data_offset,
+            functab,
+            data,
+        })
+    }
+
+    /// Bytes held.
+    pub fn estimated_size(&self) -> usize {
+        self.data.len() + self.functab.len() * 16
+    }
+
+    /// File and line of the code at `address`.
+    pub fn lookup(&self, address: u64) -> Option<GoLine> {
+        let index = self
+            .functab
+            .partition_point(|(start, _)| *start <= address)
+            .checked_sub(1)?;
+        // The last entry only marks the end of the last function.
+        if index + 1 >= self.functab.len() {
+            return None;
+        }
+        let (entry, func) = self.functab[index];
+        let func = self
+            .func_data_offset
+            .checked_add(usize::try_from(func).ok()?)?;
+        let field = |index: usize| -> Option<u32> {
+            let at = func.checked_add(index * 4)?;
+            Some(u32::from_le_bytes(
+                self.data.get(at..at + 4)?.try_into().ok()?,
+            ))
+        };
+        // _func: entryOff, nameOff, args, deferreturn, pcsp, pcfile, pcln,
+        // npcdata, cuOffset, then (Go 1.20+) startLine.
+        let (pcfile, pcln, cu) = (field(5)?, field(6)?, field(8)?);
+        let start_line = if self.has_start_line {
+            u32::try_from(field(9)? as i32).unwrap_or(0)
+        } else {
+            0
+        };
+        let file_index = self.value_at(pcfile, entry, address)?;
+        let line = self.value_at(pcln, entry, address)?;
+        let cu_entry = self.cu_offset.checked_add(
+            (usize::try_from(cu).ok()?)
+                .checked_add(usize::try_from(file_index).ok()?)?
+                .checked_mul(4)?,
+        )?;
+        let file_offset =
+            u32::from_le_bytes(self.data.get(cu_entry..cu_entry + 4)?.try_into().ok()?);
+        let name_at = self
+            .filetab_offset
+            .checked_add(usize::try_from(file_offset).ok()?)?;
+        let name = self.data.get(name_at..)?;
+        let name = &name[..name.iter().position(|&b| b == 0)?];
+        Some(GoLine {
+            file: Arc::from(std::str::from_utf8(name).ok()?),
+            line: u32::try_from(line).ok()?,
+            start_line,
+        })
+    }
+
+    /// The value a pc-value table (at `offset` in the pctab) holds at
+    /// `target`, for a function starting at `entry`.
+    fn value_at(&self, offset: u32, entry: u64, target: u64) -> Option<i64> {
+        if offset == 0 {
+            return None;
+        }
+        let start = self
+            .pctab_offset
+            .checked_add(usize::try_from(offset).ok()?)?;
+        let mut table = self.data.get(start..)?;
+        let mut value: i64 = -1;
+        let mut pc = entry;
+        let mut first = true;
+        loop {
+            let (delta, rest) = varint(table)?;
+            if delta == 0 && !first {
+                return None;
+            }
+            first = false;
+            let delta = if delta & 1 != 0 {
+                !((delta >> 1) as i64)
+            } else {
+                (delta >> 1) as i64
+            };
+            let (pc_delta, rest) = varint(rest)?;
+            table = rest;
+            value = value.wrapping_add(delta);
+            pc = pc.checked_add(pc_delta.checked_mul(self.quantum)?)?;
+            if target < pc {
+                return Some(value);
+            }
+        }
+    }
+}
+
+/// An unsigned LEB128 varint and what follows it.
+fn varint(data: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (index, byte) in data.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            return Some((value, &data[index + 1..]));
+        }
+    }
+    None
 }

@@ -2,7 +2,7 @@
 //!
 //! [`Symbolizer`] is shared by every process. A mapped file is found by
 //! device and inode (from `/proc/PID/maps`, so a cache hit needs no syscall,
-//! even after the process exited), and parsed once per *identity* (GNU
+//! even after the process exited), and parsed once per *identity* (the
 //! SHA-256 of its bytes): a hundred containers mapping the same libc share
 //! one [`Module`]. Parsed modules and per-address results live in
 //! LRU caches bounded by estimated memory.
@@ -20,6 +20,12 @@
 //! binary's bytes (plus that of a debug file found inside a container), so a
 //! file claiming another's build id never lends or borrows its names.
 //!
+//! Over 600 lines on purpose: what is cached under which identity, when a
+//! file is checked again and when it is too heavy for DWARF is one piece of
+//! state behind one lock, kept in one place; parsing (`module.rs`, `elf.rs`,
+//! `dwarf.rs`, …), the LRU (`cache.rs`), perf maps and debuginfod live in
+//! their own files.
+//!
 //! ```no_run
 //! # use hostprof::symbolize::{Symbolizer, SymbolizerOptions};
 //! let symbolizer = Symbolizer::with_options(SymbolizerOptions {
@@ -31,13 +37,16 @@
 mod buildid;
 mod cache;
 mod debuginfo;
+mod debuginfod;
 mod demangle;
 mod dwarf;
+mod dwz;
 mod elf;
 mod gopclntab;
 mod kallsyms;
 mod module;
 mod perfmap;
+mod split;
 
 use std::{
     collections::HashMap,
@@ -49,6 +58,7 @@ use std::{
 pub use buildid::{Note, gnu_build_id, hex, htlhash, htlhash_of_bytes, kernel_build_id, notes};
 use cache::SizedLru;
 use debuginfo::DebugDirs;
+pub use debuginfod::{Debuginfod, DebuginfodOptions};
 pub use demangle::demangle;
 pub use elf::ElfSymbols;
 pub use gopclntab::parse as parse_gopclntab;
@@ -104,7 +114,7 @@ pub enum SymbolizeError {
     )]
     DwarfTooLarge { estimate: usize, limit: usize },
     #[error("malformed DWARF: {0}")]
-    Dwarf(#[source] gimli::Error),
+    Dwarf(#[from] gimli::Error),
 }
 
 /// Settings of a [`Symbolizer`].
@@ -115,6 +125,9 @@ pub struct SymbolizerOptions {
     pub debug_dirs: Vec<PathBuf>,
     /// Memory budget for parsed files and cached results, in bytes.
     pub cache_bytes: usize,
+    /// Fetch debug files the host lacks from debuginfod servers; `None`
+    /// (off) by default.
+    pub debuginfod: Option<DebuginfodOptions>,
 }
 
 impl Default for SymbolizerOptions {
@@ -122,6 +135,7 @@ impl Default for SymbolizerOptions {
         SymbolizerOptions {
             debug_dirs: Vec::new(),
             cache_bytes: 512 << 20,
+            debuginfod: None,
         }
     }
 }
@@ -185,6 +199,9 @@ struct State {
     results: SizedLru<(u64, u64), Arc<[Line]>>,
     perf_maps: SizedLru<u32, PerfEntry>,
     next_serial: u64,
+    /// Files loaded without DWARF whose debug file was asked of debuginfod,
+    /// by build id: forgotten when it arrives, so they load again with it.
+    awaiting_debuginfo: HashMap<Arc<str>, Vec<(FileKey, Arc<str>)>>,
 }
 
 /// The kernel's symbols and when they were read.
@@ -203,6 +220,7 @@ pub struct Symbolizer {
     /// Most bytes one file's DWARF may take: half the modules' budget, so
     /// one huge binary cannot evict everything else (or never fit).
     dwarf_limit: usize,
+    debuginfod: Option<Debuginfod>,
     state: Mutex<State>,
 }
 
@@ -226,6 +244,10 @@ impl Symbolizer {
                 "/proc/kallsyms hides kernel addresses: run as root or set kernel.kptr_restrict=0"
             );
         }
+        let debuginfod = options.debuginfod.map(Debuginfod::start);
+        let mut debug_dirs = options.debug_dirs;
+        // Fetched files are found like any other, after the user's.
+        debug_dirs.extend(debuginfod.as_ref().map(|d| d.cache_dir().to_path_buf()));
         let results_budget = options.cache_bytes / RESULTS_SHARE;
         let module_budget = options.cache_bytes - results_budget;
         Symbolizer {
@@ -235,10 +257,9 @@ impl Symbolizer {
             }),
             kernel_recheck: KALLSYMS_RECHECK,
             kernel_build_id: kernel_build_id(),
-            debug_dirs: DebugDirs {
-                extra: options.debug_dirs,
-            },
+            debug_dirs: DebugDirs { extra: debug_dirs },
             dwarf_limit: module_budget / 2,
+            debuginfod,
             state: Mutex::new(State {
                 files: HashMap::new(),
                 failed: HashMap::new(),
@@ -248,6 +269,7 @@ impl Symbolizer {
                 // budget is plenty.
                 perf_maps: SizedLru::new(results_budget / 4),
                 next_serial: 0,
+                awaiting_debuginfo: HashMap::new(),
             }),
         }
     }
@@ -371,13 +393,17 @@ impl Symbolizer {
     /// Loads (or finds cached) the file at host path `path`: for tools and
     /// benchmarks that symbolize files rather than processes.
     pub fn module_for_path(&self, path: &Path) -> Result<Arc<Module>, SymbolizeError> {
+        self.take_debuginfod_arrivals();
         let shown = path.to_string_lossy();
         let file = files::open_host(&shown, Kind::Binary)?;
         let key = FileKey {
             dev: file.stat().dev,
             inode: file.stat().inode,
         };
-        self.load(key, file, &shown, None)
+        // The host is the root: debug, dwz and split DWARF files named
+        // relative to the binary are found beside it.
+        let root = Root::host().ok();
+        self.load(key, file, &shown, root.as_ref())
             .map(|loaded| loaded.module)
     }
 
@@ -395,7 +421,35 @@ impl Symbolizer {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Waits until debuginfod fetches are done, at most `limit` (before
+    /// writing a profile; tests). True when none is left.
+    pub fn wait_for_debuginfod(&self, limit: Duration) -> bool {
+        self.debuginfod
+            .as_ref()
+            .is_none_or(|debuginfod| debuginfod.wait_settled(limit))
+    }
+
+    /// Forgets files whose debug file debuginfod just delivered.
+    fn take_debuginfod_arrivals(&self) {
+        let Some(debuginfod) = &self.debuginfod else {
+            return;
+        };
+        let arrived = debuginfod.take_arrivals();
+        if arrived.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        for id in arrived {
+            for (key, identity) in state.awaiting_debuginfo.remove(&*id).unwrap_or_default() {
+                state.files.remove(&key);
+                state.failed.remove(&key);
+                state.modules.remove(&identity);
+            }
+        }
+    }
+
     fn module_for(&self, pid: u32, mapping: &Mapping) -> Option<Loaded> {
+        self.take_debuginfod_arrivals();
         let key = FileKey {
             dev: mapping.dev,
             inode: mapping.inode,
@@ -548,6 +602,17 @@ impl Symbolizer {
             }
         };
         state.failed.remove(&key);
+        if let Some(debuginfod) = &self.debuginfod
+            && !loaded.module.has_dwarf()
+            && let Some(id) = &loaded.module.build_ids().gnu
+        {
+            debuginfod.request(id);
+            state
+                .awaiting_debuginfo
+                .entry(id.clone())
+                .or_default()
+                .push((key, identity.clone()));
+        }
         drop(state);
         self.index(key, stamp, identity, entry_root);
         Ok(loaded)

@@ -5,8 +5,13 @@ use std::{path::PathBuf, sync::Arc};
 use object::Object;
 
 use super::{
-    SymbolizeError, buildid, debuginfo::DebugDirs, demangle::demangle, dwarf::Dwarf,
+    SymbolizeError, buildid,
+    debuginfo::{Candidate, DebugDirs},
+    demangle::demangle,
+    dwarf::{Companions, Dwarf},
+    dwz,
     elf::ElfSymbols,
+    gopclntab,
 };
 use crate::{
     files::{self, Root},
@@ -17,6 +22,8 @@ use crate::{
 pub struct Module {
     symbols: ElfSymbols,
     dwarf: Option<Dwarf>,
+    /// Go's own line tables, for Go binaries without DWARF.
+    go_lines: Option<gopclntab::Lines>,
     build_ids: BuildIds,
     is_go: bool,
     debug_file: Option<DebugFileId>,
@@ -75,25 +82,52 @@ impl Module {
         };
         let is_go = build_ids.go.is_some() || object.section_by_name(".gopclntab").is_some();
         let mut symbols = ElfSymbols::from_object(&object);
-        let mut dwarf = load_dwarf(&object, path, dwarf_limit);
-        let mut debug_file = None;
+        // Where the binary is, as its process sees it (host paths for
+        // tools); unknown for bytes without a file.
+        let binary = (!path.is_empty()).then(|| Candidate::InRoot(path.to_string()));
+        let own = binary
+            .clone()
+            .unwrap_or_else(|| Candidate::InRoot(String::new()));
+        let mut extra = Extra::default();
+        let mut dwarf = load_dwarf(
+            &object,
+            &own,
+            binary.as_ref(),
+            root,
+            dirs,
+            path,
+            dwarf_limit,
+            &mut extra,
+        );
         if dwarf.is_none()
             && let Some(found) = dirs.find(&object, path, root)
             && let Ok(debug) = object::File::parse(&*found.data)
         {
             symbols.merge(ElfSymbols::from_object(&debug));
-            dwarf = load_dwarf(&debug, path, dwarf_limit);
-            debug_file = Some(DebugFileId {
-                content: files::content_id(&found.data),
-                in_root: found.in_root,
-            });
+            extra.add(&found.data, found.in_root);
+            dwarf = load_dwarf(
+                &debug,
+                &found.location,
+                binary.as_ref(),
+                root,
+                dirs,
+                path,
+                dwarf_limit,
+                &mut extra,
+            );
         }
+        let go_lines = if dwarf.is_none() && is_go {
+            gopclntab::Lines::of(&object)
+        } else {
+            None
+        };
         Ok(Module {
             symbols,
             dwarf,
+            go_lines,
             build_ids,
             is_go,
-            debug_file,
+            debug_file: extra.id(),
         })
     }
 
@@ -167,22 +201,101 @@ impl Module {
             }
         }
         if lines.is_empty() {
-            lines.extend(self.symbols.lookup(address));
+            lines.extend(self.symbols.lookup(address).map(|line| {
+                match self.go_lines.as_ref().and_then(|go| go.lookup(address)) {
+                    Some(go) => Line {
+                        file: Some(go.file),
+                        line: go.line,
+                        start_line: go.start_line,
+                        ..line
+                    },
+                    None => line,
+                }
+            }));
         }
         lines
     }
 
     /// Rough memory held, for the cache's budget.
     pub fn estimated_size(&self) -> usize {
-        self.symbols.estimated_size() + self.dwarf.as_ref().map_or(0, Dwarf::estimated_size) + 256
+        self.symbols.estimated_size()
+            + self.dwarf.as_ref().map_or(0, Dwarf::estimated_size)
+            + self
+                .go_lines
+                .as_ref()
+                .map_or(0, gopclntab::Lines::estimated_size)
+            + 256
     }
 }
 
-fn load_dwarf(object: &object::File, path: &str, limit: usize) -> Option<Dwarf> {
-    Dwarf::load(object, limit).unwrap_or_else(|err| {
-        tracing::debug!("{path}: ignoring DWARF: {err}");
-        None
-    })
+/// Files read besides the binary (debug, supplementary, split DWARF
+/// files): what the module's identity must include.
+#[derive(Default)]
+struct Extra {
+    contents: Vec<Arc<str>>,
+    in_root: bool,
+}
+
+impl Extra {
+    fn add(&mut self, data: &[u8], in_root: bool) {
+        self.contents.push(files::content_id(data));
+        self.in_root |= in_root;
+    }
+
+    fn id(self) -> Option<DebugFileId> {
+        let content = match &self.contents[..] {
+            [] => return None,
+            [one] => one.clone(),
+            many => files::content_id(many.join("+").as_bytes()),
+        };
+        Some(DebugFileId {
+            content,
+            in_root: self.in_root,
+        })
+    }
+}
+
+/// The DWARF of `object`, read from `at`, with its dwz supplementary file
+/// and split units; the files read are added to `extra`.
+#[allow(clippy::too_many_arguments)]
+fn load_dwarf(
+    object: &object::File,
+    at: &Candidate,
+    binary: Option<&Candidate>,
+    root: Option<&Root>,
+    dirs: &DebugDirs,
+    path: &str,
+    limit: usize,
+    extra: &mut Extra,
+) -> Option<Dwarf> {
+    object.section_by_name(".debug_info")?;
+    let sup_file = dwz::find(object, at, root, dirs);
+    let sup = sup_file
+        .as_ref()
+        .and_then(|found| object::File::parse(&*found.data).ok());
+    if let Some(found) = &sup_file {
+        extra.add(&found.data, found.in_root);
+    } else if object.gnu_debugaltlink().ok().flatten().is_some() {
+        tracing::debug!("{path}: dwz supplementary file not found: some names will be missing");
+    }
+    let companions = Companions {
+        sup: sup.as_ref(),
+        binary: binary.map(|binary| (binary, root)),
+    };
+    match Dwarf::load_with(object, &companions, limit) {
+        Ok(Some(dwarf)) => {
+            for content in dwarf.split_contents() {
+                extra.contents.push(content.clone());
+                extra.in_root = true;
+            }
+            Some(dwarf)
+        }
+        Ok(None) => None,
+        Err(err) => {
+            tracing::debug!("{path}: ignoring DWARF: {err}");
+            None
+        }
+    }
 }
 
 /// Whether DWARF named a function with its full path: a linkage name

@@ -10,7 +10,7 @@ fn marker_function_for_symbolizer_tests() -> u64 {
 fn frame_at(address: u64) -> Frame {
     let pid = std::process::id();
     let (mapping, file_offset) = ProcessTable::new()
-        .mapping_of(pid, "test", address)
+        .mapping_of(pid, "test", 0, address)
         .expect("address is mapped");
     Frame {
         kind: FrameKind::Native,

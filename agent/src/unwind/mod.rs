@@ -1,7 +1,7 @@
 //! Unwind tables for the in-kernel unwinder, and replay of recorded stacks
 //! through the same unwinder on the host.
 //!
-//! - `agent_ebpf::unwind::table`: `.eh_frame`/`.debug_frame` → sorted
+//! - `hostprof_unwind::table`: `.eh_frame`/`.debug_frame` → sorted
 //!   [`UnwindRow`]s (gimli).
 //! - [`TableLoader`]: shares tables between processes in the kernel's maps,
 //!   frees them with their last process, bounds their memory.
@@ -9,9 +9,10 @@
 //!   sampler asks for them (its samples say the process is unknown, or an
 //!   address is outside its known mappings).
 //! - [`replay`]: snapshots (registers + stack bytes + mappings) unwound by
-//!   `agent_ebpf::unwind`, the code the eBPF program runs.
+//!   `hostprof_unwind`, the code the eBPF program runs.
 //!
-//! [`UnwindRow`]: agent_ebpf::unwind::UnwindRow
+//! [`UnwindRow`]: hostprof_unwind::UnwindRow
+pub mod early;
 mod loader;
 pub mod replay;
 
@@ -25,17 +26,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_ebpf::{RowChunk, unwind::ProcessMappings};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+use hostprof_common::{RowChunk, unwind::ProcessMappings};
 
-use crate::files;
-pub use loader::{FileKey, FileSource, LoaderStats, MappedFile, TableLoader, TableMaps};
+use crate::{files, model::Mapping};
+pub use loader::{FileKey, FileSource, LoaderStats, TableLoader, TableMaps, capacity_totals};
 
 /// Why a table could not be built or loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum UnwindError {
     #[error(transparent)]
-    Table(#[from] agent_ebpf::unwind::table::TableError),
+    Table(#[from] hostprof_unwind::table::TableError),
     #[error("cannot update the eBPF map {map}")]
     Map {
         map: &'static str,
@@ -58,7 +59,7 @@ impl TableMaps for KernelMaps {
         self.rows
             .set(index, chunk, 0)
             .map_err(|source| UnwindError::Map {
-                map: agent_ebpf::MAP_UNWIND_ROWS,
+                map: hostprof_common::MAP_UNWIND_ROWS,
                 source,
             })
     }
@@ -67,7 +68,7 @@ impl TableMaps for KernelMaps {
         self.processes
             .insert(tgid, mappings, 0)
             .map_err(|source| UnwindError::Map {
-                map: agent_ebpf::MAP_PROCESS_MAPPINGS,
+                map: hostprof_common::MAP_PROCESS_MAPPINGS,
                 source,
             })
     }
@@ -76,7 +77,7 @@ impl TableMaps for KernelMaps {
         self.processes
             .remove(&tgid)
             .map_err(|source| UnwindError::Map {
-                map: agent_ebpf::MAP_PROCESS_MAPPINGS,
+                map: hostprof_common::MAP_PROCESS_MAPPINGS,
                 source,
             })
     }
@@ -98,7 +99,7 @@ pub struct ProcFiles {
 const MAX_KNOWN_FILES: usize = 65_536;
 
 impl ProcFiles {
-    fn open_file(pid: u32, mapping: &MappedFile) -> Option<files::OpenFile> {
+    fn open_file(pid: u32, mapping: &Mapping) -> Option<files::OpenFile> {
         if mapping.inode == 0 || mapping.path.is_empty() || mapping.path.starts_with('[') {
             return None;
         }
@@ -116,7 +117,7 @@ impl ProcFiles {
 }
 
 impl FileSource for ProcFiles {
-    fn open(&mut self, pid: u32, mapping: &MappedFile) -> Option<(FileKey, FileData)> {
+    fn open(&mut self, pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)> {
         if &*mapping.path == "[vdso]" {
             let vdso = self.vdso.get_or_insert_with(own_vdso).clone()?;
             return Some((FileKey::Vdso, vdso));
@@ -134,7 +135,7 @@ impl FileSource for ProcFiles {
         Some((key, Arc::new(data)))
     }
 
-    fn identify(&mut self, pid: u32, mapping: &MappedFile) -> Option<FileKey> {
+    fn identify(&mut self, pid: u32, mapping: &Mapping) -> Option<FileKey> {
         if &*mapping.path == "[vdso]" {
             return Some(FileKey::Vdso);
         }
@@ -152,21 +153,17 @@ impl FileSource for ProcFiles {
 
 /// A copy of this process's vDSO image.
 pub(crate) fn own_vdso() -> Option<FileData> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = maps.lines().find(|line| line.ends_with("[vdso]"))?;
-    let (range, _) = line.split_once(' ')?;
-    let (start, end) = range.split_once('-')?;
-    let (start, end) = (
-        u64::from_str_radix(start, 16).ok()?,
-        u64::from_str_radix(end, 16).ok()?,
-    );
+    let maps = std::fs::read("/proc/self/maps").ok()?;
+    let maps = crate::procs::parse_maps(&maps).ok()?;
+    let vdso = maps.iter().find(|map| &*map.path == "[vdso]")?;
+    let (start, end) = (vdso.start, vdso.end);
     // SAFETY: the vDSO is mapped readable for the life of the process.
     let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
     Some(Arc::new(bytes.to_vec()))
 }
 
 /// The executable mappings of a live process.
-pub fn process_mappings(pid: u32) -> Option<Vec<MappedFile>> {
+pub fn process_mappings(pid: u32) -> Option<Vec<Mapping>> {
     // The same parser as attribution's (procfs's panics on some paths a
     // process can choose).
     let text = std::fs::read(format!("/proc/{pid}/maps")).ok()?;
@@ -175,45 +172,88 @@ pub fn process_mappings(pid: u32) -> Option<Vec<MappedFile>> {
         maps.iter()
             // The legacy vsyscall page is above user space.
             .filter(|map| &*map.path != "[vsyscall]")
-            .map(|map| MappedFile {
-                start: map.start,
-                end: map.end,
-                file_offset: map.file_offset,
+            .map(|map| Mapping {
                 // Anonymous memory, named or not, has no file to read.
                 path: if map.inode == 0 && &*map.path != "[vdso]" {
                     "".into()
                 } else {
                     map.path.clone()
                 },
-                dev: map.dev,
-                inode: map.inode,
+                ..(**map).clone()
             })
             .collect(),
     )
 }
 
+/// What the unwind service is asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Request {
+    /// Load (or reload) the tables of a process's mappings.
+    Load(u32),
+    /// The process exited: drop its mappings from the kernel now.
+    Forget(u32),
+}
+
+/// Requests waiting for the service at most: `pending` and the channel are
+/// bounded by it; past it a request is dropped and counted (the process's
+/// next sample asks again).
+const MAX_PENDING: usize = 1024;
+
 /// Asks the unwind service to load processes' tables; cheap to call per
 /// sample (a process already waiting is not asked for again).
 #[derive(Clone)]
 pub struct Requests {
-    tx: SyncSender<u32>,
+    tx: SyncSender<Request>,
     pending: Arc<Mutex<HashSet<u32>>>,
+    /// Ask at every exec, not only at samples the kernel could not
+    /// unwind (targeted recordings: every event is of a wanted process).
+    eager: bool,
+    stats: SharedStats,
 }
 
 impl Requests {
     /// Asks for `pid`'s tables, unless already waiting.
     pub fn request(&self, pid: u32) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if !pending.insert(pid) {
+        if pending.contains(&pid) {
             return;
         }
-        match self.tx.try_send(pid) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-            // The service is behind: the next sample asks again.
-            Err(TrySendError::Full(_)) => {
-                pending.remove(&pid);
-            }
+        if pending.len() >= MAX_PENDING {
+            self.count_dropped();
+            return;
         }
+        match self.tx.try_send(Request::Load(pid)) {
+            Ok(()) => {
+                pending.insert(pid);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
+            // The service is behind: the next sample asks again.
+            Err(TrySendError::Full(_)) => self.count_dropped(),
+        }
+    }
+
+    /// Acts on a process event: a new image's tables are asked for at once
+    /// (eager), an exited process's mappings leave the kernel.
+    pub fn on_event(&self, event: &hostprof_common::ProcessEvent) {
+        match event.kind {
+            // Not at a fork: the child usually execs at once, and its
+            // parent's maps read meanwhile would be written over the new
+            // image's (a child that does not exec is asked for at its first
+            // sample, whose stack copy covers the wait).
+            hostprof_common::PROCESS_EVENT_EXEC if self.eager => self.request(event.tgid),
+            // Best effort: the periodic sweep catches what does not fit.
+            hostprof_common::PROCESS_EVENT_EXIT => {
+                let _ = self.tx.try_send(Request::Forget(event.tgid));
+            }
+            _ => {}
+        }
+    }
+
+    fn count_dropped(&self) {
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests_dropped += 1;
     }
 }
 
@@ -235,8 +275,18 @@ pub fn spawn_service(
     capacity_chunks: u32,
     preload: Vec<u32>,
     background: bool,
-) -> std::io::Result<(Requests, SharedStats, mpsc::Receiver<()>)> {
-    let (tx, rx) = mpsc::sync_channel::<u32>(1024);
+) -> std::io::Result<(
+    Requests,
+    SharedStats,
+    mpsc::Receiver<()>,
+    early::SharedMirror,
+)> {
+    let mirror = early::SharedMirror::default();
+    let maps = early::Mirrored {
+        inner: maps,
+        mirror: mirror.clone(),
+    };
+    let (tx, rx) = mpsc::sync_channel::<Request>(MAX_PENDING);
     let (preloaded_tx, preloaded) = mpsc::sync_channel(1);
     let stats: SharedStats = Arc::default();
     let shared = stats.clone();
@@ -252,7 +302,11 @@ pub fn spawn_service(
             let mut loader = TableLoader::new(maps, capacity_chunks);
             let mut files = ProcFiles::default();
             let own_exe = std::env::current_exe().unwrap_or_default();
-            let mut load = |loader: &mut TableLoader<KernelMaps>, pid: u32| {
+            let mut load = |loader: &mut TableLoader<early::Mirrored<KernelMaps>>, pid: u32| {
+                // Left to frame pointers for now: not even /proc is read.
+                if loader.backing_off(pid) {
+                    return;
+                }
                 let Some(mut mappings) = process_mappings(pid) else {
                     return;
                 };
@@ -284,12 +338,13 @@ pub fn spawn_service(
             for pid in preload {
                 load(&mut loader, pid);
             }
-            *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
+            publish(&shared, loader.stats());
             let _ = preloaded_tx.send(());
             let mut last_sweep = Instant::now();
             loop {
                 match rx.recv_timeout(SWEEP_INTERVAL) {
-                    Ok(pid) => {
+                    Ok(Request::Forget(pid)) => loader.forget_process(pid),
+                    Ok(Request::Load(pid)) => {
                         // Taken off first: samples from now on may ask again.
                         served
                             .lock()
@@ -301,22 +356,38 @@ pub fn spawn_service(
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
-                    for pid in loader.processes() {
+                    for pid in loader.known_processes() {
                         if !crate::procs::is_alive(pid) {
                             loader.forget_process(pid);
                         }
                     }
                     last_sweep = Instant::now();
                 }
-                *shared.lock().unwrap_or_else(|e| e.into_inner()) = loader.stats();
+                publish(&shared, loader.stats());
             }
         })?;
-    Ok((Requests { tx, pending }, stats, preloaded))
+    let requests = Requests {
+        tx,
+        pending,
+        eager: !background,
+        stats: stats.clone(),
+    };
+    Ok((requests, stats, preloaded, mirror))
+}
+
+/// Publishes the loader's figures, keeping the count of requests dropped
+/// on the way to it.
+fn publish(shared: &SharedStats, stats: LoaderStats) {
+    let mut published = shared.lock().unwrap_or_else(|e| e.into_inner());
+    *published = LoaderStats {
+        requests_dropped: published.requests_dropped,
+        ..stats
+    };
 }
 
 #[cfg(test)]
 mod tests {
-    use agent_ebpf::unwind::{
+    use hostprof_unwind::{
         cfa, reg,
         table::{build, plt_expression},
     };

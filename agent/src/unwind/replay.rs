@@ -2,7 +2,7 @@
 //!
 //! A [`Snapshot`] is what the kernel saw at a sample: registers, stack bytes
 //! and the process's executable mappings. [`unwind`] walks it with
-//! `agent_ebpf::unwind::step` and tables built by [`super::table`], the same
+//! `hostprof_unwind::step` and tables built by [`super::table`], the same
 //! code and tables the eBPF program uses, so replay tests check the kernel's
 //! unwinder on any architecture the tables support.
 //!
@@ -11,13 +11,13 @@
 //! `hostprof record --stack-copy`.
 use std::{path::PathBuf, sync::Arc};
 
-use agent_ebpf::unwind::{
-    self, Arch, ExecMapping, FRAME_POINTER_TABLE, Lookup, MAX_PROCESS_MAPPINGS, ProcessMappings,
-    Regs, Sorted, Step, UnwindRow,
+use hostprof_unwind::{
+    self as unwind, Arch, ExecMapping, FRAME_POINTER_TABLE, Lookup, MAX_PROCESS_MAPPINGS,
+    ProcessMappings, Regs, Step, UnwindRow,
 };
 use object::{Object, ObjectSegment};
 
-use agent_ebpf::unwind::table::{self, TableKind};
+use hostprof_unwind::table::{self, TableKind};
 
 /// A mapped executable file of a snapshot.
 #[derive(Clone, Debug)]
@@ -107,7 +107,7 @@ fn prstatus_regs(arch: Arch, desc: &[u8]) -> Option<Regs> {
     Some(Regs::interrupted(pc, sp, fp, lr))
 }
 
-/// A snapshot's process, as `agent_ebpf::unwind` sees it.
+/// A snapshot's process, as `hostprof_unwind` sees it.
 pub struct ReplayProcess<'a> {
     snapshot: &'a Snapshot,
     mappings: ProcessMappings,
@@ -191,23 +191,12 @@ impl unwind::Process for ReplayProcess<'_> {
     }
 
     fn lookup(&mut self, pc: u64) -> Lookup {
-        let (rows, mappings) = (&self.rows, &self.mappings);
-        let search = |what, len, target| {
-            unwind::search_last_le(len, target, |i| match what {
-                Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
-                Sorted::Rows { start } => rows
-                    .get(start.wrapping_add(i) as usize)
-                    .map(|row| row.pc as u64),
-            })
-        };
-        unwind::lookup_in(mappings, pc, search, |index| {
-            rows.get(index as usize).copied()
-        })
+        unwind::lookup_in_memory(&self.mappings, &self.rows, pc)
     }
 }
 
 /// The frames of a snapshot, leaf first (the leaf's pc, then return
-/// addresses), and why the walk ended (an `agent_ebpf::unwind::reason`).
+/// addresses), and why the walk ended (an `hostprof_unwind::reason`).
 pub fn unwind(snapshot: &Snapshot, max_frames: usize) -> (Vec<u64>, u32) {
     let mut process = ReplayProcess::new(snapshot);
     let mut regs = snapshot.regs;
@@ -238,43 +227,25 @@ pub fn process_mappings(
     pid: u32,
     vdso: Option<&std::path::Path>,
 ) -> std::io::Result<Vec<SnapshotMapping>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let mut mappings = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(_inode)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            continue;
-        };
-        let path = fields.collect::<Vec<_>>().join(" ");
-        let path = match vdso {
-            Some(vdso) if path == "[vdso]" => vdso.to_string_lossy().into_owned(),
-            _ => path,
-        };
-        if !perms.contains('x') || !path.starts_with('/') {
-            continue;
-        }
-        let path = path.strip_suffix(" (deleted)").unwrap_or(&path);
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let hex = |text: &str| u64::from_str_radix(text, 16).ok();
-        let (Some(start), Some(end), Some(file_offset)) = (hex(start), hex(end), hex(offset))
-        else {
-            continue;
-        };
-        mappings.push(SnapshotMapping {
-            start,
-            end,
-            file_offset,
-            path: PathBuf::from(path),
-        });
-    }
+    // The one /proc/PID/maps parser (procs/maps.rs): executable mappings.
+    let text = std::fs::read(format!("/proc/{pid}/maps"))?;
+    let maps = crate::procs::parse_maps(&text).map_err(std::io::Error::other)?;
+    let mappings = maps
+        .iter()
+        .filter_map(|map| {
+            let path = match vdso {
+                Some(vdso) if &*map.path == "[vdso]" => vdso.to_path_buf(),
+                _ if map.path.starts_with('/') => PathBuf::from(&*map.path),
+                _ => return None,
+            };
+            Some(SnapshotMapping {
+                start: map.start,
+                end: map.end,
+                file_offset: map.file_offset,
+                path,
+            })
+        })
+        .collect();
     Ok(mappings)
 }
 
@@ -292,7 +263,7 @@ pub struct RecordedSample {
     pub tgid: u32,
     pub tid: u32,
     pub ktime_ns: u64,
-    /// `agent_ebpf::SAMPLE_FLAG_*` bits, with the unwind reason.
+    /// `hostprof_common::SAMPLE_FLAG_*` bits, with the unwind reason.
     pub flags: u32,
     /// The user frames the kernel found, leaf first.
     pub kernel_frames: Vec<u64>,
@@ -328,7 +299,7 @@ impl RecordedSample {
     /// True when the kernel walked this stack with unwind tables (rather
     /// than frame pointers, before the process's tables were loaded).
     pub fn unwound_with_tables(&self) -> bool {
-        self.flags & agent_ebpf::SAMPLE_FLAG_USER_TABLES != 0
+        self.flags & hostprof_common::SAMPLE_FLAG_USER_TABLES != 0
     }
 
     /// Writes a self-contained text header and the raw stack bytes.

@@ -143,7 +143,7 @@ fn needed(file: &Path) -> Result<Vec<String>> {
 }
 
 /// `find . | cpio -o -H newc` in `tree`.
-fn pack(tree: &Path, cpio: &Path) -> Result<()> {
+pub fn pack(tree: &Path, cpio: &Path) -> Result<()> {
     let mut find = Command::new("find")
         .arg(".")
         .current_dir(tree)

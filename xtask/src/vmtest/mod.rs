@@ -10,6 +10,7 @@ mod image;
 mod judge;
 mod kernel;
 mod qemu;
+mod systemd;
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -147,9 +148,15 @@ pub struct Options {
     pub keep: bool,
     /// Boot x86_64 guests with KVM.
     pub kvm: bool,
+    /// Instead of the kernel matrix: the .deb's systemd unit under systemd.
+    pub systemd: bool,
 }
 
 pub fn run(options: &Options) -> Result<()> {
+    if options.systemd {
+        let dir = root().join("target/vmtest");
+        return systemd::run(&dir, options.kvm);
+    }
     for name in &options.kernels {
         if !MATRIX.iter().any(|target| target.name == name) {
             let names: Vec<_> = MATRIX.iter().map(|target| target.name).collect();
@@ -229,6 +236,7 @@ fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Resul
         &log,
         target.arch.timeout(),
         kvm,
+        &qemu::Guest::default(),
     )?;
     let seconds = started.elapsed().as_secs();
     let verdict = judge::judge(&boot);

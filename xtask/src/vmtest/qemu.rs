@@ -28,6 +28,22 @@ pub struct Boot {
 
 const TAIL_LINES: usize = 15;
 
+/// What differs between guests: memory, and kernel arguments added to the
+/// console's.
+pub struct Guest {
+    pub memory: &'static str,
+    pub append: &'static str,
+}
+
+impl Default for Guest {
+    fn default() -> Self {
+        Guest {
+            memory: "1G",
+            append: "",
+        }
+    }
+}
+
 /// Runs qemu until it exits (the guest powers off or panics) or `timeout`
 /// passes; the whole console goes to `log`, VMTEST lines are echoed.
 pub fn boot(
@@ -37,6 +53,7 @@ pub fn boot(
     log: &Path,
     timeout: Duration,
     kvm: bool,
+    guest: &Guest,
 ) -> Result<Boot> {
     let mut cmd = Command::new(arch.qemu());
     match arch {
@@ -50,13 +67,13 @@ pub fn boot(
     } else if arch == Arch::X86_64 {
         cmd.args(["-cpu", "max"]);
     }
-    cmd.args(["-m", "1G", "-smp", "2", "-kernel"])
+    cmd.args(["-m", guest.memory, "-smp", "2", "-kernel"])
         .arg(kernel)
         .arg("-initrd")
         .arg(initramfs)
         .args([
             "-append",
-            &format!("console={} panic=-1 quiet", arch.console()),
+            &format!("console={} panic=-1 quiet {}", arch.console(), guest.append),
             "-no-reboot",
             "-display",
             "none",

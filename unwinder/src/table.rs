@@ -6,7 +6,7 @@
 //! lookup never borrows the previous function's rule. Consecutive identical
 //! rules merge into one row.
 //!
-//! Host only (the `user` feature). It lives here, next to the row format,
+//! Host only (the `std` feature). It lives here, next to the row format,
 //! and is built optimized in dev builds too: gimli's generic CFI evaluation
 //! is instantiated in this crate, and unoptimized it is ~8x slower, which
 //! delays a new process's tables.

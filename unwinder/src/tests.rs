@@ -1,6 +1,9 @@
 //! [`step`] on synthetic stacks: a fake process whose memory, mappings and
 //! rows each test lays out by hand, so every rule and every way an unwind
 //! stops is checked on the host without a kernel.
+//!
+//! One file over 600 lines on purpose: every test builds on the same fake
+//! process and its helpers at the top, and reads as one table of cases.
 extern crate std;
 
 use std::{collections::HashMap, vec, vec::Vec};

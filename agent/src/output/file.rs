@@ -1,5 +1,6 @@
 //! The profile files `record` and `report` write: the format a name asks
-//! for, the sink building it, and writing it to a file or stdout.
+//! for, the sink building it ([`ProfileFile`]), and writing it to a file or
+//! stdout.
 use std::{
     fs::File,
     io::{self, BufWriter, Write},
@@ -9,18 +10,31 @@ use std::{
 use anyhow::{Context, bail};
 use hostprof_proto::Message;
 
-use super::OutputFormat;
+use super::{FoldedStacks, PprofProfile, Sink, otlp_json, write_flamegraph};
 use crate::{
     input::Counted,
     model::ResolvedSample,
-    output::{FoldedStacks, PprofProfile, otlp_json, write_flamegraph},
-    pipeline::SampleSink,
     profile::{ProfileBuilder, ResourceConfig},
 };
 
+/// What `hostprof record -o` and `hostprof report -o` write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Folded stacks (flamegraph.pl / inferno input).
+    Folded,
+    /// Flame graph SVG.
+    Svg,
+    /// pprof profile.proto, gzipped (`go tool pprof`).
+    Pprof,
+    /// OTLP `ProfilesData`, protobuf.
+    Otlp,
+    /// OTLP `ProfilesData`, OTLP/JSON.
+    OtlpJson,
+}
+
 impl OutputFormat {
     /// The format a `-o` name says.
-    pub(super) fn for_path(path: &Path) -> anyhow::Result<Self> {
+    pub fn for_path(path: &Path) -> anyhow::Result<Self> {
         let name = path.to_string_lossy();
         let format = match name.as_ref() {
             "-" => OutputFormat::Folded,
@@ -39,7 +53,7 @@ impl OutputFormat {
 
     /// The format of `--format` and `-o` together (`record` and `report`):
     /// `--format` wins, else the name says; `None` without `-o`.
-    pub(super) fn chosen(
+    pub fn chosen(
         format: Option<OutputFormat>,
         output: Option<&Path>,
     ) -> anyhow::Result<Option<Self>> {
@@ -53,7 +67,7 @@ impl OutputFormat {
 }
 
 /// The profile being built for `-o`, in the chosen format.
-pub(super) enum Output {
+pub enum ProfileFile {
     None,
     /// Folded stacks, written as text or drawn as SVG.
     Folded(FoldedStacks),
@@ -62,11 +76,11 @@ pub(super) enum Output {
     Otlp(ProfileBuilder),
 }
 
-impl Output {
+impl ProfileFile {
     /// `off_cpu_period_ns`: set when off-CPU samples are recorded (folded
     /// values become microseconds, a CPU sample weighing this period).
     /// `resource`: the attributes of OTLP resources.
-    pub(super) fn new(
+    pub fn new(
         format: Option<OutputFormat>,
         frequency: u64,
         start: u64,
@@ -74,53 +88,37 @@ impl Output {
         resource: ResourceConfig,
     ) -> Self {
         match format {
-            None => Output::None,
+            None => ProfileFile::None,
             Some(OutputFormat::Folded | OutputFormat::Svg) => {
-                Output::Folded(match off_cpu_period_ns {
+                ProfileFile::Folded(match off_cpu_period_ns {
                     Some(period) => FoldedStacks::in_microseconds(period),
                     None => FoldedStacks::new(),
                 })
             }
-            Some(OutputFormat::Pprof) => Output::Pprof(PprofProfile::new(
+            Some(OutputFormat::Pprof) => ProfileFile::Pprof(PprofProfile::new(
                 frequency,
                 start,
                 off_cpu_period_ns.is_some(),
             )),
             Some(OutputFormat::Otlp | OutputFormat::OtlpJson) => {
-                Output::Otlp(ProfileBuilder::new(resource, frequency, start))
+                ProfileFile::Otlp(ProfileBuilder::new(resource, frequency, start))
             }
         }
     }
 
-    pub(super) fn push(&mut self, sample: &ResolvedSample) {
+    /// The sink inside, if any format was chosen.
+    fn sink(&mut self) -> Option<&mut dyn Sink> {
         match self {
-            Output::None => {}
-            Output::Folded(folded) => folded.push(sample),
-            Output::Pprof(pprof) => pprof.push(sample),
-            Output::Otlp(builder) => builder.push(sample),
-        }
-    }
-
-    /// A sample read from a file, with its count (and, for OTLP, its times).
-    pub(super) fn push_counted(&mut self, counted: &Counted) {
-        match self {
-            Output::None => {}
-            Output::Folded(folded) => folded.push_count(&counted.sample, counted.count),
-            Output::Pprof(pprof) => pprof.push_count(&counted.sample, counted.count),
-            Output::Otlp(builder) if !counted.timestamps.is_empty() => {
-                let mut sample = counted.sample.clone();
-                for &time in &counted.timestamps {
-                    sample.time_unix_nano = time;
-                    builder.push(&sample);
-                }
-            }
-            Output::Otlp(builder) => builder.push_count(&counted.sample, counted.count),
+            ProfileFile::None => None,
+            ProfileFile::Folded(folded) => Some(folded),
+            ProfileFile::Pprof(pprof) => Some(pprof),
+            ProfileFile::Otlp(builder) => Some(builder),
         }
     }
 
     /// Writes the profile, its time span ending at `end`; `title` heads a
     /// flame graph.
-    pub(super) fn write(
+    pub fn write(
         self,
         format: OutputFormat,
         end: u64,
@@ -128,26 +126,48 @@ impl Output {
         out: &mut dyn Write,
     ) -> io::Result<()> {
         match (self, format) {
-            (Output::Folded(folded), OutputFormat::Svg) => write_flamegraph(&folded, title, out),
-            (Output::Folded(folded), _) => folded.write(out),
-            (Output::Pprof(pprof), _) => pprof.write(end, out),
-            (Output::Otlp(mut builder), OutputFormat::OtlpJson) => {
+            (ProfileFile::Folded(folded), OutputFormat::Svg) => {
+                write_flamegraph(&folded, title, out)
+            }
+            (ProfileFile::Folded(folded), _) => folded.write(out),
+            (ProfileFile::Pprof(pprof), _) => pprof.write(end, out),
+            (ProfileFile::Otlp(mut builder), OutputFormat::OtlpJson) => {
                 let json = otlp_json::to_json(&builder.finish_data(end));
                 out.write_all(json.as_bytes())?;
                 out.write_all(b"\n")?;
                 out.flush()
             }
-            (Output::Otlp(mut builder), _) => {
+            (ProfileFile::Otlp(mut builder), _) => {
                 out.write_all(&builder.finish_data(end).encode_to_vec())?;
                 out.flush()
             }
-            (Output::None, _) => Ok(()),
+            (ProfileFile::None, _) => Ok(()),
+        }
+    }
+}
+
+impl Sink for ProfileFile {
+    fn push(&mut self, sample: &ResolvedSample) {
+        if let Some(sink) = self.sink() {
+            sink.push(sample);
+        }
+    }
+
+    fn push_count(&mut self, sample: &ResolvedSample, count: u64) {
+        if let Some(sink) = self.sink() {
+            sink.push_count(sample, count);
+        }
+    }
+
+    fn push_counted(&mut self, counted: &Counted) {
+        if let Some(sink) = self.sink() {
+            sink.push_counted(counted);
         }
     }
 }
 
 /// Writes to `path`, or stdout for `-`.
-pub(super) fn write_output(
+pub fn write_output(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> anyhow::Result<()> {

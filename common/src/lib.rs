@@ -3,14 +3,18 @@
 //! Everything both sides must agree on lives here and only here: the record the
 //! eBPF sampler writes into the ring buffer ([`Sample`]), the names of maps,
 //! programs and globals, the indices of the loss counters ([`Counter`]) and the
-//! size limits. The eBPF binary (`src/main.rs`, its programs in `src/programs/`) and the agent both depend on
-//! this file, so a change to the layout is one edit, seen by both compilers.
+//! size limits. The eBPF programs (crate `agent-ebpf`) and the agent both depend
+//! on this crate, so a change to the layout is one edit, seen by both compilers.
+//! The unwinder's row and per-process mapping layouts are defined next to the
+//! code that walks them (crate `hostprof-unwind`) and re-exported here as
+//! [`unwind`].
 //!
 //! With the `user` feature the types implement `aya::Pod`, so the agent can read
 //! them from maps.
 #![no_std]
 
-pub mod unwind;
+pub mod python;
+pub use hostprof_unwind as unwind;
 
 /// Frames kept per kernel stack; the kernel's `bpf_get_stack` limit for the
 /// default `kernel.perf_event_max_stack` (127).
@@ -74,7 +78,9 @@ pub const MAP_UNWIND_ROWS: &str = "UNWIND_ROWS";
 pub const DEFAULT_UNWIND_CHUNKS: u32 = 8192;
 /// tgid -> [`unwind::ProcessMappings`]: executable mappings and their tables.
 pub const MAP_PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
-/// Capacity of [`MAP_PROCESS_MAPPINGS`] (~2.6 KiB of kernel memory each).
+/// Capacity of [`MAP_PROCESS_MAPPINGS`] (~8 KiB of kernel memory each, 8 MiB
+/// in all; see `unwind::MAX_PROCESS_MAPPINGS`). Processes beyond it are
+/// unwound with frame pointers, counted, and retried after a backoff.
 pub const MAX_UNWIND_PROCESSES: u32 = 1024;
 /// Per-CPU [`UnwindState`] scratch: one slot for the sampler, one for the
 /// off-CPU tracepoint.
@@ -139,9 +145,46 @@ pub const GLOBAL_PT_REGS_SIZE: &str = "PT_REGS_SIZE";
 pub const GLOBAL_THREAD_SIZE: &str = "THREAD_SIZE";
 /// Default of [`GLOBAL_THREAD_SIZE`].
 pub const DEFAULT_THREAD_SIZE: u32 = 16 << 10;
+/// tgid -> [`python::Process`]: the Python processes and where their
+/// interpreter's structures are.
+pub const MAP_PYTHON_PROCESSES: &str = "PYTHON_PROCS";
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
+
+/// Ring buffer of [`ProcessEvent`]s (forks, execs, exits of wanted
+/// processes): the agent tracks processes from these, not from a `/proc`
+/// read per sample.
+pub const MAP_PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+/// Size of [`MAP_PROCESS_EVENTS`]: ~43,000 events, drained every
+/// [`RING_DRAIN_INTERVAL_MS`].
+pub const PROCESS_EVENTS_BYTES: u32 = 1 << 20;
+/// Raw tracepoint on `sched_process_fork`: a [`PROCESS_EVENT_FORK`] for each
+/// new process (not thread) of a wanted parent.
+pub const PROGRAM_PROCESS_FORK: &str = "process_fork";
+/// Raw tracepoint on `sched_process_exit`: a [`PROCESS_EVENT_EXIT`] when a
+/// wanted process's main thread exits.
+pub const PROGRAM_PROCESS_EXIT: &str = "process_exit";
+/// [`ProcessEvent::kind`]: `tgid` was forked by `parent_tgid`.
+pub const PROCESS_EVENT_FORK: u32 = 1;
+/// [`ProcessEvent::kind`]: `tgid` replaced its image (execve).
+pub const PROCESS_EVENT_EXEC: u32 = 2;
+/// [`ProcessEvent::kind`]: the main thread of `tgid` exited.
+pub const PROCESS_EVENT_EXIT: u32 = 3;
+
+/// One record of [`MAP_PROCESS_EVENTS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// A `PROCESS_EVENT_*`.
+    pub kind: u32,
+    pub tgid: u32,
+    /// Forks: the parent's tgid; 0 otherwise.
+    pub parent_tgid: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` of the event (the clock of [`Sample::ktime_ns`]).
+    pub ktime_ns: u64,
+}
 
 /// One element of [`MAP_UNWIND_ROWS`].
 #[repr(C)]
@@ -180,6 +223,16 @@ pub const RING_DRAIN_INTERVAL_MS: u64 = 100;
 /// (`hostprof record --stack-copy`); 0, the default, copies none and the
 /// ring carries plain [`Sample`]s.
 pub const GLOBAL_STACK_COPY_BYTES: &str = "STACK_COPY_BYTES";
+/// Global `u32`: bytes of user stack to copy with a CPU sample of a process
+/// whose unwind tables are not in the kernel yet (tables mode only), so the
+/// agent can unwind it on the host once they are (8 KiB by default); 0
+/// turns that off.
+/// Ignored when [`GLOBAL_STACK_COPY_BYTES`] copies every sample anyway.
+pub const GLOBAL_EARLY_COPY_BYTES: &str = "EARLY_COPY_BYTES";
+/// Global (u32, set at load): 1 walks CPython's interpreter frames of the
+/// registered Python processes; 0 leaves the walk out of the program (the
+/// verifier prunes it), for kernels whose verifier rejects it.
+pub const GLOBAL_PYTHON_WALK: &str = "PYTHON_WALK";
 /// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
 pub const MAX_STACK_COPY: usize = 16384;
 const _: () = assert!(MAX_STACK_COPY.is_power_of_two());
@@ -204,10 +257,15 @@ pub struct StackSample {
     pub stack: [u8; MAX_STACK_COPY],
 }
 
-/// One CPU sample, written by the kernel straight into the ring buffer.
+/// One CPU sample, filled by the kernel in a per-CPU scratch buffer.
 ///
 /// Stacks are arrays of instruction pointers, leaf first; only the first
-/// `*_stack_len` entries are valid.
+/// `*_stack_len` entries are valid. **Compact layout**: the user frames
+/// start right after the kernel ones (at `kernel_stack[kernel_stack_len]`,
+/// spilling into `user_stack`), and the ring gets only the used part,
+/// [`SAMPLE_HEADER_BYTES`] + 8 × (kernel + user frames). A record as long
+/// as a whole `Sample` is the same layout with 127 kernel frames. The agent
+/// moves the user frames back into `user_stack` when it decodes a record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
@@ -237,7 +295,14 @@ pub struct Sample {
     pub user_stack_len: u32,
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_USER_STACK_DEPTH],
+    /// CPU samples of Python processes: the interpreter frames.
+    pub python: python::Stack,
 }
+
+/// Bytes of a [`Sample`] before its frames (everything up to
+/// `kernel_stack`): the shortest ring record.
+pub const SAMPLE_HEADER_BYTES: usize = core::mem::offset_of!(Sample, kernel_stack);
+const _: () = assert!(SAMPLE_HEADER_BYTES == 64);
 
 /// A cpu-clock sample: the thread was running.
 pub const SAMPLE_KIND_CPU: u32 = 0;
@@ -306,11 +371,27 @@ pub enum Counter {
     UnwindUnknownProcess = 19,
     /// Unwinds stopped at an address outside the known mappings.
     UnwindNoMapping = 20,
+    /// Lost: a process event found [`MAP_PROCESS_EVENTS`] full.
+    ProcessEventsLost = 21,
+    /// Samples of Python processes whose interpreter frames were walked.
+    PythonStacks = 22,
+    /// Interpreter frame walks that reached the thread's first frame.
+    PythonComplete = 23,
+    /// Walks that found no thread state for the thread.
+    PythonNoThread = 24,
+    /// Walks stopped when reading the process's memory failed.
+    PythonReadFault = 25,
+    /// Walks stopped at `python::MAX_FRAMES` frames.
+    PythonDepthLimit = 26,
+    /// Walks that gave up after `python::MAX_THREADS` thread states.
+    PythonThreadLimit = 27,
+    /// Walks that could not read the thread's id in its pid namespace.
+    PythonNoNamespace = 28,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -332,6 +413,14 @@ impl Counter {
         Counter::UnwindBadFrame,
         Counter::UnwindUnknownProcess,
         Counter::UnwindNoMapping,
+        Counter::ProcessEventsLost,
+        Counter::PythonStacks,
+        Counter::PythonComplete,
+        Counter::PythonNoThread,
+        Counter::PythonReadFault,
+        Counter::PythonDepthLimit,
+        Counter::PythonThreadLimit,
+        Counter::PythonNoNamespace,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -371,6 +460,14 @@ impl Counter {
             Counter::UnwindBadFrame => "unwind_bad_frame",
             Counter::UnwindUnknownProcess => "unwind_unknown_process",
             Counter::UnwindNoMapping => "unwind_no_mapping",
+            Counter::ProcessEventsLost => "process_events_lost",
+            Counter::PythonStacks => "python_stacks",
+            Counter::PythonComplete => "python_complete",
+            Counter::PythonNoThread => "python_no_thread",
+            Counter::PythonReadFault => "python_read_fault",
+            Counter::PythonDepthLimit => "python_depth_limit",
+            Counter::PythonThreadLimit => "python_thread_limit",
+            Counter::PythonNoNamespace => "python_no_namespace",
         }
     }
 
@@ -388,6 +485,19 @@ impl Counter {
             _ => Counter::UnwindBadFrame,
         }
     }
+
+    /// The counter of a `python::reason` (`None` for `NONE`).
+    pub const fn for_python_reason(reason: u32) -> Option<Counter> {
+        Some(match reason {
+            python::reason::COMPLETE => Counter::PythonComplete,
+            python::reason::NO_THREAD => Counter::PythonNoThread,
+            python::reason::READ_FAULT => Counter::PythonReadFault,
+            python::reason::DEPTH_LIMIT => Counter::PythonDepthLimit,
+            python::reason::THREAD_LIMIT => Counter::PythonThreadLimit,
+            python::reason::NO_NAMESPACE => Counter::PythonNoNamespace,
+            _ => return None,
+        })
+    }
 }
 
 #[cfg(feature = "user")]
@@ -398,7 +508,7 @@ mod user {
     // SAFETY: as above: a Sample, integers and bytes, no padding (asserted).
     unsafe impl aya::Pod for super::StackSample {}
     // SAFETY: as above, integers only, no padding (asserted below).
-    unsafe impl aya::Pod for super::unwind::ProcessMappings {}
+    unsafe impl aya::Pod for super::python::Process {}
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 
@@ -410,14 +520,14 @@ mod user {
                 + super::COMM_LEN
                 + 4 * 2
                 + 8 * (super::MAX_STACK_DEPTH + super::MAX_USER_STACK_DEPTH)
+                + 4 * 2
+                + 16 * super::python::MAX_FRAMES
     );
+    const _: () = assert!(core::mem::size_of::<super::python::Process>() == 8 * 3 + 4 * 12);
     const _: () = assert!(
         core::mem::size_of::<super::StackSample>()
             == core::mem::size_of::<super::Sample>() + 8 * 4 + 4 * 2 + super::MAX_STACK_COPY
     );
     const _: () = assert!(core::mem::size_of::<super::unwind::UnwindRow>() == 16);
-    const _: () = assert!(
-        core::mem::size_of::<super::unwind::ProcessMappings>()
-            == 8 + 32 * super::unwind::MAX_PROCESS_MAPPINGS
-    );
+    const _: () = assert!(core::mem::size_of::<super::ProcessEvent>() == 4 * 4 + 8);
 }

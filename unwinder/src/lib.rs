@@ -10,8 +10,18 @@
 //! Everything here obeys the BPF verifier: no recursion, every loop bounded
 //! by a constant, small values on the stack, `#[inline(always)]` so the eBPF
 //! program has a single function to verify per callback.
+//!
+//! The row and mapping layouts here are part of the kernel/userspace contract
+//! (`hostprof-common` re-exports this crate as `unwind`); the table builder
+//! ([`table`], gimli and object) is host-only, behind the `std` feature, so the
+//! eBPF program and the contract stay free of it.
+//!
+//! One file over 600 lines on purpose: the row format, the searches and
+//! [`step`] are what the verifier sees as one program; split, the
+//! `#[inline(always)]` chain would be harder to follow, not easier.
+#![no_std]
 
-#[cfg(feature = "user")]
+#[cfg(feature = "std")]
 pub mod table;
 #[cfg(test)]
 mod tests;
@@ -584,8 +594,14 @@ pub struct ExecMapping {
 pub const FRAME_POINTER_TABLE: u32 = u32::MAX;
 
 /// Executable mappings kept per process (a power of two: indices are masked
-/// for the verifier).
-pub const MAX_PROCESS_MAPPINGS: usize = 64;
+/// for the verifier). Real processes map hundreds of executable regions (a
+/// JVM or a browser: its libraries, each often in several pieces); 256
+/// slots of 32 bytes make a process's entry 8 KiB, and the kernel's
+/// process map (`MAX_UNWIND_PROCESSES` entries, preallocated: perf_event
+/// programs on kernels before 6.1 accept no other hash map) 8 MiB in all,
+/// a quarter of the default rows map. Past it, the loader keeps the
+/// file-backed mappings first.
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
 const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
 
 /// A process's executable mappings, sorted by start (the value of the
@@ -606,6 +622,22 @@ impl Default for ProcessMappings {
             mappings: [ExecMapping::default(); MAX_PROCESS_MAPPINGS],
         }
     }
+}
+
+/// [`lookup_in`] over rows and mappings held in memory (the host: replay
+/// snapshots, early samples), with the same searches the kernel runs.
+pub fn lookup_in_memory(mappings: &ProcessMappings, rows: &[UnwindRow], pc: u64) -> Lookup {
+    let search = |what, len, target| {
+        search_last_le(len, target, |i| match what {
+            Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
+            Sorted::Rows { start } => rows
+                .get(start.wrapping_add(i) as usize)
+                .map(|row| row.pc as u64),
+        })
+    };
+    lookup_in(mappings, pc, search, |index| {
+        rows.get(index as usize).copied()
+    })
 }
 
 /// Finds `pc`'s mapping in `mappings`, then its row. `search(what, len,
@@ -650,4 +682,16 @@ pub fn lookup_in(
         Some(row) => Lookup::Row(row),
         None => Lookup::NotCovered,
     }
+}
+
+// The agent reads and writes the per-process mappings through aya's typed maps.
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: `ProcessMappings` is `repr(C)`, `Copy`, integers only, with no
+    // padding (asserted below).
+    unsafe impl aya::Pod for super::ProcessMappings {}
+
+    const _: () = assert!(
+        core::mem::size_of::<super::ProcessMappings>() == 8 + 32 * super::MAX_PROCESS_MAPPINGS
+    );
 }

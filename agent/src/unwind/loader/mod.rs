@@ -7,21 +7,32 @@
 //! [`ROW_CHUNK`] in one big array map; a free list of chunk ranges bounds the
 //! memory, and a table that does not fit is counted and left to frame
 //! pointers.
+//!
+//! No capacity cliffs: a process beyond the kernel's process map, or one
+//! whose load the kernel refuses, is left to frame pointers (counted), and
+//! its next attempts wait out a doubling backoff, so samples that keep
+//! asking for it never rebuild anything in a loop. A process with more
+//! executable mappings than the kernel keeps per process loads the ones
+//! that fit (file-backed first) and waits out the same backoff.
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use agent_ebpf::{
-    RowChunk,
+use crate::model::Mapping;
+use hostprof_common::{
+    MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
         ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings, ROW_CHUNK,
         UnwindRow,
     },
 };
 
-use agent_ebpf::unwind::table::{self, TableKind, UnwindTable};
+use hostprof_unwind::table::{self, TableKind, UnwindTable};
 
 use super::{FileData, UnwindError};
 
@@ -45,26 +56,15 @@ pub enum FileKey {
     Vdso,
 }
 
-/// An executable mapping of a process, as the loader needs it.
-#[derive(Clone, Debug)]
-pub struct MappedFile {
-    pub start: u64,
-    pub end: u64,
-    pub file_offset: u64,
-    pub path: Arc<str>,
-    pub dev: u64,
-    pub inode: u64,
-}
-
 /// Where the bytes of a mapped file come from.
 pub trait FileSource {
     /// The file's identity and contents; `None` when it cannot be read
     /// (anonymous memory, gone, not an ELF file).
-    fn open(&mut self, pid: u32, mapping: &MappedFile) -> Option<(FileKey, FileData)>;
+    fn open(&mut self, pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)>;
 
     /// The identity `open` gave this very file before, if it is known
     /// without reading the file again (unchanged since); `None`: call `open`.
-    fn identify(&mut self, _pid: u32, _mapping: &MappedFile) -> Option<FileKey> {
+    fn identify(&mut self, _pid: u32, _mapping: &Mapping) -> Option<FileKey> {
         None
     }
 }
@@ -90,9 +90,54 @@ pub struct LoaderStats {
     pub build_failures: u64,
     /// Mappings left out because a process had more than the kernel keeps.
     pub mappings_dropped: u64,
-    /// Processes that did not fit in the kernel's process map.
+    /// Processes that did not fit in the kernel's process map (or whose
+    /// load it refused): left to frame pointers, retried after a backoff.
     pub process_full: u64,
+    /// Requests for tables dropped because the service was behind (the
+    /// process's next sample asks again).
+    pub requests_dropped: u64,
+    /// Files forgotten from the set of those without a usable table, to
+    /// keep it bounded (they may be parsed again).
+    pub failed_forgotten: u64,
+    /// Process loads done (each reads the process's mappings and writes
+    /// them to the kernel): bounded by processes × backoff rounds, however
+    /// often samples ask.
+    pub loads: u64,
+    /// Requests ignored because the process was backing off.
+    pub backoff_skips: u64,
 }
+
+/// Process-wide totals of [`LoaderStats::process_full`] and
+/// [`LoaderStats::loads`], for the agent's metrics.
+static PROCESSES_DEGRADED: AtomicU64 = AtomicU64::new(0);
+static PROCESS_LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// (processes left to frame pointers for lack of room, process loads) so
+/// far in this process.
+pub fn capacity_totals() -> (u64, u64) {
+    (
+        PROCESSES_DEGRADED.load(Ordering::Relaxed),
+        PROCESS_LOADS.load(Ordering::Relaxed),
+    )
+}
+
+/// A process left to frame pointers for now.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    /// No load before this.
+    until: Instant,
+    /// Backoffs in a row: each doubles the wait.
+    rounds: u32,
+}
+
+/// The first wait of a process that did not fit, doubled each time it
+/// still does not, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(64);
+/// Bound of the backoff set: entries of exited processes go with the
+/// sweep; past this many, the oldest half is forgotten (those processes
+/// may then be tried once more, nothing worse).
+const MAX_BACKOFF_ENTRIES: usize = 16_384;
 
 struct Loaded {
     /// First chunk, or FRAME_POINTER_TABLE.
@@ -113,12 +158,22 @@ pub struct TableLoader<M: TableMaps> {
     /// Free chunk ranges (start, len), sorted by start, never adjacent.
     free: Vec<(u32, u32)>,
     loaded: HashMap<FileKey, Loaded>,
-    /// Files that failed, so they are not parsed again and again.
-    failed: HashMap<FileKey, ()>,
+    /// Files that failed, so they are not parsed again and again; at most
+    /// [`MAX_FAILED`], the oldest forgotten first.
+    failed: HashMap<FileKey, u64>,
+    /// Order of insertion into `failed`.
+    failed_seq: u64,
     /// Per process: the files it uses, a digest of its mappings, when loaded.
     processes: HashMap<u32, (Vec<FileKey>, u64, Instant)>,
+    /// Processes the kernel's map holds at most ([`MAX_UNWIND_PROCESSES`]).
+    process_capacity: usize,
+    /// Processes waiting before their next load (see [`Backoff`]).
+    backoff: HashMap<u32, Backoff>,
     stats: LoaderStats,
 }
+
+/// Files remembered as having no usable table.
+const MAX_FAILED: usize = 4096;
 
 /// Don't reload a process more often than this.
 const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(200);
@@ -131,7 +186,10 @@ impl<M: TableMaps> TableLoader<M> {
             free: vec![(0, capacity_chunks)],
             loaded: HashMap::new(),
             failed: HashMap::new(),
+            failed_seq: 0,
             processes: HashMap::new(),
+            process_capacity: MAX_UNWIND_PROCESSES as usize,
+            backoff: HashMap::new(),
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -143,9 +201,61 @@ impl<M: TableMaps> TableLoader<M> {
         self.stats
     }
 
+    /// A smaller process capacity than the kernel's (tests).
+    #[cfg(test)]
+    fn with_process_capacity(mut self, capacity: usize) -> Self {
+        self.process_capacity = capacity;
+        self
+    }
+
+    /// True while `pid` waits out a backoff: asking for it now does nothing
+    /// (callers check before reading anything of the process).
+    pub fn backing_off(&self, pid: u32) -> bool {
+        self.backoff
+            .get(&pid)
+            .is_some_and(|backoff| Instant::now() < backoff.until)
+    }
+
+    /// Starts (or doubles) `pid`'s backoff.
+    fn back_off(&mut self, pid: u32) {
+        if self.backoff.len() >= MAX_BACKOFF_ENTRIES && !self.backoff.contains_key(&pid) {
+            let mut oldest: Vec<(Instant, u32)> = self
+                .backoff
+                .iter()
+                .map(|(pid, backoff)| (backoff.until, *pid))
+                .collect();
+            oldest.sort_unstable();
+            for (_, pid) in &oldest[..oldest.len() / 2] {
+                self.backoff.remove(pid);
+            }
+        }
+        let rounds = self
+            .backoff
+            .get(&pid)
+            .map_or(0, |backoff| backoff.rounds + 1);
+        let wait = FIRST_BACKOFF
+            .saturating_mul(1 << rounds.min(6))
+            .min(MAX_BACKOFF);
+        self.backoff.insert(
+            pid,
+            Backoff {
+                until: Instant::now() + wait,
+                rounds,
+            },
+        );
+    }
+
+    /// Counts `pid` as left to frame pointers for lack of room, and backs off.
+    fn degrade(&mut self, pid: u32) {
+        tracing::debug!("pid {pid}: left to frame pointers: the kernel's unwind maps are full");
+        self.stats.process_full += 1;
+        PROCESSES_DEGRADED.fetch_add(1, Ordering::Relaxed);
+        self.back_off(pid);
+    }
+
     /// True when `pid` was loaded with these very mappings less than the
     /// reload interval ago (an exec or dlopen changes them: reload at once).
-    pub fn recently_loaded(&self, pid: u32, mappings: &[MappedFile]) -> bool {
+    pub fn recently_loaded(&self, pid: u32, mappings: &[Mapping]) -> bool {
         self.processes.get(&pid).is_some_and(|(_, digest, at)| {
             *digest == digest_of(mappings) && at.elapsed() < MIN_RELOAD_INTERVAL
         })
@@ -156,17 +266,38 @@ impl<M: TableMaps> TableLoader<M> {
     pub fn load_process(
         &mut self,
         pid: u32,
-        mappings: &[MappedFile],
+        mappings: &[Mapping],
         files: &mut dyn FileSource,
     ) -> Result<(), UnwindError> {
+        if self.backing_off(pid) {
+            self.stats.backoff_skips += 1;
+            return Ok(());
+        }
+        if !self.processes.contains_key(&pid) && self.processes.len() >= self.process_capacity {
+            // The kernel's map is full: frame pointers for this one.
+            self.degrade(pid);
+            return Ok(());
+        }
+        self.stats.loads += 1;
+        PROCESS_LOADS.fetch_add(1, Ordering::Relaxed);
         let mut entries = ProcessMappings::default();
         let mut keys = Vec::new();
-        let mut sorted: Vec<&MappedFile> = mappings.iter().collect();
-        sorted.sort_by_key(|mapping| mapping.start);
-        if sorted.len() > MAX_PROCESS_MAPPINGS {
+        let mut sorted: Vec<&Mapping> = mappings.iter().collect();
+        let truncated = sorted.len() > MAX_PROCESS_MAPPINGS;
+        if truncated {
+            // File-backed code first: anonymous code (JIT) has no table
+            // anyway. The rest's addresses read as "no mapping"; their
+            // samples asking again wait out a backoff.
+            sorted.sort_by_key(|mapping| {
+                (
+                    mapping.inode == 0 && &*mapping.path != "[vdso]",
+                    mapping.start,
+                )
+            });
             self.stats.mappings_dropped += (sorted.len() - MAX_PROCESS_MAPPINGS) as u64;
             sorted.truncate(MAX_PROCESS_MAPPINGS);
         }
+        sorted.sort_by_key(|mapping| mapping.start);
         for (slot, mapping) in sorted.into_iter().enumerate() {
             let mut entry = ExecMapping {
                 start: mapping.start,
@@ -211,10 +342,17 @@ impl<M: TableMaps> TableLoader<M> {
         }
         self.stats.processes = self.processes.len() as u64;
         match self.maps.set_process(pid, &entries) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if truncated {
+                    self.back_off(pid);
+                } else {
+                    self.backoff.remove(&pid);
+                }
+                Ok(())
+            }
             Err(err) => {
-                self.stats.process_full += 1;
-                self.forget_process(pid);
+                self.unload(pid);
+                self.degrade(pid);
                 Err(err)
             }
         }
@@ -222,6 +360,24 @@ impl<M: TableMaps> TableLoader<M> {
 
     /// Forgets a process (exited): its tables go when no other process uses them.
     pub fn forget_process(&mut self, pid: u32) {
+        self.backoff.remove(&pid);
+        self.unload(pid);
+    }
+
+    /// Processes known to the loader: loaded, or backing off (the sweep
+    /// forgets the ones that exited).
+    pub fn known_processes(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.processes.keys().copied().collect();
+        pids.extend(
+            self.backoff
+                .keys()
+                .filter(|pid| !self.processes.contains_key(pid)),
+        );
+        pids
+    }
+
+    /// Drops a process's mappings from the kernel and its table references.
+    fn unload(&mut self, pid: u32) {
         if let Some((keys, _, _)) = self.processes.remove(&pid) {
             for key in keys {
                 self.release(&key);
@@ -229,11 +385,6 @@ impl<M: TableMaps> TableLoader<M> {
             let _ = self.maps.remove_process(pid);
         }
         self.stats.processes = self.processes.len() as u64;
-    }
-
-    /// Processes with mappings in the kernel.
-    pub fn processes(&self) -> Vec<u32> {
-        self.processes.keys().copied().collect()
     }
 
     /// A loaded table mapped at `file_offset` before: its ELF address there
@@ -262,7 +413,7 @@ impl<M: TableMaps> TableLoader<M> {
             Err(err) => {
                 tracing::debug!("no unwind table for {key:?}: {err}");
                 self.stats.build_failures += 1;
-                self.failed.insert(key.clone(), ());
+                self.remember_failure(key);
                 return None;
             }
         };
@@ -333,6 +484,20 @@ impl<M: TableMaps> TableLoader<M> {
         }
     }
 
+    /// Keeps `key` among the files without a table, forgetting the oldest
+    /// half when full (a host with endless distinct files must not grow
+    /// the set without bound).
+    fn remember_failure(&mut self, key: &FileKey) {
+        if self.failed.len() >= MAX_FAILED {
+            let cutoff = self.failed_seq - (MAX_FAILED / 2) as u64;
+            let before = self.failed.len();
+            self.failed.retain(|_, seq| *seq >= cutoff);
+            self.stats.failed_forgotten += (before - self.failed.len()) as u64;
+        }
+        self.failed.insert(key.clone(), self.failed_seq);
+        self.failed_seq += 1;
+    }
+
     /// First fit over the free list.
     fn allocate(&mut self, chunks: u32) -> Option<u32> {
         if chunks == 0 || chunks > self.capacity_chunks {
@@ -370,7 +535,7 @@ impl<M: TableMaps> TableLoader<M> {
 }
 
 /// Identifies a set of mappings (which files, where).
-fn digest_of(mappings: &[MappedFile]) -> u64 {
+fn digest_of(mappings: &[Mapping]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for mapping in mappings {
@@ -396,96 +561,4 @@ fn placement(loaded: &Loaded) -> (u32, u32) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Default)]
-    struct FakeMaps {
-        chunks: HashMap<u32, Box<RowChunk>>,
-        processes: HashMap<u32, Box<ProcessMappings>>,
-    }
-
-    impl TableMaps for &mut FakeMaps {
-        fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError> {
-            self.chunks.insert(index, Box::new(*chunk));
-            Ok(())
-        }
-        fn set_process(&mut self, tgid: u32, m: &ProcessMappings) -> Result<(), UnwindError> {
-            self.processes.insert(tgid, Box::new(*m));
-            Ok(())
-        }
-        fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError> {
-            self.processes.remove(&tgid);
-            Ok(())
-        }
-    }
-
-    /// Every mapping is our own executable, under the key its path names.
-    struct OwnExe(FileData);
-
-    impl FileSource for OwnExe {
-        fn open(&mut self, _pid: u32, mapping: &MappedFile) -> Option<(FileKey, FileData)> {
-            Some((
-                FileKey::Inode {
-                    dev: 0,
-                    inode: mapping.inode,
-                    size: 0,
-                },
-                self.0.clone(),
-            ))
-        }
-    }
-
-    fn mapping(inode: u64, start: u64) -> MappedFile {
-        MappedFile {
-            start,
-            end: start + 0x1000,
-            file_offset: 0,
-            path: "/x".into(),
-            dev: 0,
-            inode,
-        }
-    }
-
-    #[test]
-    fn tables_are_shared_and_freed_with_their_last_process() {
-        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        let rows = table::build(&exe).unwrap().rows().len() as u32;
-        let exe: FileData = Arc::new(exe);
-        let chunks = rows.div_ceil(ROW_CHUNK as u32);
-        let mut maps = FakeMaps::default();
-        let mut files = OwnExe(exe);
-        let mut loader = TableLoader::new(&mut maps, chunks * 3);
-        loader
-            .load_process(1, &[mapping(10, 0x10000)], &mut files)
-            .unwrap();
-        loader
-            .load_process(2, &[mapping(10, 0x20000), mapping(11, 0x40000)], &mut files)
-            .unwrap();
-        let stats = loader.stats();
-        assert_eq!(
-            (stats.tables, stats.rows, stats.processes),
-            (2, 2 * rows as u64, 2)
-        );
-        // A third file does not fit next to two: counted, not loaded.
-        loader
-            .load_process(3, &[mapping(12, 0x10000)], &mut files)
-            .unwrap();
-        assert_eq!(loader.stats().table_full, 0, "three tables fit in 3x");
-        loader
-            .load_process(4, &[mapping(13, 0x10000)], &mut files)
-            .unwrap();
-        assert_eq!(loader.stats().table_full, 1);
-        loader.forget_process(1);
-        assert_eq!(loader.stats().tables, 3, "file 10 is still used by pid 2");
-        loader.forget_process(2);
-        loader.forget_process(3);
-        assert_eq!(loader.stats().tables, 0);
-        assert_eq!(loader.free_list(), &[(0, chunks * 3)]);
-        drop(loader);
-        let process = &maps.processes[&4];
-        assert_eq!(process.len, 1);
-        assert_eq!(process.mappings[0].table_len, 0, "no table: frame pointers");
-        assert!(!maps.processes.contains_key(&1));
-    }
-}
+mod tests;

@@ -1,0 +1,121 @@
+//! `record`'s closing lines on stderr: what was sampled and lost, what was
+//! written, the top functions, and how stacks were unwound.
+use std::time::Duration;
+
+use super::End;
+use crate::{
+    cli::RecordArgs,
+    config::SharedSettings,
+    output::Summary,
+    sampler::{Counters, ReaderStats},
+};
+
+pub(super) fn report(
+    args: &RecordArgs,
+    settings: &SharedSettings,
+    elapsed: Duration,
+    why: End,
+    counters: &Counters,
+    reader: &ReaderStats,
+    summary: &Summary,
+) -> String {
+    use hostprof_common::Counter;
+    let why = match why {
+        End::Duration => "duration reached",
+        End::Interrupted => "interrupted",
+        End::CommandExited => "command exited",
+        End::ProcessesExited => "profiled processes exited",
+    };
+    let mut text = format!(
+        "hostprof: {} samples from {} processes in {:.2} s at {} Hz ({why})\n\
+         hostprof: lost {} samples (ring buffer full {}, pipeline backlog {}); \
+         stack errors: kernel {}, user {}; truncated stacks {}\n",
+        summary.samples(),
+        summary.processes(),
+        elapsed.as_secs_f64(),
+        settings.frequency,
+        counters.lost() + reader.dropped_backlog,
+        counters.get(Counter::RingFull),
+        reader.dropped_backlog,
+        counters.get(Counter::KernelStackError),
+        counters.get(Counter::UserStackError),
+        counters.get(Counter::Truncated),
+    );
+    let refused = crate::files::refusals();
+    if refused.total() > 0 {
+        text.push_str(&format!(
+            "hostprof: files refused: {} not regular (FIFO, device), {} over their size cap, \
+             {} through magic links (--log-level hostprof::files=debug names them)\n",
+            refused.not_regular, refused.too_large, refused.escape
+        ));
+    }
+    if let Some(path) = &args.output
+        && path.as_os_str() != "-"
+    {
+        text.push_str(&format!("hostprof: wrote {}\n", path.display()));
+    }
+    let (off_cpu_events, off_cpu_ns) = summary.off_cpu();
+    if settings.off_cpu {
+        text.push_str(&format!(
+            "hostprof: off-CPU: {off_cpu_events} periods over {}, {:.3} s in all\n",
+            humanize(settings.off_cpu_threshold),
+            off_cpu_ns as f64 / 1e9
+        ));
+    }
+    if summary.samples() > 0 || off_cpu_events > 0 {
+        text.push_str(&summary.top(args.top));
+    }
+    text
+}
+
+/// How user stacks were walked, and why table-driven walks stopped.
+pub(in crate::cli) fn unwind_report(
+    counters: &Counters,
+    tables: Option<crate::unwind::LoaderStats>,
+) -> String {
+    use hostprof_common::Counter;
+    let Some(tables) = tables else {
+        return String::new();
+    };
+    let reasons: Vec<String> = Counter::UNWIND_STOPS
+        .iter()
+        .map(|counter| {
+            let name = counter
+                .name()
+                .trim_start_matches("unwind_")
+                .replace('_', " ");
+            format!("{name} {}", counters.get(*counter))
+        })
+        .collect();
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    format!(
+        "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
+         {} with frame pointers before their tables were loaded\n\
+         hostprof: unwind tables: {} files, {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
+         {} did not fit, {} without CFI\n\
+         hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
+         {} mappings past the per-process limit, {} process loads\n",
+        counters.get(Counter::UnwindTables),
+        counters.get(Counter::UnwindComplete),
+        reasons.join(", "),
+        counters.get(Counter::UnwindUnknownProcess),
+        tables.tables,
+        tables.rows,
+        mib(tables.bytes_used),
+        mib(tables.bytes_capacity),
+        mib(tables.text_bytes),
+        tables.table_full,
+        tables.build_failures,
+        tables.process_full,
+        tables.mappings_dropped,
+        tables.loads,
+    )
+}
+
+fn humanize(duration: Duration) -> String {
+    match duration.as_nanos() {
+        ns if ns % 1_000_000 == 0 => format!("{} ms", ns / 1_000_000),
+        ns if ns % 1_000 == 0 => format!("{} us", ns / 1_000),
+        ns => format!("{ns} ns"),
+    }
+}

@@ -1,0 +1,120 @@
+use hostprof_common::{PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK, ProcessEvent};
+
+use super::*;
+
+fn event(kind: u32, tgid: u32, parent_tgid: u32, ktime_ns: u64) -> ProcessEvent {
+    ProcessEvent {
+        kind,
+        tgid,
+        parent_tgid,
+        _pad: 0,
+        ktime_ns,
+    }
+}
+
+/// Pids above pid_max are never valid: /proc has nothing for them.
+const GONE: u32 = u32::MAX - 1;
+
+#[test]
+fn reads_our_own_process() {
+    let mut table = ProcessTable::new();
+    let pid = std::process::id();
+    let info = table.info(pid, "ignored", 0);
+    assert_eq!(info.pid, pid);
+    assert_eq!(
+        &*info.exe_path,
+        std::env::current_exe().unwrap().to_str().unwrap()
+    );
+    // The address of this very function lies in our executable's mapping.
+    let here = reads_our_own_process as *const () as u64;
+    let (mapping, offset) = table
+        .mapping_of(pid, "ignored", 0, here)
+        .expect("text is mapped");
+    assert_eq!(&*mapping.path, &*info.exe_path);
+    assert!(offset >= mapping.file_offset);
+}
+
+#[test]
+fn an_exited_process_keeps_its_comm() {
+    let mut table = ProcessTable::new();
+    let info = table.info(GONE, "gone", 0);
+    assert_eq!(&*info.comm, "gone");
+    assert_eq!(info.exe_name(), "gone");
+    assert!(table.mapping_of(GONE, "gone", 0, 0x1000).is_none());
+}
+
+#[test]
+fn a_process_is_read_once_however_many_samples() {
+    let mut table = ProcessTable::with_events();
+    let pid = std::process::id();
+    let here = a_process_is_read_once_however_many_samples as *const () as u64;
+    for ktime in 0..10_000 {
+        table.info(pid, "ignored", ktime);
+        assert!(table.mapping_of(pid, "ignored", ktime, here).is_some());
+    }
+    assert_eq!(table.stats().proc_reads, 1);
+}
+
+#[test]
+fn a_forked_child_is_its_parent_until_it_execs() {
+    let mut table = ProcessTable::with_events();
+    let parent = std::process::id();
+    let here = a_forked_child_is_its_parent_until_it_execs as *const () as u64;
+    let parent_info = table.info(parent, "parent", 100);
+    table.apply(&event(PROCESS_EVENT_FORK, GONE, parent, 200));
+    // The child's samples have the parent's names and mappings, no read.
+    let child = table.info(GONE, "child", 300);
+    assert_eq!(child.pid, GONE);
+    assert_eq!(child.exe_path, parent_info.exe_path);
+    assert!(table.mapping_of(GONE, "child", 300, here).is_some());
+    assert_eq!(table.stats().proc_reads, 1);
+    // After its exec, /proc tells (here: nothing, the pid is not real).
+    table.apply(&event(PROCESS_EVENT_EXEC, GONE, 0, 400));
+    let execd = table.info(GONE, "newimage", 500);
+    assert_eq!(&*execd.comm, "newimage");
+    assert!(table.mapping_of(GONE, "newimage", 500, here).is_none());
+    // A sample taken before the exec, attributed late, keeps the old image.
+    assert_eq!(
+        table.info(GONE, "child", 350).exe_path,
+        parent_info.exe_path
+    );
+}
+
+#[test]
+fn a_reused_pid_is_a_new_process_from_its_fork_on() {
+    let mut table = ProcessTable::with_events();
+    let us = std::process::id();
+    // GONE ran "old" (never readable: only the sample's comm is known).
+    assert_eq!(&*table.info(GONE, "old", 10).comm, "old");
+    table.apply(&event(PROCESS_EVENT_EXIT, GONE, 0, 20));
+    // Our process forks a child that gets the same pid.
+    table.info(us, "us", 25);
+    table.apply(&event(PROCESS_EVENT_FORK, GONE, us, 30));
+    let new = table.info(GONE, "new", 40);
+    assert_eq!(new.exe_path, table.info(us, "us", 40).exe_path);
+    // Late samples of the old process still name it.
+    assert_eq!(&*table.info(GONE, "old", 15).comm, "old");
+}
+
+#[test]
+fn without_fork_events_a_sample_after_the_exit_is_a_new_process() {
+    let mut table = ProcessTable::new();
+    assert_eq!(&*table.info(GONE, "old", 10).comm, "old");
+    table.apply(&event(PROCESS_EVENT_EXIT, GONE, 0, 20));
+    assert_eq!(&*table.info(GONE, "new", 30).comm, "new");
+    assert_eq!(&*table.info(GONE, "old", 10).comm, "old");
+}
+
+#[test]
+fn exited_processes_are_forgotten_and_images_bounded() {
+    let mut table = ProcessTable::with_events();
+    for exec in 0..(MAX_IMAGES as u64 * 3) {
+        table.apply(&event(PROCESS_EVENT_EXEC, GONE, 0, exec * 10));
+        table.info(GONE, "x", exec * 10 + 1);
+    }
+    assert_eq!(table.entries[&GONE].images.len(), MAX_IMAGES);
+    // Not alive in /proc, unused since the last sweep: gone at the second.
+    table.forget_exited();
+    table.forget_exited();
+    assert!(table.is_empty());
+}

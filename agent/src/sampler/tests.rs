@@ -1,0 +1,59 @@
+//! Record decoding (the kernel's compact layout) and ring sizing.
+use super::*;
+
+/// A record as the kernel writes it: header, kernel frames, then user
+/// frames right after them, only as long as the frames need.
+fn compact_record(kernel: &[u64], user: &[u64]) -> Vec<u8> {
+    // SAFETY: all-zero is a valid `Sample` (integers only).
+    let mut sample: Sample = unsafe { std::mem::zeroed() };
+    sample.tgid = 42;
+    sample.kernel_stack_len = kernel.len() as u32;
+    sample.user_stack_len = user.len() as u32;
+    let header = hostprof_common::SAMPLE_HEADER_BYTES;
+    // SAFETY: plain old data, read as bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts((&sample as *const Sample).cast::<u8>(), header) };
+    let mut record = bytes.to_vec();
+    for frame in kernel.iter().chain(user) {
+        record.extend_from_slice(&frame.to_ne_bytes());
+    }
+    record
+}
+
+#[test]
+fn compact_records_decode_to_whole_samples() {
+    let record = compact_record(&[0xffff_0001, 0xffff_0002], &[0x401000, 0x402000, 0x403000]);
+    assert_eq!(record.len(), hostprof_common::SAMPLE_HEADER_BYTES + 5 * 8);
+    let sample = decode_sample(&record).expect("decodes");
+    assert_eq!(sample.tgid, 42);
+    assert_eq!(&sample.kernel_stack[..3], &[0xffff_0001, 0xffff_0002, 0]);
+    assert_eq!(&sample.user_stack[..4], &[0x401000, 0x402000, 0x403000, 0]);
+
+    // Full stacks: every frame slot, up to the Python frames.
+    let kernel: Vec<u64> = (0..hostprof_common::MAX_STACK_DEPTH as u64).collect();
+    let user: Vec<u64> = (1000..1000 + hostprof_common::MAX_USER_STACK_DEPTH as u64).collect();
+    let record = compact_record(&kernel, &user);
+    assert_eq!(record.len(), std::mem::offset_of!(Sample, python));
+    let sample = decode_sample(&record).expect("decodes");
+    assert_eq!(sample.kernel_stack.to_vec(), kernel);
+    assert_eq!(sample.user_stack.to_vec(), user);
+    assert_eq!(sample.python.len, 0);
+
+    // A Python sample goes whole: the same compact frames, then its
+    // interpreter frames in place.
+    let mut record = compact_record(&[0xffff_0001], &[0x401000, 0x402000]);
+    record.resize(std::mem::size_of::<Sample>(), 0);
+    let python = std::mem::offset_of!(Sample, python);
+    record[python..python + 4].copy_from_slice(&3u32.to_ne_bytes());
+    let sample = decode_sample(&record).expect("decodes");
+    assert_eq!(&sample.user_stack[..3], &[0x401000, 0x402000, 0]);
+    assert_eq!(sample.python.len, 3);
+}
+
+#[test]
+fn records_shorter_than_their_frames_are_malformed() {
+    let mut record = compact_record(&[1, 2], &[3]);
+    record.truncate(record.len() - 8);
+    assert!(decode_sample(&record).is_none());
+    assert!(decode_sample(&record[..10]).is_none());
+}

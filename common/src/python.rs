@@ -1,0 +1,108 @@
+//! CPython in the kernel: what the agent tells the sampler about a Python
+//! process ([`Process`], in [`crate::MAP_PYTHON_PROCESSES`]),
+//! and the interpreter frames the sampler records per sample ([`Stack`]).
+//!
+//! The sampler finds the sampled thread's `PyThreadState` by walking the
+//! runtime's first interpreter's thread list for the thread's id (as the
+//! process's pid namespace numbers it, which is what CPython stores), then
+//! follows the interpreter frames from the thread's current one. Per frame
+//! it keeps the code object's address and the instruction pointer; the agent
+//! names them later from the process's memory. Every offset comes from the
+//! agent, so one program serves every CPython version.
+
+/// Interpreter frames kept per sample.
+pub const MAX_FRAMES: usize = 64;
+const _: () = assert!(MAX_FRAMES.is_power_of_two());
+/// Thread states looked at to find the sampled thread's.
+pub const MAX_THREADS: u32 = 32;
+/// Capacity of the processes map (48 bytes each).
+pub const MAX_PROCESSES: u32 = 4096;
+/// An offset the version does not have.
+pub const ABSENT: u32 = u32::MAX;
+/// Bit 0 of [`Frame::code`]: this frame is the first one its call of the
+/// evaluation loop (`_PyEval_EvalFrameDefault`) ran, so the frames after it
+/// belong to an older call of the loop, further down the native stack.
+/// Code objects are at least 8-aligned, so the bit is free.
+pub const FRAME_ENTRY: u64 = 1;
+/// Low bits of `f_executable` that are tags, not address (3.14 stack refs).
+pub const CODE_TAG_BITS: u64 = 7;
+
+/// Why a walk of the interpreter frames stopped.
+pub mod reason {
+    /// Not a Python process (no record): nothing walked.
+    pub const NONE: u32 = 0;
+    /// Reached the thread's first frame.
+    pub const COMPLETE: u32 = 1;
+    /// The thread has no thread state (not (yet) known to the interpreter).
+    pub const NO_THREAD: u32 = 2;
+    /// Reading the process's memory failed.
+    pub const READ_FAULT: u32 = 3;
+    /// [`super::MAX_FRAMES`] frames kept, more left.
+    pub const DEPTH_LIMIT: u32 = 4;
+    /// [`super::MAX_THREADS`] thread states looked at without a match.
+    pub const THREAD_LIMIT: u32 = 5;
+    /// The thread's id in its pid namespace could not be read.
+    pub const NO_NAMESPACE: u32 = 6;
+}
+
+/// Where the structures of one Python process are: the runtime's address and
+/// byte offsets of the fields the walk reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Process {
+    /// Address of `_PyRuntime`.
+    pub runtime: u64,
+    /// Device (kernel encoding) and inode of the process's pid namespace.
+    pub pidns_dev: u64,
+    pub pidns_ino: u64,
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interpreters_head: u32,
+    /// `PyInterpreterState.threads.head`.
+    pub threads_head: u32,
+    /// `PyThreadState.next`.
+    pub thread_next: u32,
+    /// `PyThreadState.native_thread_id`.
+    pub thread_native_id: u32,
+    /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13+).
+    pub thread_frame: u32,
+    /// `_PyCFrame.current_frame` (3.11, 3.12); [`ABSENT`] when
+    /// `thread_frame` is the frame itself.
+    pub cframe_frame: u32,
+    /// `_PyInterpreterFrame.previous`.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame.f_code` / `.f_executable`.
+    pub frame_code: u32,
+    /// `_PyInterpreterFrame.prev_instr` / `.instr_ptr`.
+    pub frame_instr: u32,
+    /// `_PyInterpreterFrame.owner`.
+    pub frame_owner: u32,
+    /// `_PyInterpreterFrame.is_entry` (3.11); [`ABSENT`] from 3.12 on.
+    pub frame_is_entry: u32,
+    /// `owner` of the shim frame each call of the evaluation loop pushes
+    /// (3 from 3.12 to 3.14: `FRAME_OWNED_BY_CSTACK`, then
+    /// `FRAME_OWNED_BY_INTERPRETER`); `u16::MAX` in 3.11, which has none.
+    pub owner_cstack: u16,
+    /// Another `owner` of frames that are not Python code
+    /// (`FRAME_OWNED_BY_CSTACK`, 4, in 3.14); `u16::MAX` when none.
+    pub owner_skip: u16,
+}
+
+/// One interpreter frame: its code object (with [`FRAME_ENTRY`]) and its
+/// instruction pointer; innermost first in [`Stack::frames`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    pub code: u64,
+    pub instr: u64,
+}
+
+/// The interpreter frames of one sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Stack {
+    /// Valid entries of `frames`.
+    pub len: u32,
+    /// A [`reason`].
+    pub reason: u32,
+    pub frames: [Frame; MAX_FRAMES],
+}

@@ -1,0 +1,312 @@
+//! `hostprof top` on a real terminal (tmux), with the real eBPF sampler:
+//! the designed hot function of a test program is the top row, the keys
+//! switch sort, view and filter, `q` and Ctrl-C quit with the terminal put
+//! back; host-wide, a container filter finds the program in its container;
+//! bad starts fail in one line.
+mod common;
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command},
+};
+
+use common::{cgroup::ContainerCgroup, tmux::Tmux, *};
+
+/// `cpu_split` (hot_work 75%, cold_work 25%) named `comm`, spinning for a minute.
+fn spin(comm: &str) -> Child {
+    let program = work_dir().join(comm);
+    let built = build_c(
+        "cpu_split.c",
+        "cpu_split_top",
+        &["-O0", "-fno-omit-frame-pointer", "-g"],
+    );
+    std::fs::copy(built, &program).expect("copy test program");
+    Command::new(&program)
+        .arg("60")
+        .spawn()
+        .expect("start spinner")
+}
+
+/// Stops the spinners when the test ends, failed or not.
+struct Spinners(Vec<Child>);
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The shell line tmux runs: top, then its exit status and whether the
+/// terminal is back in canonical mode (raw mode turns `icanon` off).
+fn top_command(args: &str) -> String {
+    format!(
+        "{} top {args}; echo \"top exited with $?\"; \
+         stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon; exec cat",
+        env!("CARGO_BIN_EXE_hostprof")
+    )
+}
+
+/// The table's rows on `screen`, each split into words.
+fn rows(screen: &str) -> Vec<Vec<String>> {
+    screen
+        .lines()
+        .skip_while(|line| !(line.contains("%TOTAL") || line.contains("WEIGHT")))
+        .skip(1)
+        .take_while(|line| !line.trim().is_empty())
+        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+/// The function of the top row in the functions view, with its %SELF and %TOTAL.
+fn top_function(screen: &str) -> Option<(String, f64, f64)> {
+    let row = rows(screen).into_iter().next()?;
+    Some((
+        row.get(4)?.clone(),
+        row[0].parse().ok()?,
+        row[1].parse().ok()?,
+    ))
+}
+
+/// The %SELF of every row of `function`, added up.
+fn self_share_of(screen: &str, function: &str) -> f64 {
+    rows(screen)
+        .iter()
+        .filter(|row| row.get(4).is_some_and(|name| name == function))
+        .filter_map(|row| row[0].parse::<f64>().ok())
+        .sum()
+}
+
+/// The line under the title: view, sort and filter.
+fn state_line(screen: &str) -> &str {
+    screen.lines().nth(1).unwrap_or_default()
+}
+
+/// Where the test leaves the screen it captured, for the README.
+fn capture_path() -> PathBuf {
+    work_dir().join("top-screen.txt")
+}
+
+/// The screen after `q`: top exited 0 and the terminal is cooked again, the
+/// full-screen view gone.
+fn assert_clean_exit(tmux: &Tmux) {
+    let screen = tmux.wait_for("exit", 30, |screen| {
+        screen
+            .lines()
+            .any(|line| line == "icanon" || line == "-icanon")
+            .then(|| screen.to_owned())
+    });
+    assert!(screen.contains("top exited with 0"), "{screen}");
+    assert!(
+        screen.lines().any(|line| line == "icanon"),
+        "the terminal was left in raw mode:\n{screen}"
+    );
+    assert!(
+        !screen.contains("q quit") && !screen.contains("%TOTAL"),
+        "the full-screen view is still shown:\n{screen}"
+    );
+}
+
+#[test]
+fn top_ranks_the_hot_function_and_follows_the_keys() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("tmux") {
+        return;
+    }
+    let spinners = Spinners(vec![spin("top_spin_a"), spin("top_spin_b")]);
+    let (a, b) = (spinners.0[0].id(), spinners.0[1].id());
+    // README-sized, so its capture can go there as it is.
+    let tmux = Tmux::start_sized(
+        &format!("hostprof-top-{}", std::process::id()),
+        (120, 24),
+        &top_command(&format!("-F 199 -p {a} -p {b}")),
+    );
+    // The designed split: hot_work holds ~75% of both programs' samples
+    // (one row per program: their files differ).
+    let screen = tmux.wait_for("hot_work on top with its share", 60, |screen| {
+        let (function, _, _) = top_function(screen)?;
+        let hot = self_share_of(screen, "hot_work");
+        (function == "hot_work" && (60.0..=90.0).contains(&hot)).then(|| screen.to_owned())
+    });
+    assert!(
+        screen.starts_with(&format!(
+            "hostprof top: pid {a}, {b} at 199 Hz, last 10 s: "
+        )),
+        "{screen}"
+    );
+    assert_eq!(state_line(&screen), "functions by self share");
+    let cold = self_share_of(&screen, "cold_work");
+    assert!((10.0..=40.0).contains(&cold), "{screen}");
+
+    // s: by total share, where main and its callers hold everything.
+    tmux.keys(&["s"]);
+    let screen = tmux.wait_for("sort by total", 10, |screen| {
+        let (function, _, total) = top_function(screen)?;
+        (state_line(screen) == "functions by total share" && function != "hot_work")
+            .then(|| (screen.to_owned(), total))
+    });
+    assert!(
+        screen.1 > 99.0,
+        "top row by total is not everything:\n{}",
+        screen.0
+    );
+
+    // v: whole stacks, the hot one first, leaf first.
+    tmux.keys(&["v"]);
+    let screen = tmux.wait_for("stacks view", 10, |screen| {
+        (state_line(screen) == "stacks, leaf first" && !rows(screen).is_empty())
+            .then(|| screen.to_owned())
+    });
+    let top = &rows(&screen)[0];
+    assert_eq!(top[5..8], ["hot_work", "<", "main"], "{screen}");
+
+    // Both programs are listed; a pid filter keeps one.
+    tmux.keys(&["v", "s"]);
+    tmux.wait_for("both processes", 10, |screen| {
+        screen.contains(" shown in 2 processes,").then_some(())
+    });
+    tmux.keys(&["/"]);
+    tmux.type_text(&format!("pid:{b}"));
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("the filtered view", 10, |screen| {
+        (state_line(screen) == format!("functions by self share, filter: pid:{b}")
+            && screen.contains(" shown in 1 processes,"))
+        .then(|| screen.to_owned())
+    });
+    let processes: Vec<String> = rows(&screen)
+        .iter()
+        .map(|row| row[row.len() - 3..row.len() - 1].join(" "))
+        .collect();
+    assert!(
+        !processes.is_empty() && processes.iter().all(|p| *p == format!("top_spin_b {b}")),
+        "{screen}"
+    );
+    // Esc: everything again; by now the window is well filled, and the
+    // screen is kept for the README.
+    tmux.keys(&["Escape"]);
+    let screen = tmux.wait_for("no filter, 300 samples", 60, |screen| {
+        let samples: u64 = screen
+            .split(" last 10 s: ")
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()?;
+        (state_line(screen) == "functions by self share"
+            && screen.contains(" shown in 2 processes,")
+            && top_function(screen)?.0 == "hot_work"
+            && samples >= 300)
+            .then(|| screen.to_owned())
+    });
+    let trimmed: Vec<&str> = screen.lines().map(str::trim_end).collect();
+    std::fs::write(capture_path(), trimmed.join("\n") + "\n").expect("save the screen");
+
+    tmux.keys(&["q"]);
+    assert_clean_exit(&tmux);
+}
+
+#[test]
+fn top_host_wide_finds_the_program_in_its_container() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("tmux") {
+        return;
+    }
+    let cgroup = ContainerCgroup::create();
+    let spinners = Spinners(vec![spin("top_boxed")]);
+    cgroup.add(spinners.0[0].id());
+    let short = &cgroup.id[..12];
+    let tmux = Tmux::start(
+        &format!("hostprof-top-host-{}", std::process::id()),
+        &top_command("-F 199"),
+    );
+    tmux.wait_for("the host-wide view", 60, |screen| {
+        screen
+            .starts_with("hostprof top: host-wide at 199 Hz")
+            .then_some(())
+    });
+    tmux.keys(&["/"]);
+    tmux.type_text(&format!("container:{short}"));
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("hot_work in the container", 60, |screen| {
+        let (function, self_share, _) = top_function(screen)?;
+        (function == "hot_work" && (60.0..=90.0).contains(&self_share)).then(|| screen.to_owned())
+    });
+    let row = &rows(&screen)[0];
+    assert_eq!(
+        row[row.len() - 3..],
+        ["top_boxed", &spinners.0[0].id().to_string(), short],
+        "{screen}"
+    );
+    // Ctrl-C quits too (raw mode makes it a key, not a signal).
+    tmux.keys(&["C-c"]);
+    assert_clean_exit(&tmux);
+    drop(spinners);
+    drop(cgroup);
+}
+
+#[test]
+fn top_refuses_bad_starts_in_one_line() {
+    // Not a terminal: stdout is a pipe here.
+    let output = hostprof().arg("top").output().expect("run top");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("hostprof: error: hostprof top needs a terminal")
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    // A pid that is gone.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let output = hostprof()
+        .args(["top", "-p", &pid.to_string()])
+        .output()
+        .expect("run top");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!("hostprof: error: no process with pid {pid}: check it with `ps -p {pid}`")
+    );
+}
+
+#[test]
+fn top_without_privileges_says_so_on_the_terminal() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !require_tool("tmux") || !require_tool("setpriv") {
+        eprintln!("skipping: needs root to become an unprivileged user");
+        return;
+    }
+    let tmux = Tmux::start(
+        &format!("hostprof-top-nobody-{}", std::process::id()),
+        &format!(
+            "setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all {}",
+            top_command("")
+        ),
+    );
+    let screen = tmux.wait_for("exit", 30, |screen| {
+        screen
+            .contains("top exited with")
+            .then(|| screen.to_owned())
+    });
+    assert!(screen.contains("top exited with 1"), "{screen}");
+    let errors: Vec<&str> = screen
+        .lines()
+        .filter(|line| line.starts_with("hostprof: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{screen}");
+    // Long lines wrap on the terminal.
+    let joined = screen.replace('\n', "");
+    assert!(
+        errors[0].starts_with("hostprof: error: permission denied")
+            && joined.contains("run as root"),
+        "{screen}"
+    );
+}

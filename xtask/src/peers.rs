@@ -1,0 +1,372 @@
+//! `cargo xtask bench`'s peer table (issue 14): hostprof next to perf and
+//! profile-bee (`probee`), host-wide on the same workload in one run, every
+//! hostprof figure also printed as a ratio to each peer's. Figures, not
+//! assertions.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use crate::{bench::Usage, root, run_cmd};
+
+/// The workload's command name: its samples are the ones that count.
+const WORKLOAD: &str = "unwind_c";
+
+/// One profiler's run over the workload.
+struct Peer {
+    name: &'static str,
+    usage: Usage,
+    /// Samples of the workload.
+    workload: u64,
+    /// Of those, stacks that reach `main`.
+    reaching_main: u64,
+    /// Samples of the whole host, and of the profiler itself (where its
+    /// output says which process a stack belongs to).
+    host: u64,
+    own: Option<u64>,
+    /// The eBPF program's run time per run (BPF stats).
+    kernel_ns: Option<f64>,
+}
+
+impl Peer {
+    fn cpu_ms_per_1k(&self) -> f64 {
+        self.usage.cpu.as_secs_f64() * 1e6 / self.workload.max(1) as f64
+    }
+    fn rss_mib(&self) -> f64 {
+        self.usage.max_rss_kib as f64 / 1024.0
+    }
+    fn main_share(&self) -> f64 {
+        self.reaching_main as f64 / self.workload.max(1) as f64
+    }
+}
+
+/// Two copies of `unwind_c split` (-O2, no frame pointers) keep both CPUs
+/// busy while each profiler samples the whole host at 999 Hz.
+pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
+    let workload = dir.join(WORKLOAD);
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+            .arg(&workload)
+            .arg(root().join("tests/programs/unwind_c.c")),
+    )?;
+    println!(
+        "peers: 2 x {WORKLOAD} split (-O2 -fomit-frame-pointer), host-wide, {seconds} s at 999 Hz; \
+         CPU includes post-processing (perf script)"
+    );
+    let mut peers = vec![
+        busy(&workload, seconds, || {
+            hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[])
+        })?,
+        busy(&workload, seconds, || {
+            hostprof_run(
+                hostprof,
+                dir,
+                seconds,
+                "hostprof record --unwind fp",
+                &["--unwind", "fp"],
+            )
+        })?,
+        busy(&workload, seconds, || {
+            perf_run(
+                dir,
+                seconds,
+                "perf --call-graph dwarf + script",
+                &["--call-graph", "dwarf"],
+            )
+        })?,
+        busy(&workload, seconds, || {
+            perf_run(dir, seconds, "perf -g + script", &["-g"])
+        })?,
+    ];
+    if has_probee() {
+        mount_tracefs();
+        peers.push(busy(&workload, seconds, || {
+            probee_run(dir, seconds, "probee --dwarf", &["--dwarf"])
+        })?);
+        peers.push(busy(&workload, seconds, || {
+            probee_run(dir, seconds, "probee", &[])
+        })?);
+    } else {
+        println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
+    }
+    print_table(&peers);
+    Ok(())
+}
+
+fn print_table(peers: &[Peer]) {
+    println!(
+        "{:<34} {:>9} {:>17} {:>10} {:>11} {:>10} {:>10}",
+        "profiler",
+        "workload",
+        "CPU ms/1k samples",
+        "peak MiB",
+        "reach main",
+        "eBPF ns",
+        "own share"
+    );
+    for peer in peers {
+        println!(
+            "{:<34} {:>9} {:>17.1} {:>10.1} {:>11.3} {:>10} {:>10}",
+            peer.name,
+            peer.workload,
+            peer.cpu_ms_per_1k(),
+            peer.rss_mib(),
+            peer.main_share(),
+            peer.kernel_ns.map_or("n/a".into(), |ns| format!("{ns:.0}")),
+            peer.own.map_or("n/a".into(), |own| format!(
+                "{:.2}%",
+                own as f64 * 100.0 / peer.host.max(1) as f64
+            )),
+        );
+    }
+    println!("\nhostprof as a ratio to each peer (< 1: hostprof is cheaper)");
+    println!(
+        "{:<34} {:<34} {:>8} {:>8} {:>8}",
+        "hostprof", "peer", "CPU", "RSS", "eBPF ns"
+    );
+    let ratio = |ours: f64, theirs: f64| {
+        if theirs > 0.0 {
+            format!("{:.2}", ours / theirs)
+        } else {
+            "n/a".into()
+        }
+    };
+    for ours in peers
+        .iter()
+        .filter(|peer| peer.name.starts_with("hostprof"))
+    {
+        for theirs in peers
+            .iter()
+            .filter(|peer| !peer.name.starts_with("hostprof"))
+        {
+            let kernel = match (ours.kernel_ns, theirs.kernel_ns) {
+                (Some(a), Some(b)) => ratio(a, b),
+                _ => "n/a".into(),
+            };
+            println!(
+                "{:<34} {:<34} {:>8} {:>8} {:>8}",
+                ours.name,
+                theirs.name,
+                ratio(ours.cpu_ms_per_1k(), theirs.cpu_ms_per_1k()),
+                ratio(ours.rss_mib(), theirs.rss_mib()),
+                kernel
+            );
+        }
+    }
+}
+
+/// Runs `measure` while two copies of the workload run.
+fn busy(workload: &Path, seconds: u64, measure: impl FnOnce() -> Result<Peer>) -> Result<Peer> {
+    crate::bench::with_workload_args(workload, &["split"], seconds, measure)
+}
+
+/// Folded stacks (`root;frame;... count`): (workload samples, reaching
+/// main, host samples, samples whose root starts with `own`).
+fn count_folded(text: &str, own: &str) -> (u64, u64, u64, u64) {
+    let (mut workload, mut main, mut host, mut mine) = (0, 0, 0, 0);
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        host += count;
+        let root = stack.split(';').next().unwrap_or("");
+        if root.starts_with(WORKLOAD) {
+            workload += count;
+            if stack.split(';').any(|frame| frame == "main") {
+                main += count;
+            }
+        }
+        if root.starts_with(own) {
+            mine += count;
+        }
+    }
+    (workload, main, host, mine)
+}
+
+fn hostprof_run(
+    hostprof: &Path,
+    dir: &Path,
+    seconds: u64,
+    name: &'static str,
+    extra: &[&str],
+) -> Result<Peer> {
+    let folded = dir.join("peer-hostprof.folded");
+    let child = Command::new(hostprof)
+        .args([
+            "record",
+            "-F",
+            "999",
+            "-d",
+            &seconds.to_string(),
+            "--bpf-stats",
+        ])
+        .args(extra)
+        .arg("-o")
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start hostprof")?;
+    let (usage, stderr) = crate::bench::wait_usage_stderr(child)?;
+    let text = fs::read_to_string(&folded)?;
+    let (workload, reaching_main, host, own) = count_folded(&text, "hostprof");
+    Ok(Peer {
+        name,
+        usage,
+        workload,
+        reaching_main,
+        host,
+        own: Some(own),
+        kernel_ns: crate::bench::number_before(&stderr, " ns per run").map(|ns| ns as f64),
+    })
+}
+
+fn perf_run(dir: &Path, seconds: u64, name: &'static str, call_graph: &[&str]) -> Result<Peer> {
+    let data = dir.join("peer-perf.data");
+    let record = Command::new("perf")
+        .args(["record", "-F", "999", "-a", "-q"])
+        .args(call_graph)
+        .arg("-o")
+        .arg(&data)
+        .args(["--", "sleep", &seconds.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start perf (install linux-perf)")?;
+    let recording = crate::bench::wait_usage(record)?;
+    let script_path = dir.join("peer-perf.script");
+    // --no-inline: perf would run addr2line for inlines of every binary.
+    let script = Command::new("perf")
+        .args(["script", "--no-inline", "-F", "comm,ip,sym", "-i"])
+        .arg(&data)
+        .stdout(fs::File::create(&script_path)?)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let scripting = crate::bench::wait_usage(script)?;
+    let text = fs::read_to_string(&script_path)?;
+    let (mut workload, mut main, mut host, mut own) = (0, 0, 0, 0);
+    let mut current: Option<(bool, bool)> = None;
+    let mut finish = |sample: Option<(bool, bool)>| {
+        if let Some((ours, reached)) = sample {
+            host += 1;
+            if ours {
+                workload += 1;
+                main += u64::from(reached);
+            }
+        }
+    };
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if !line.starts_with([' ', '\t']) {
+            finish(current.take());
+            let comm = line.split_whitespace().next().unwrap_or("");
+            own += u64::from(comm == "perf");
+            current = Some((comm == WORKLOAD, false));
+        } else if let Some((_, reached)) = current.as_mut() {
+            let symbol = line.split_whitespace().nth(1).unwrap_or("");
+            *reached |= symbol == "main" || symbol.starts_with("main+");
+        }
+    }
+    finish(current);
+    Ok(Peer {
+        name,
+        usage: recording.plus(scripting),
+        workload,
+        reaching_main: main,
+        host,
+        own: Some(own),
+        kernel_ns: None,
+    })
+}
+
+fn has_probee() -> bool {
+    Command::new("sh")
+        .args(["-c", "command -v probee"])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// probee's DWARF mode finds its tracepoints in tracefs.
+fn mount_tracefs() {
+    if !Path::new("/sys/kernel/tracing/events").exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status();
+    }
+}
+
+fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> Result<Peer> {
+    let folded: PathBuf = dir.join("peer-probee.folded");
+    let _ = fs::remove_file(&folded);
+    // BPF run-time stats on for the run (hostprof's --bpf-stats does the
+    // same for itself).
+    let stats = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
+    let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    let child = Command::new("probee")
+        .args([
+            "--frequency",
+            "999",
+            "--time",
+            &(seconds * 1000).to_string(),
+        ])
+        .args(["--group-by-process", "--skip-idle"])
+        .args(extra)
+        .arg("-o")
+        .arg(&folded)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start probee")?;
+    // Its programs' stats, read while it still runs (they go with it).
+    let pid = child.id();
+    let started = Instant::now();
+    let mut kernel = None;
+    while started.elapsed() < Duration::from_millis(seconds * 1000 - 500) {
+        std::thread::sleep(Duration::from_millis(200));
+        kernel = perf_event_prog_ns(pid).or(kernel);
+    }
+    let usage = crate::bench::wait_usage(child)?;
+    if stats.trim() == "0" {
+        let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+    }
+    let text = fs::read_to_string(&folded).context("probee wrote no folded output")?;
+    let (workload, reaching_main, host, own) = count_folded(&text, "probee");
+    Ok(Peer {
+        name,
+        usage,
+        workload,
+        reaching_main,
+        host,
+        own: Some(own),
+        kernel_ns: kernel,
+    })
+}
+
+/// run_time_ns / run_cnt over the perf_event programs (type 7) that
+/// process `pid` holds, from its fds' fdinfo.
+fn perf_event_prog_ns(pid: u32) -> Option<f64> {
+    let (mut time, mut count) = (0u64, 0u64);
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?.flatten() {
+        let Ok(info) = fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+        };
+        if field("prog_type:") == Some(7) {
+            time += field("run_time_ns:").unwrap_or(0);
+            count += field("run_cnt:").unwrap_or(0);
+        }
+    }
+    (count > 0).then(|| time as f64 / count as f64)
+}
