@@ -42,6 +42,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("debootstrap", "debootstrap"),
     // tests/debug_sources.rs: dwz supplementary files made by the real tool.
     ("dwz", "dwz"),
+    // The symbolizer's MiniDebugInfo test compresses with the real xz.
+    ("xz-utils", "xz"),
     // tests/debug_sources.rs: a real debuginfod server (elfutils), run in a
     // network namespace of its own (ip brings its loopback up).
     ("debuginfod", "debuginfod"),

@@ -151,31 +151,12 @@ fn code_symbols(file: &object::File) -> Vec<Symbol> {
 /// The decompressed MiniDebugInfo ELF, if the file has one.
 fn minidebuginfo(file: &object::File) -> Option<Vec<u8>> {
     let data = file.section_by_name(".gnu_debugdata")?.data().ok()?;
-    let mut out = Limited(Vec::new());
-    let mut input = std::io::BufReader::new(data);
-    match lzma_rs::xz_decompress(&mut input, &mut out) {
-        Ok(()) => Some(out.0),
+    match super::xz::decompress(data, MAX_MINIDEBUGINFO) {
+        Ok(elf) => Some(elf),
         Err(err) => {
             tracing::debug!("ignoring unreadable .gnu_debugdata: {err}");
             None
         }
-    }
-}
-
-/// A buffer that refuses to grow past [`MAX_MINIDEBUGINFO`].
-struct Limited(Vec<u8>);
-
-impl std::io::Write for Limited {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + buf.len() > MAX_MINIDEBUGINFO {
-            return Err(std::io::Error::other("minidebuginfo too large"));
-        }
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

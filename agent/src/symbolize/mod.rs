@@ -47,6 +47,7 @@ mod kallsyms;
 mod module;
 mod perfmap;
 mod split;
+mod xz;
 
 use std::{
     collections::HashMap,

@@ -183,3 +183,63 @@ fn a_file_heavier_than_the_cache_is_not_parsed_per_sample() {
     symbolizer.symbolize(std::process::id(), &mut again, false);
     assert!(again.lines.is_empty(), "parsed again: {:?}", again.lines);
 }
+
+/// MiniDebugInfo made the way distributions make it (Fedora's recipe, cut
+/// down): the symbol table of the unstripped library, xz-compressed by the
+/// real `xz`, added as `.gnu_debugdata` to the stripped one. Only that
+/// section can name the library's static function.
+#[test]
+fn minidebuginfo_names_a_static_function_of_a_stripped_library() {
+    let dir = std::env::temp_dir().join(format!("hostprof-minidebuginfo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |program: &str, args: &[&str]| {
+        let status = std::process::Command::new(program)
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .unwrap_or_else(|err| panic!("cannot run {program} (cargo xtask setup): {err}"));
+        assert!(status.success(), "{program} {args:?} failed");
+    };
+    std::fs::write(
+        dir.join("lib.c"),
+        "__attribute__((noinline)) static int mini_local_function(int x) { return x * 3 + 1; }\n\
+         int exported_function(int x) { return mini_local_function(x) + 2; }\n",
+    )
+    .unwrap();
+    run("cc", &["-O1", "-shared", "-fPIC", "-o", "full.so", "lib.c"]);
+    run("objcopy", &["--only-keep-debug", "full.so", "mini"]);
+    run("xz", &["-k", "mini"]);
+    run("strip", &["--strip-all", "full.so", "-o", "stripped.so"]);
+    run(
+        "objcopy",
+        &[
+            "--add-section",
+            ".gnu_debugdata=mini.xz",
+            "stripped.so",
+            "with_mini.so",
+        ],
+    );
+    let full = std::fs::read(dir.join("full.so")).unwrap();
+    let object = object::File::parse(&full[..]).unwrap();
+    let address = object::Object::symbols(&object)
+        .find(|symbol| object::ObjectSymbol::name(symbol) == Ok("mini_local_function"))
+        .map(|symbol| object::ObjectSymbol::address(&symbol))
+        .expect("the unstripped library has the static function");
+    let name_in = |file: &str| {
+        let bytes = std::fs::read(dir.join(file)).unwrap();
+        let module = Module::from_bytes(&bytes, &[]).unwrap();
+        module
+            .lookup_address(address)
+            .last()
+            .map(|line| line.function.to_string())
+    };
+    assert_ne!(
+        name_in("stripped.so").as_deref(),
+        Some("mini_local_function")
+    );
+    assert_eq!(
+        name_in("with_mini.so").as_deref(),
+        Some("mini_local_function")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
