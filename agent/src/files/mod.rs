@@ -18,6 +18,9 @@
 //!   again while reading, so a file growing underneath cannot exceed it.
 //! - **No SIGBUS**: contents are read into memory, never `mmap`ed: a file
 //!   truncated while it is read gives fewer bytes, not a fault.
+//! - **Only what is used**: binaries are read into an image that holds only
+//!   the sections a job reads ([`Parts`]), so memory follows symbol and
+//!   unwind data, not code size.
 //!
 //! Refusals are counted ([`refusals`]) and logged at debug level.
 //!
@@ -25,6 +28,7 @@
 //! the bytes read, never by a build id a file merely claims.
 mod read;
 mod root;
+mod sparse;
 
 use std::{
     io,
@@ -35,6 +39,7 @@ pub use read::FileData;
 pub use root::Root;
 use rustix::fs::{FileType, Stat as RawStat};
 use sha2::{Digest, Sha256};
+pub use sparse::{Parts, SPARSE_FROM};
 
 /// What a file is read for; each kind has its own size cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,6 +212,12 @@ impl OpenFile {
     /// Reads the whole file into memory, at most its kind's cap.
     pub fn read(self) -> Result<FileData, FileError> {
         read::read_all(self)
+    }
+
+    /// Reads only the `parts` of an ELF file a job needs (every byte is
+    /// still read once, for the content id); see [`Parts`].
+    pub fn read_parts(self, parts: Parts) -> Result<FileData, FileError> {
+        sparse::read_parts(self, parts)
     }
 }
 

@@ -1,14 +1,26 @@
 //! Reading a checked file into memory, bounded by its kind's cap.
 use std::io::Read;
 
-use super::{FileError, OpenFile, Stat, refused};
+use std::sync::Arc;
+
+use super::{FileError, OpenFile, Stat, refused, sparse::ZeroImage};
 
 /// A file's contents, read into memory: the bytes as they were when read
-/// (a file truncated meanwhile gives fewer bytes, never a fault).
+/// (a file truncated meanwhile gives fewer bytes, never a fault). Either
+/// every byte, or (see [`super::Parts`]) an image of the file holding only
+/// the parts a job reads, zeros elsewhere.
 #[derive(Debug)]
 pub struct FileData {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     stat: Stat,
+    /// The content id of every byte, when they are not all held.
+    content: Option<Arc<str>>,
+}
+
+#[derive(Debug)]
+enum Bytes {
+    Whole(Vec<u8>),
+    Parts(ZeroImage),
 }
 
 impl FileData {
@@ -19,7 +31,33 @@ impl FileData {
 
     /// Bytes held in memory (for tests and tools).
     pub fn from_bytes(bytes: Vec<u8>, stat: Stat) -> Self {
-        FileData { bytes, stat }
+        FileData {
+            bytes: Bytes::Whole(bytes),
+            stat,
+            content: None,
+        }
+    }
+
+    pub(super) fn sparse(image: ZeroImage, content: Arc<str>, stat: Stat) -> Self {
+        FileData {
+            bytes: Bytes::Parts(image),
+            stat,
+            content: Some(content),
+        }
+    }
+
+    /// [`super::content_id`] of every byte of the file as read.
+    pub fn content_id(&self) -> Arc<str> {
+        match &self.content {
+            Some(content) => content.clone(),
+            None => super::content_id(self),
+        }
+    }
+
+    /// True when only some parts of the file are held (the rest reads as
+    /// zeros).
+    pub fn is_partial(&self) -> bool {
+        matches!(self.bytes, Bytes::Parts(_))
     }
 }
 
@@ -27,13 +65,16 @@ impl std::ops::Deref for FileData {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.bytes
+        match &self.bytes {
+            Bytes::Whole(bytes) => bytes,
+            Bytes::Parts(image) => image.as_ref(),
+        }
     }
 }
 
 impl AsRef<[u8]> for FileData {
     fn as_ref(&self) -> &[u8] {
-        &self.bytes
+        self
     }
 }
 
@@ -58,8 +99,5 @@ pub(super) fn read_all(file: OpenFile) -> Result<FileData, FileError> {
         }));
     }
     bytes.shrink_to_fit();
-    Ok(FileData {
-        bytes,
-        stat: file.stat,
-    })
+    Ok(FileData::from_bytes(bytes, file.stat))
 }

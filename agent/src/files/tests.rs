@@ -246,3 +246,59 @@ fn content_ids_follow_the_bytes() {
         "sha256:7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"
     );
 }
+
+/// This test binary (far over `SPARSE_FROM`, with symbols and DWARF) read
+/// for names and for unwinding: each keeps its sections byte for byte,
+/// leaves code out, and has the content id of every byte.
+#[test]
+fn parts_keep_their_sections_and_the_whole_files_identity() {
+    use object::{Object, ObjectSection};
+    let exe = std::env::current_exe().unwrap();
+    let whole = std::fs::read(&exe).unwrap();
+    assert!(whole.len() as u64 > SPARSE_FROM, "the test binary is small");
+    let object = object::File::parse(&whole[..]).unwrap();
+    let bytes_of = |data: &[u8], name: &str| {
+        let (offset, size) = object.section_by_name(name).unwrap().file_range().unwrap();
+        data[offset as usize..(offset + size) as usize].to_vec()
+    };
+    let open = || open_host(exe.to_str().unwrap(), Kind::Binary).unwrap();
+    let names = open().read_parts(Parts::Names).unwrap();
+    let unwind = open().read_parts(Parts::Unwind).unwrap();
+    for (data, kept, left_out) in [
+        (
+            &names,
+            &[
+                ".symtab",
+                ".strtab",
+                ".debug_info",
+                ".debug_line",
+                ".eh_frame",
+            ][..],
+            &[".text"][..],
+        ),
+        (
+            &unwind,
+            &[".eh_frame", ".eh_frame_hdr", ".symtab"][..],
+            &[".text", ".debug_info"][..],
+        ),
+    ] {
+        assert!(data.is_partial());
+        assert_eq!(data.len(), whole.len());
+        assert_eq!(data.content_id(), content_id(&whole));
+        for name in kept {
+            assert!(
+                bytes_of(data, name) == bytes_of(&whole, name),
+                "{name} differs"
+            );
+        }
+        for name in left_out {
+            assert!(
+                bytes_of(data, name).iter().all(|byte| *byte == 0),
+                "{name} was read"
+            );
+        }
+        // What parses the whole file parses the image alike.
+        let image = object::File::parse(&data[..]).unwrap();
+        assert_eq!(image.symbols().count(), object.symbols().count());
+    }
+}

@@ -372,7 +372,9 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
         dev: mapping.dev,
         inode: mapping.inode,
     };
-    let data = match files::open_mapping(pid, &range, Kind::Binary).and_then(|file| file.read()) {
+    let data = match files::open_mapping(pid, &range, Kind::Binary)
+        .and_then(|file| file.read_parts(files::Parts::Names))
+    {
         Ok(data) => data,
         Err(err) => {
             tracing::debug!("pid {pid}: cannot read {}: {err}", mapping.path);

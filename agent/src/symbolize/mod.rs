@@ -533,9 +533,10 @@ impl Symbolizer {
         }
         // Read and parse outside the lock: other threads keep symbolizing.
         // The bytes are a private copy: a file truncated meanwhile cannot
-        // fault us, and what is shared is keyed by what was read.
-        let data = file.read()?;
-        let content = files::content_id(&data);
+        // fault us, and what is shared is keyed by what was read. Code and
+        // data are not kept (names never come from them).
+        let data = file.read_parts(files::Parts::Names)?;
+        let content = data.content_id();
         let shared = self.lock().modules.get(&content);
         if let Some(loaded) = shared {
             self.index(key, stamp, content, None);

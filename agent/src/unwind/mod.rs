@@ -124,8 +124,10 @@ impl FileSource for ProcFiles {
         }
         // Read into memory, never mapped: a file truncated underneath cannot
         // fault us, and the table is built from the very bytes hashed.
-        let data = Self::open_file(pid, mapping)?.read().ok()?;
-        let key = FileKey::Content(files::content_id(&data));
+        let data = Self::open_file(pid, mapping)?
+            .read_parts(files::Parts::Unwind)
+            .ok()?;
+        let key = FileKey::Content(data.content_id());
         if self.known.len() >= MAX_KNOWN_FILES {
             self.known.clear();
         }
