@@ -39,7 +39,7 @@ pub use read::FileData;
 pub use root::Root;
 use rustix::fs::{FileType, Stat as RawStat};
 use sha2::{Digest, Sha256};
-pub use sparse::{Parts, SPARSE_FROM};
+pub use sparse::{DwarfLimit, Parts, SPARSE_FROM};
 
 /// What a file is read for; each kind has its own size cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,12 +37,39 @@ pub enum Parts {
     Unwind,
     /// Names: every section not loaded at run time (symbol tables, DWARF,
     /// debug links, MiniDebugInfo), the dynamic symbols, notes,
-    /// `.gopclntab` and `.eh_frame` (function extents).
-    Names,
+    /// `.gopclntab` and `.eh_frame` (function extents); DWARF only if it
+    /// may fit `dwarf`'s limit.
+    Names { dwarf: DwarfLimit },
+}
+
+/// DWARF the reader of names would refuse anyway is not read: when the
+/// sections it needs hold more than half of `limit` bytes on disk (it
+/// estimates twice their uncompressed size, never less than on disk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DwarfLimit {
+    pub is_needed: fn(&str) -> bool,
+    pub limit: u64,
+}
+
+impl DwarfLimit {
+    /// Every DWARF section is read.
+    pub const NONE: DwarfLimit = DwarfLimit {
+        is_needed: |_| true,
+        limit: u64::MAX,
+    };
+    /// No DWARF section is read (a file that has any).
+    pub const SKIP: DwarfLimit = DwarfLimit {
+        is_needed: |_| true,
+        limit: 0,
+    };
+}
+
+fn is_debug(name: &[u8]) -> bool {
+    name.starts_with(b".debug_") || name.starts_with(b".zdebug_")
 }
 
 impl Parts {
-    fn keeps(self, name: &[u8], sh_type: u32, flags: u64) -> bool {
+    fn keeps(self, name: &[u8], sh_type: u32, flags: u64, dwarf_fits: bool) -> bool {
         // String and symbol tables (section names among them) and notes
         // (build ids) serve every job and are small.
         if matches!(sh_type, SHT_STRTAB | SHT_SYMTAB | SHT_DYNSYM | SHT_NOTE) {
@@ -50,7 +77,8 @@ impl Parts {
         }
         match self {
             Parts::Unwind => matches!(name, b".eh_frame" | b".eh_frame_hdr" | b".debug_frame"),
-            Parts::Names => {
+            Parts::Names { .. } if is_debug(name) => dwarf_fits,
+            Parts::Names { .. } => {
                 flags & u64::from(SHF_ALLOC) == 0 || matches!(name, b".eh_frame" | b".gopclntab")
             }
         }
@@ -145,6 +173,17 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
         ),
         section_headers.clone(),
     ];
+    let dwarf_fits = match parts {
+        Parts::Names { dwarf } => {
+            let needed = elf
+                .sections()
+                .filter(|section| section.name().is_ok_and(dwarf.is_needed))
+                .filter_map(|section| section.file_range())
+                .fold(0u64, |sum, (_, len)| sum.saturating_add(len));
+            needed.saturating_mul(2) <= dwarf.limit
+        }
+        Parts::Unwind => false,
+    };
     for section in elf.sections() {
         let sh_type = section.elf_section_header().sh_type.get(endian);
         let SectionFlags::Elf { sh_flags } = section.flags() else {
@@ -154,7 +193,7 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
             continue;
         }
         let name = section.name_bytes().unwrap_or_default();
-        if parts.keeps(name, sh_type, sh_flags)
+        if parts.keeps(name, sh_type, sh_flags, dwarf_fits)
             && let Some((offset, len)) = section.file_range()
         {
             ranges.push(offset..offset.saturating_add(len));

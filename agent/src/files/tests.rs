@@ -262,7 +262,20 @@ fn parts_keep_their_sections_and_the_whole_files_identity() {
         data[offset as usize..(offset + size) as usize].to_vec()
     };
     let open = || open_host(exe.to_str().unwrap(), Kind::Binary).unwrap();
-    let names = open().read_parts(Parts::Names).unwrap();
+    let names = open()
+        .read_parts(Parts::Names {
+            dwarf: DwarfLimit::NONE,
+        })
+        .unwrap();
+    // DWARF that could not fit is not read at all.
+    let no_dwarf = open()
+        .read_parts(Parts::Names {
+            dwarf: DwarfLimit {
+                is_needed: |name| name.starts_with(".debug_"),
+                limit: 1 << 20,
+            },
+        })
+        .unwrap();
     let unwind = open().read_parts(Parts::Unwind).unwrap();
     for (data, kept, left_out) in [
         (

@@ -372,9 +372,11 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
         dev: mapping.dev,
         inode: mapping.inode,
     };
-    let data = match files::open_mapping(pid, &range, Kind::Binary)
-        .and_then(|file| file.read_parts(files::Parts::Names))
-    {
+    let data = match files::open_mapping(pid, &range, Kind::Binary).and_then(|file| {
+        file.read_parts(files::Parts::Names {
+            dwarf: files::DwarfLimit::SKIP,
+        })
+    }) {
         Ok(data) => data,
         Err(err) => {
             tracing::debug!("pid {pid}: cannot read {}: {err}", mapping.path);

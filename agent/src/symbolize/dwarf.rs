@@ -26,7 +26,7 @@ const MAX_SECTION_BYTES: u64 = 2 << 30;
 /// lists (where variables live) and macros, often a third of optimized
 /// code's DWARF, are never read, so they are not kept. Split DWARF's
 /// sections (`.debug_info.dwo`) are judged by the same rule.
-fn is_needed(name: &str) -> bool {
+pub fn is_needed(name: &str) -> bool {
     let name = name.strip_suffix(".dwo").unwrap_or(name);
     let name = name
         .strip_prefix(".zdebug_")

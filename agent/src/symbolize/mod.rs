@@ -535,7 +535,12 @@ impl Symbolizer {
         // The bytes are a private copy: a file truncated meanwhile cannot
         // fault us, and what is shared is keyed by what was read. Code and
         // data are not kept (names never come from them).
-        let data = file.read_parts(files::Parts::Names)?;
+        let data = file.read_parts(files::Parts::Names {
+            dwarf: files::DwarfLimit {
+                is_needed: dwarf::is_needed,
+                limit: self.dwarf_limit as u64,
+            },
+        })?;
         let content = data.content_id();
         let shared = self.lock().modules.get(&content);
         if let Some(loaded) = shared {

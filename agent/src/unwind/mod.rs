@@ -304,9 +304,15 @@ pub fn spawn_service(
             let mut loader = TableLoader::new(maps, capacity_chunks);
             let mut files = ProcFiles::default();
             let own_exe = std::env::current_exe().unwrap_or_default();
+            let mut own_loaded = false;
             let mut load = |loader: &mut TableLoader<early::Mirrored<KernelMaps>>, pid: u32| {
                 // Left to frame pointers for now: not even /proc is read.
                 if loader.backing_off(pid) {
+                    return;
+                }
+                // Our own samples miss the mapping left out below and ask
+                // again and again; our libraries do not change (no dlopen).
+                if pid == std::process::id() && std::mem::replace(&mut own_loaded, true) {
                     return;
                 }
                 let Some(mut mappings) = process_mappings(pid) else {
