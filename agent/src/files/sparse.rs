@@ -31,7 +31,7 @@ const CHUNK: usize = 1 << 20;
 const EDGE: u64 = 4096;
 
 /// The sections a job reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Parts {
     /// Unwind tables: `.eh_frame`, `.eh_frame_hdr`, `.debug_frame`, notes.
     Unwind,
@@ -45,7 +45,7 @@ pub enum Parts {
 /// DWARF the reader of names would refuse anyway is not read: when the
 /// sections it needs hold more than half of `limit` bytes on disk (it
 /// estimates twice their uncompressed size, never less than on disk).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct DwarfLimit {
     pub is_needed: fn(&str) -> bool,
     pub limit: u64,

@@ -294,6 +294,11 @@ fn parts_keep_their_sections_and_the_whole_files_identity() {
             &[".eh_frame", ".eh_frame_hdr", ".symtab"][..],
             &[".text", ".debug_info"][..],
         ),
+        (
+            &no_dwarf,
+            &[".symtab", ".strtab", ".eh_frame"][..],
+            &[".text", ".debug_info", ".debug_line"][..],
+        ),
     ] {
         assert!(data.is_partial());
         assert_eq!(data.len(), whole.len());
