@@ -26,11 +26,59 @@ pub const KEPT: &[(Capability, &str)] = &[
     ),
 ];
 
-/// Drops every capability but [`KEPT`] from the effective, permitted,
-/// inheritable and ambient sets (and the bounding set, when allowed to):
-/// nothing dropped can come back. Returns the capabilities still effective.
-pub fn drop_after_setup() -> Result<CapsHashSet, caps::errors::CapsError> {
-    let kept: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
+/// Kept as well where the kernel asks for it on every `bpf()` call: the
+/// agent keeps writing unwind tables and reading counters after setup.
+pub const KEPT_FOR_MAPS: (Capability, &str) = (
+    Capability::CAP_BPF,
+    "write unwind tables and read counters: this kernel checks it on every \
+     bpf() call while kernel.unprivileged_bpf_disabled is set (Linux 5.10 \
+     does; later kernels check only loading and map creation). Without \
+     CAP_PERFMON it loads no tracing program",
+);
+
+/// True when this kernel refuses a `bpf()` map operation to a thread
+/// without `CAP_BPF` and `CAP_SYS_ADMIN`. Linux 5.10 checks
+/// `kernel.unprivileged_bpf_disabled` on entry to every command; newer
+/// kernels only when loading programs or creating maps. Probed on a thread
+/// of its own (capabilities are per thread) that lowers its effective set
+/// and looks up an element of no map (fd -1): `EPERM` means the entry check
+/// refused it, `EBADF` that it got as far as the fd.
+pub fn map_access_needs_cap_bpf() -> bool {
+    std::thread::spawn(|| {
+        for cap in [Capability::CAP_BPF, Capability::CAP_SYS_ADMIN] {
+            if caps::drop(None, CapSet::Effective, cap).is_err() {
+                return true;
+            }
+        }
+        // union bpf_attr for BPF_MAP_LOOKUP_ELEM: map_fd, then key, value
+        // and flags as u64s.
+        let mut attr = [0u64; 4];
+        attr[0] = u64::from(u32::MAX);
+        const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+        // SAFETY: bpf() reads `attr`'s 32 bytes; the fd names no map.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_ELEM,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        ret != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    })
+    .join()
+    .unwrap_or(true)
+}
+
+/// Drops every capability but [`KEPT`] (and [`KEPT_FOR_MAPS`] when
+/// `keep_bpf`) from the effective, permitted, inheritable and ambient sets
+/// (and the bounding set, when allowed to): nothing dropped can come back.
+/// Returns the capabilities still effective.
+pub fn drop_after_setup(keep_bpf: bool) -> Result<CapsHashSet, caps::errors::CapsError> {
+    let mut kept: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
+    if keep_bpf {
+        kept.insert(KEPT_FOR_MAPS.0);
+    }
     // The bounding set first: changing it needs CAP_SETPCAP, dropped below.
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)? {
         for cap in caps::read(None, CapSet::Bounding)? {
@@ -45,4 +93,19 @@ pub fn drop_after_setup() -> Result<CapsHashSet, caps::errors::CapsError> {
         caps::set(None, set, &now.intersection(&kept).copied().collect())?;
     }
     caps::read(None, CapSet::Effective)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probe lowers capabilities on a thread of its own only: the
+    /// caller keeps every one it had (the agent still has to drop them, and
+    /// attach, after probing).
+    #[test]
+    fn probing_leaves_the_callers_capabilities_alone() {
+        let before = caps::read(None, CapSet::Effective).unwrap();
+        let _ = map_access_needs_cap_bpf();
+        assert_eq!(caps::read(None, CapSet::Effective).unwrap(), before);
+    }
 }

@@ -94,7 +94,10 @@ impl<T: Send + 'static> Session<T> {
             sampler.start_sampling(options.frequency_hz)?;
             // Before any thread below exists: capabilities are per thread,
             // and new threads inherit the creator's reduced set.
-            match crate::privileges::drop_after_setup() {
+            // Linux 5.10 checks CAP_BPF on every bpf() call: keep it there,
+            // or no unwind table could be written after this point.
+            let keep_bpf = crate::privileges::map_access_needs_cap_bpf();
+            match crate::privileges::drop_after_setup(keep_bpf) {
                 Ok(kept) => tracing::info!(
                     "setup done; capabilities kept: {}",
                     kept.iter()

@@ -165,8 +165,11 @@ fn judge_check(name: &str, short: &str, check: &Check) -> Verdict {
         "agent" => {
             let requests = check.number("requests");
             let with_samples = check.number("with_samples");
+            // Exit 0 too: on SIGTERM the agent flushes and stops cleanly; on
+            // Linux 5.10 it once exported, then died on its first bpf() call
+            // after dropping capabilities.
             verdict(
-                with_samples > 0,
+                with_samples > 0 && exit == "0",
                 format!("{short} {requests} requests"),
                 format!(
                     "{name}: exit {exit}, {requests} requests, {with_samples} with samples: {detail}"
@@ -266,6 +269,10 @@ mod tests {
                 "check=off-cpu exit=0 offcpu_us=0 block_here_us=0 detail=x",
             ),
             (4, "check=agent exit=0 requests=3 with_samples=0 detail=x"),
+            (
+                4,
+                "check=agent exit=1 requests=2 with_samples=2 detail=hostprof: error: x",
+            ),
             (
                 5,
                 "check=error-line exit=1 lines=2 detail=WARN x | hostprof: error: x",
