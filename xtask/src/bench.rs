@@ -302,15 +302,15 @@ fn bench_hostprof(hostprof: &Path, dir: &Path, seconds: u64) -> Result<Row> {
     Ok(row)
 }
 
-/// hostprof record host-wide with `extra` options; the row and its stderr.
-fn bench_hostprof_with(
+/// Runs `hostprof record` host-wide at 999 Hz for `seconds` with `extra`
+/// options and BPF stats, writing `out`: its usage and stderr.
+pub(crate) fn record_host_wide(
     hostprof: &Path,
-    dir: &Path,
     seconds: u64,
-    name: &'static str,
     extra: &[&str],
-) -> Result<(Row, String)> {
-    let mut child = Command::new(hostprof)
+    out: &Path,
+) -> Result<(Usage, String)> {
+    let child = Command::new(hostprof)
         .args([
             "record",
             "-F",
@@ -321,18 +321,22 @@ fn bench_hostprof_with(
         ])
         .args(extra)
         .arg("-o")
-        .arg(dir.join("hostprof.folded"))
+        .arg(out)
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot start hostprof")?;
-    let mut stderr_pipe = child.stderr.take().context("no stderr")?;
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
-        text
-    });
-    let usage = wait_usage(child)?;
-    let text = reader.join().unwrap_or_default();
+    wait_usage_stderr(child)
+}
+
+/// hostprof record host-wide with `extra` options; the row and its stderr.
+fn bench_hostprof_with(
+    hostprof: &Path,
+    dir: &Path,
+    seconds: u64,
+    name: &'static str,
+    extra: &[&str],
+) -> Result<(Row, String)> {
+    let (usage, text) = record_host_wide(hostprof, seconds, extra, &dir.join("hostprof.folded"))?;
     let samples =
         number_before(&text, " samples from").context("hostprof printed no sample count")?;
     let kernel = number_before(&text, " ns per run").map(|ns| ns as f64);

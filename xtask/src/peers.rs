@@ -199,22 +199,7 @@ fn hostprof_run(
     extra: &[&str],
 ) -> Result<Peer> {
     let folded = dir.join("peer-hostprof.folded");
-    let child = Command::new(hostprof)
-        .args([
-            "record",
-            "-F",
-            "999",
-            "-d",
-            &seconds.to_string(),
-            "--bpf-stats",
-        ])
-        .args(extra)
-        .arg("-o")
-        .arg(&folded)
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start hostprof")?;
-    let (usage, stderr) = crate::bench::wait_usage_stderr(child)?;
+    let (usage, stderr) = crate::bench::record_host_wide(hostprof, seconds, extra, &folded)?;
     let text = fs::read_to_string(&folded)?;
     let (workload, reaching_main, host, own) = count_folded(&text, "hostprof");
     Ok(Peer {
