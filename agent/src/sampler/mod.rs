@@ -592,23 +592,32 @@ const TYPICAL_RECORD_BYTES: u64 = 512;
 /// Smallest ring: a few times the wakeup threshold.
 const MIN_RING_BYTES: u64 = 1 << 20;
 const _: () = assert!(MIN_RING_BYTES >= 4 * hostprof_common::RING_WAKEUP_BYTES);
+/// Smallest ring with early stack copies: room for about a hundred.
+const EARLY_COPY_RING_BYTES: u64 = 2 << 20;
 
 /// The ring's size: about a second of samples at full rate on every CPU
 /// (the reader drains it ten times a second), at least [`MIN_RING_BYTES`],
 /// at most `options.ring_bytes`. Its pages count in the agent's memory once
 /// written, and with records only as long as their frames a 2-CPU host at
-/// 999 Hz needs 1 MiB, not 8. Stack copies (18 KiB each, asked for or the
-/// early copies of processes whose tables are still loading, a burst at
-/// every exec) and off-CPU bursts keep the whole size.
+/// 999 Hz needs 1 MiB, not 8. Early stack copies (18 KiB records, a burst
+/// whenever processes start) get [`EARLY_COPY_RING_BYTES`] at least: when
+/// the ring cannot take a copy the kernel writes the sample without it.
+/// Stack copies asked for (`--stack-copy`, every sample) and off-CPU bursts
+/// keep the whole size.
 fn ring_bytes(options: &SamplerOptions) -> u32 {
-    if options.stack_copy_bytes != 0 || options.early_copy_bytes != 0 || options.off_cpu.is_some() {
+    if options.stack_copy_bytes != 0 || options.off_cpu.is_some() {
         return options.ring_bytes;
     }
     let cpus = online_cpus().map_or(1, |cpus| cpus.len()) as u64;
     let second = cpus * options.frequency_hz * TYPICAL_RECORD_BYTES;
+    let least = if options.early_copy_bytes != 0 {
+        EARLY_COPY_RING_BYTES
+    } else {
+        MIN_RING_BYTES
+    };
     second
         .next_power_of_two()
-        .max(MIN_RING_BYTES)
+        .max(least)
         .min(u64::from(options.ring_bytes)) as u32
 }
 
