@@ -5,6 +5,7 @@ use clap::Parser as _;
 use hostprof::cli::{Cli, run};
 
 fn main() -> ExitCode {
+    keep_large_buffers_out_of_the_heap();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
@@ -42,5 +43,18 @@ fn main() -> ExitCode {
             eprintln!("hostprof: error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Buffers of 256 KiB and more (file images, DWARF sections, decompressed
+/// debug info) get their own mappings and go back to the kernel when freed.
+/// glibc's default raises that threshold each time such a buffer is freed,
+/// up to 32 MiB, after which they are carved from the threads' heaps and
+/// their holes stay resident: 15 MiB of record's 76 MiB peak, measured.
+fn keep_large_buffers_out_of_the_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
     }
 }
