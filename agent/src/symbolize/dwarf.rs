@@ -92,10 +92,33 @@ fn section_data(
             });
         }
     }
+    // A stream that does not inflate cleanly goes through object's
+    // decompression below, for its error.
+    if compressed.format == object::CompressionFormat::Zlib
+        && let Some(data) = inflate_shared(compressed.data, compressed.uncompressed_size)
+    {
+        return Ok(data);
+    }
     Ok(match compressed.decompress().map_err(section_error)? {
         Cow::Borrowed(data) => Arc::from(data),
         Cow::Owned(data) => Arc::from(data),
     })
+}
+
+/// Inflates a zlib stream straight into the shared buffer the readers
+/// keep. Through a `Vec` first, the largest sections (libc's `.debug_info`:
+/// 6 MB) were held twice while copied.
+fn inflate_shared(data: &[u8], size: u64) -> Option<Arc<[u8]>> {
+    let size = usize::try_from(size).ok()?;
+    // SAFETY: zeroed bytes are initialized `u8`s.
+    let mut out = unsafe { Arc::<[u8]>::new_zeroed_slice(size).assume_init() };
+    let buffer = Arc::get_mut(&mut out).expect("a new Arc has no other owner");
+    let mut inflate = flate2::Decompress::new(true);
+    let status = inflate.decompress(data, buffer, flate2::FlushDecompress::Finish);
+    match status {
+        Ok(flate2::Status::StreamEnd) if inflate.total_out() == size as u64 => Some(out),
+        _ => None,
+    }
 }
 
 /// DWARF of one file, ready for lookups.

@@ -77,6 +77,10 @@ use crate::{
 const REVALIDATE_AFTER: Duration = Duration::from_secs(30);
 /// How long a file that could not be parsed is left alone.
 const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
+/// How long a process's root is taken as known: a process that chroots,
+/// or a pid reused by another container, may keep the names of its old
+/// root's debug files that long.
+const ROOT_RECHECK: Duration = Duration::from_secs(1);
 /// How often a process's perf map is checked for new JIT entries.
 const PERF_MAP_RECHECK: Duration = Duration::from_secs(1);
 /// How often `/proc/kallsyms` may be read again for an address outside the
@@ -203,6 +207,26 @@ struct State {
     /// Files loaded without DWARF whose debug file was asked of debuginfod,
     /// by build id: forgotten when it arrives, so they load again with it.
     awaiting_debuginfo: HashMap<Arc<str>, Vec<(FileKey, Arc<str>)>>,
+    /// Each process's root as last seen, and when: a `stat` of
+    /// `/proc/PID/root` for every frame was 5 % of record's CPU.
+    roots: HashMap<u32, (Option<RootId>, Instant)>,
+}
+
+impl State {
+    /// `pid`'s root, seen at most [`ROOT_RECHECK`] ago.
+    fn root_of(&mut self, pid: u32) -> Option<RootId> {
+        if let Some((root, at)) = self.roots.get(&pid)
+            && at.elapsed() < ROOT_RECHECK
+        {
+            return *root;
+        }
+        if self.roots.len() >= MAX_INDEXED_FILES {
+            self.roots.clear();
+        }
+        let root = root_id(pid);
+        self.roots.insert(pid, (root, Instant::now()));
+        root
+    }
 }
 
 /// The kernel's symbols and when they were read.
@@ -271,6 +295,7 @@ impl Symbolizer {
                 perf_maps: SizedLru::new(results_budget / 4),
                 next_serial: 0,
                 awaiting_debuginfo: HashMap::new(),
+                roots: HashMap::new(),
             }),
         }
     }
@@ -467,7 +492,7 @@ impl Symbolizer {
             let cached = entry.and_then(|(identity, age, root)| {
                 // Names from a debug file in another container's root are
                 // not this process's.
-                if root.is_some() && root != root_id(pid) {
+                if root.is_some() && root != state.root_of(pid) {
                     return None;
                 }
                 let loaded = state.modules.get(&identity)?;
