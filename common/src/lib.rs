@@ -156,9 +156,12 @@ pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
 /// processes): the agent tracks processes from these, not from a `/proc`
 /// read per sample.
 pub const MAP_PROCESS_EVENTS: &str = "PROCESS_EVENTS";
-/// Size of [`MAP_PROCESS_EVENTS`]: ~43,000 events, drained every
-/// [`RING_DRAIN_INTERVAL_MS`].
-pub const PROCESS_EVENTS_BYTES: u32 = 1 << 20;
+/// Size of [`MAP_PROCESS_EVENTS`]: 8,192 events (32 bytes with the ring's
+/// header), drained every
+/// [`RING_DRAIN_INTERVAL_MS`] (80,000 forks, execs and exits a second; a
+/// host with 600 forks a second makes ~1,800). Every page counts in the
+/// agent's memory from the start (the ring is mapped twice).
+pub const PROCESS_EVENTS_BYTES: u32 = 256 << 10;
 /// Raw tracepoint on `sched_process_fork`: a [`PROCESS_EVENT_FORK`] for each
 /// new process (not thread) of a wanted parent.
 pub const PROGRAM_PROCESS_FORK: &str = "process_fork";
