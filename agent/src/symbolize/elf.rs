@@ -13,16 +13,30 @@ use crate::model::Line;
 /// anything bigger is corrupt or hostile.
 const MAX_MINIDEBUGINFO: usize = 256 << 20;
 
-/// A code symbol: start, size (0 when unknown), raw name.
-type Symbol = (u64, u64, Arc<str>);
+/// A code symbol while tables are read: start, size (0 when unknown), raw
+/// name (borrowed from the file).
+type Symbol<'a> = (u64, u64, &'a str);
 
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
-    /// (start, size, raw name), sorted by start.
-    symbols: Vec<(u64, u64, Arc<str>)>,
+    /// Sorted by start. Names sit in one string: an allocation per name
+    /// cost about 40 bytes each, and large binaries (a compiler's shared
+    /// library) have hundreds of thousands.
+    symbols: Vec<Entry>,
+    names: String,
     /// PT_LOAD segments as (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
+}
+
+/// One symbol of [`ElfSymbols`]: its extent and where its name is.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    start: u64,
+    /// 0 when unknown.
+    size: u64,
+    name_at: u32,
+    name_len: u32,
 }
 
 impl ElfSymbols {
@@ -42,30 +56,76 @@ impl ElfSymbols {
             })
             .collect();
         let mut symbols = code_symbols(file);
-        if let Some(mini) = minidebuginfo(file)
-            && let Ok(mini) = object::File::parse(&*mini)
-        {
-            symbols.extend(code_symbols(&mini));
+        let mini = minidebuginfo(file);
+        let mini = mini
+            .as_deref()
+            .and_then(|mini| object::File::parse(mini).ok());
+        if let Some(mini) = &mini {
+            symbols.extend(code_symbols(mini));
         }
-        if file.section_by_name(".symtab").is_none()
-            && let Some(functions) = gopclntab::functions(file)
-        {
-            symbols.extend(functions);
+        let go = if file.section_by_name(".symtab").is_none() {
+            gopclntab::functions(file)
+        } else {
+            None
+        };
+        if let Some(functions) = &go {
+            symbols.extend(
+                functions
+                    .iter()
+                    .map(|(start, size, name)| (*start, *size, &**name)),
+            );
         }
-        // Prefer the sized entry when several tables name an address, then
-        // the first listed (stable sort).
+        Self::build(symbols, segments)
+    }
+
+    /// The table of `symbols`, preferred names first: at one address the
+    /// sized entry wins, then the first listed (stable sort).
+    fn build(mut symbols: Vec<Symbol>, segments: Vec<(u64, u64, u64)>) -> Self {
         symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         symbols.dedup_by_key(|(start, _, _)| *start);
-        ElfSymbols { symbols, segments }
+        let mut names = String::with_capacity(symbols.iter().map(|(_, _, name)| name.len()).sum());
+        let mut entries = Vec::with_capacity(symbols.len());
+        for (start, size, name) in symbols {
+            // Past 4 GiB of names the rest are left out rather than wrap.
+            let (Ok(name_at), Ok(name_len)) =
+                (u32::try_from(names.len()), u32::try_from(name.len()))
+            else {
+                break;
+            };
+            names.push_str(name);
+            entries.push(Entry {
+                start,
+                size,
+                name_at,
+                name_len,
+            });
+        }
+        ElfSymbols {
+            symbols: entries,
+            names,
+            segments,
+        }
     }
 
     /// Adds symbols from another file of the same build (a debug file).
     pub fn merge(&mut self, other: ElfSymbols) {
         // Stable: at one address, the file's own names win.
-        self.symbols.extend(other.symbols);
+        let segments = self.segments.clone();
+        let merged = Self::build(self.iter().chain(other.iter()).collect(), segments);
+        *self = merged;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = Symbol<'_>> {
         self.symbols
-            .sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        self.symbols.dedup_by_key(|(start, _, _)| *start);
+            .iter()
+            .map(|entry| (entry.start, entry.size, self.name(entry)))
+    }
+
+    fn name(&self, entry: &Entry) -> &str {
+        let start = entry.name_at as usize;
+        self.names
+            .get(start..start + entry.name_len as usize)
+            .unwrap_or_default()
     }
 
     /// Translates a file offset to the address the ELF's symbols use.
@@ -80,23 +140,21 @@ impl ElfSymbols {
     }
 
     /// The raw name of the function at ELF address `address`.
-    pub fn lookup_name(&self, address: u64) -> Option<&Arc<str>> {
-        let index = self
-            .symbols
-            .partition_point(|(start, _, _)| *start <= address);
-        let (start, size, name) = self.symbols.get(index.checked_sub(1)?)?;
+    pub fn lookup_name(&self, address: u64) -> Option<&str> {
+        let index = self.symbols.partition_point(|entry| entry.start <= address);
+        let entry = self.symbols.get(index.checked_sub(1)?)?;
         // A sized symbol must contain the address; an unsized one (hand-written
         // assembly) covers up to the next symbol.
-        if *size != 0 && address - start >= *size {
+        if entry.size != 0 && address - entry.start >= entry.size {
             return None;
         }
-        Some(name)
+        Some(self.name(entry))
     }
 
     /// The function at ELF address `address`.
     pub fn lookup(&self, address: u64) -> Option<Line> {
         let name = self.lookup_name(address)?;
-        Some(Line::named(demangle(name), name.clone()))
+        Some(Line::named(demangle(name), Arc::from(name)))
     }
 
     /// Number of code symbols (0 for a fully stripped file).
@@ -111,11 +169,7 @@ impl ElfSymbols {
 
     /// Rough heap size, for the cache's memory budget.
     pub fn estimated_size(&self) -> usize {
-        self.symbols
-            .iter()
-            .map(|(_, _, name)| 40 + name.len())
-            .sum::<usize>()
-            + self.segments.len() * 24
+        self.symbols.len() * size_of::<Entry>() + self.names.len() + self.segments.len() * 24
     }
 }
 
@@ -123,8 +177,8 @@ impl ElfSymbols {
 /// table sorts stably and keeps the first): the fewest leading underscores
 /// (public names: `abort` over glibc's `__GI_abort`, `isalnum_l` over
 /// `__isalnum_l`), then global, weak, local symbols.
-fn code_symbols(file: &object::File) -> Vec<Symbol> {
-    let mut symbols: Vec<((usize, u8), Symbol)> = file
+fn code_symbols<'a>(file: &object::File<'a>) -> Vec<Symbol<'a>> {
+    let mut symbols: Vec<((usize, u8), Symbol<'a>)> = file
         .symbols()
         .chain(file.dynamic_symbols())
         .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.address() != 0)
@@ -140,7 +194,7 @@ fn code_symbols(file: &object::File) -> Vec<Symbol> {
             let underscores = name.bytes().take_while(|byte| *byte == b'_').count();
             Some((
                 (underscores, binding),
-                (symbol.address(), symbol.size(), Arc::from(name)),
+                (symbol.address(), symbol.size(), name),
             ))
         })
         .collect();
@@ -168,12 +222,38 @@ mod tests {
     /// overflow when added.
     #[test]
     fn extents_at_the_end_of_the_address_space() {
-        let symbols = ElfSymbols {
-            symbols: vec![(u64::MAX - 1, u64::MAX, Arc::from("f"))],
-            segments: vec![(u64::MAX - 4, u64::MAX, u64::MAX - 2)],
-        };
+        let symbols = ElfSymbols::build(
+            vec![(u64::MAX - 1, u64::MAX, "f")],
+            vec![(u64::MAX - 4, u64::MAX, u64::MAX - 2)],
+        );
         assert_eq!(symbols.offset_to_address(u64::MAX - 1), Some(0));
         assert_eq!(symbols.offset_to_address(1), None);
-        assert_eq!(symbols.lookup_name(u64::MAX).map(|name| &**name), Some("f"));
+        assert_eq!(symbols.lookup_name(u64::MAX), Some("f"));
+    }
+
+    /// At one address the sized symbol wins, then the first listed; a
+    /// debug file's names fill in without replacing the file's own.
+    #[test]
+    fn one_name_per_address_and_merged_tables_keep_the_first() {
+        let mut symbols = ElfSymbols::build(
+            vec![
+                (0x100, 0, "unsized"),
+                (0x100, 0x10, "sized"),
+                (0x200, 0x10, "own"),
+            ],
+            Vec::new(),
+        );
+        assert_eq!(symbols.lookup_name(0x105), Some("sized"));
+        assert_eq!(symbols.lookup_name(0x110), None);
+        symbols.merge(ElfSymbols::build(
+            vec![(0x200, 0x10, "debug"), (0x300, 0, "only_in_debug")],
+            Vec::new(),
+        ));
+        assert_eq!(symbols.len(), 3);
+        assert_eq!(symbols.lookup_name(0x208), Some("own"));
+        // Unsized: up to the next symbol, here the end of the table.
+        assert_eq!(symbols.lookup_name(0x3ff), Some("only_in_debug"));
+        let line = symbols.lookup(0x300).unwrap();
+        assert_eq!(&*line.system_name, "only_in_debug");
     }
 }

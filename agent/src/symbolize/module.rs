@@ -192,7 +192,7 @@ impl Module {
                 {
                     lines.push(Line {
                         function: demangle(name),
-                        system_name: name.clone(),
+                        system_name: Arc::from(name),
                         ..outermost
                     })
                 }
