@@ -181,11 +181,10 @@ impl Sampler {
         // The legacy programs find the user registers at the top of the
         // task's kernel stack; only needed where user registers are read.
         let needs_regs = options.unwind == UnwindMode::Tables || stack_copy > 0;
-        // The early-copy path adds a second inlined fill to sample_cpu:
-        // Linux 6.1's verifier gives up on it (E2BIG, cargo xtask vmtest),
-        // so older kernels keep frame pointers for samples before tables.
+        // Where the early-copy path has not been verified (cargo xtask
+        // vmtest), samples before their tables keep frame pointers.
         let early_copy = match options.unwind {
-            UnwindMode::Tables if verified_since(EXTRA_PATHS_SINCE) => options
+            UnwindMode::Tables if verified_since(EARLY_COPY_SINCE) => options
                 .early_copy_bytes
                 .min(hostprof_common::MAX_STACK_COPY as u32),
             _ => 0,
@@ -204,13 +203,12 @@ impl Sampler {
         // The interpreter walk passes the verifiers of the kernels it was
         // checked on (cargo xtask vmtest); Linux 6.1's rejects sample_cpu
         // with it, so older kernels sample without Python frames.
-        let python_walk = u32::from(verified_since(EXTRA_PATHS_SINCE));
-        if !verified_since(EXTRA_PATHS_SINCE) {
+        let python_walk = u32::from(verified_since(PYTHON_WALK_SINCE));
+        if !verified_since(PYTHON_WALK_SINCE) {
             tracing::info!(
-                "no Python frames and no early stack copies on this kernel (they need Linux \
-                 {}.{} or later)",
-                EXTRA_PATHS_SINCE.0,
-                EXTRA_PATHS_SINCE.1
+                "no Python frames on this kernel (they need Linux {}.{} or later)",
+                PYTHON_WALK_SINCE.0,
+                PYTHON_WALK_SINCE.1
             );
         }
         let ebpf = EbpfLoader::new()
@@ -576,11 +574,15 @@ pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
     })
 }
 
-/// The oldest kernel whose verifier was seen to accept the Python walk and
-/// the early-copy path in `sample_cpu` (`cargo xtask vmtest`: 6.12 and 6.18
-/// do, 6.1 does not). Older kernels get neither; the verifier prunes both
-/// paths, their load-time globals being 0.
-const EXTRA_PATHS_SINCE: (u32, u32) = (6, 12);
+/// The oldest kernels whose verifiers were seen to accept the Python walk
+/// and the early-copy path in `sample_cpu` (`cargo xtask vmtest`). Older
+/// kernels go without; the verifier prunes a path whose load-time global
+/// is 0. The Python walk: 6.12 and 6.18 accept it, 6.1 rejects it. The
+/// early-copy path: 6.1 accepts it since `sample_cpu` fills its record
+/// once (it gave up, E2BIG, when the unwinder was inlined twice); the
+/// legacy programs (before 5.17) have none.
+const PYTHON_WALK_SINCE: (u32, u32) = (6, 12);
+const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
 
 /// The running kernel is `since` or newer.
 fn verified_since(since: (u32, u32)) -> bool {
