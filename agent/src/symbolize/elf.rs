@@ -6,7 +6,12 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::{SymbolizeError, demangle::demangle, gopclntab};
+use super::{
+    SymbolizeError,
+    demangle::demangle,
+    gopclntab,
+    names::{NameAt, Names},
+};
 use crate::model::Line;
 
 /// Limit on MiniDebugInfo's decompressed size: it is a symbol table, so
@@ -20,11 +25,10 @@ type Symbol<'a> = (u64, u64, &'a str);
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
-    /// Sorted by start. Names sit in one string: an allocation per name
-    /// cost about 40 bytes each, and large binaries (a compiler's shared
-    /// library) have hundreds of thousands.
+    /// Sorted by start. Large binaries (a compiler's shared library) have
+    /// hundreds of thousands of names.
     symbols: Vec<Entry>,
-    names: String,
+    names: Names,
     /// PT_LOAD segments as (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
 }
@@ -35,8 +39,7 @@ struct Entry {
     start: u64,
     /// 0 when unknown.
     size: u64,
-    name_at: u32,
-    name_len: u32,
+    name: NameAt,
 }
 
 impl ElfSymbols {
@@ -83,22 +86,13 @@ impl ElfSymbols {
     fn build(mut symbols: Vec<Symbol>, segments: Vec<(u64, u64, u64)>) -> Self {
         symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         symbols.dedup_by_key(|(start, _, _)| *start);
-        let mut names = String::with_capacity(symbols.iter().map(|(_, _, name)| name.len()).sum());
+        let mut names = Names::with_capacity(symbols.iter().map(|(_, _, name)| name.len()).sum());
         let mut entries = Vec::with_capacity(symbols.len());
         for (start, size, name) in symbols {
-            // Past 4 GiB of names the rest are left out rather than wrap.
-            let (Ok(name_at), Ok(name_len)) =
-                (u32::try_from(names.len()), u32::try_from(name.len()))
-            else {
+            let Some(name) = names.push(&[name]) else {
                 break;
             };
-            names.push_str(name);
-            entries.push(Entry {
-                start,
-                size,
-                name_at,
-                name_len,
-            });
+            entries.push(Entry { start, size, name });
         }
         ElfSymbols {
             symbols: entries,
@@ -118,14 +112,7 @@ impl ElfSymbols {
     fn iter(&self) -> impl Iterator<Item = Symbol<'_>> {
         self.symbols
             .iter()
-            .map(|entry| (entry.start, entry.size, self.name(entry)))
-    }
-
-    fn name(&self, entry: &Entry) -> &str {
-        let start = entry.name_at as usize;
-        self.names
-            .get(start..start + entry.name_len as usize)
-            .unwrap_or_default()
+            .map(|entry| (entry.start, entry.size, self.names.get(entry.name)))
     }
 
     /// Translates a file offset to the address the ELF's symbols use.
@@ -148,7 +135,7 @@ impl ElfSymbols {
         if entry.size != 0 && address - entry.start >= entry.size {
             return None;
         }
-        Some(self.name(entry))
+        Some(self.names.get(entry.name))
     }
 
     /// The function at ELF address `address`.
@@ -169,7 +156,7 @@ impl ElfSymbols {
 
     /// Rough heap size, for the cache's memory budget.
     pub fn estimated_size(&self) -> usize {
-        self.symbols.len() * size_of::<Entry>() + self.names.len() + self.segments.len() * 24
+        self.symbols.len() * size_of::<Entry>() + self.names.bytes() + self.segments.len() * 24
     }
 }
 

@@ -5,27 +5,21 @@
 //! always on).
 use std::{io, sync::Arc};
 
+use super::names::{NameAt, Names};
 use crate::model::Line;
 
 /// A sorted table of kernel text symbols.
 #[derive(Debug, Default)]
 pub struct KernelSymbols {
-    /// (start address, where its name is in `names`), sorted by address.
-    /// Symbols of modules and BPF programs carry their module:
-    /// `name [module]`. One string for all names: about 120,000 symbols as
-    /// separate strings cost twice the memory and a third of the parsing.
+    /// (start address, its name in `names`), sorted by address. Symbols of
+    /// modules and BPF programs carry their module: `name [module]`. About
+    /// 120,000 of them: as separate strings they cost twice the memory and
+    /// a third of the parsing.
     symbols: Vec<(u64, NameAt)>,
-    names: String,
+    names: Names,
     /// The kernel image's text, `_stext..=_etext`: unlike modules and BPF
     /// programs, it never changes while the system runs.
     image: Option<(u64, u64)>,
-}
-
-/// A name's place in [`KernelSymbols::names`].
-#[derive(Debug, Clone, Copy)]
-struct NameAt {
-    start: u32,
-    len: u32,
 }
 
 impl KernelSymbols {
@@ -39,7 +33,7 @@ impl KernelSymbols {
     /// `[MODULE]` for symbols outside the kernel image.
     pub fn parse(text: &str) -> Self {
         let mut image = (None, None);
-        let mut names = String::new();
+        let mut names = Names::default();
         let mut symbols = Vec::new();
         for line in text.lines() {
             let mut fields = line.split_ascii_whitespace();
@@ -58,25 +52,21 @@ impl KernelSymbols {
             if address == 0 {
                 continue;
             }
-            let start = names.len();
-            names.push_str(name);
-            match fields.next() {
-                Some(module) => {
-                    names.push(' ');
-                    names.push_str(module);
+            let at = match fields.next() {
+                Some(module) => names.push(&[name, " ", module]),
+                None => {
+                    match name {
+                        "_stext" => image.0 = Some(address),
+                        "_etext" => image.1 = Some(address),
+                        _ => {}
+                    }
+                    names.push(&[name])
                 }
-                None => match name {
-                    "_stext" => image.0 = Some(address),
-                    "_etext" => image.1 = Some(address),
-                    _ => {}
-                },
-            }
-            // Past 4 GiB of names the rest are left out rather than wrap.
-            let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(names.len() - start))
-            else {
+            };
+            let Some(at) = at else {
                 break;
             };
-            symbols.push((address, NameAt { start, len }));
+            symbols.push((address, at));
         }
         symbols.sort_unstable_by_key(|(address, _)| *address);
         symbols.dedup_by_key(|(address, _)| *address);
@@ -108,9 +98,7 @@ impl KernelSymbols {
     pub fn lookup(&self, address: u64) -> Option<Line> {
         let index = self.symbols.partition_point(|(start, _)| *start <= address);
         let (_, at) = self.symbols.get(index.checked_sub(1)?)?;
-        let name = self
-            .names
-            .get(at.start as usize..(at.start + at.len) as usize)?;
+        let name = self.names.get(*at);
         let in_module = name.ends_with(']');
         if !in_module && self.image.is_some_and(|(_, end)| address > end) {
             return None;

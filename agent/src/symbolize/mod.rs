@@ -45,6 +45,7 @@ mod elf;
 mod gopclntab;
 mod kallsyms;
 mod module;
+mod names;
 mod perfmap;
 mod split;
 mod xz;
