@@ -4,7 +4,8 @@
 //! - `hostprof_unwind::table`: `.eh_frame`/`.debug_frame` → sorted
 //!   [`UnwindRow`]s (gimli).
 //! - [`TableLoader`]: shares tables between processes in the kernel's maps,
-//!   frees them with their last process, bounds their memory.
+//!   keeps them idle after their last process until their room is needed,
+//!   bounds their memory.
 //! - [`spawn_service`]: the thread that loads a process's tables when the
 //!   sampler asks for them (its samples say the process is unknown, or an
 //!   address is outside its known mappings).

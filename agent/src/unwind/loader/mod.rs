@@ -15,7 +15,7 @@
 //! executable mappings than the kernel keeps per process loads the ones
 //! that fit (file-backed first) and waits out the same backoff.
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -72,8 +72,13 @@ pub trait FileSource {
 /// Figures for reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderStats {
-    /// Tables in the kernel now.
+    /// Tables in the kernel now (in use, or idle).
     pub tables: u64,
+    /// Of those, tables no process uses now: kept for the next process
+    /// mapping the same file, evicted (oldest first) when room is needed.
+    pub idle_tables: u64,
+    /// Idle tables evicted to make room or to bound their number.
+    pub evicted: u64,
     /// Rows in the kernel now.
     pub rows: u64,
     /// Bytes of the rows map in use (whole chunks).
@@ -146,6 +151,8 @@ struct Loaded {
     rows: u32,
     text_bytes: u64,
     refs: u32,
+    /// With no process using it: its place in [`TableLoader::idle`].
+    idle_seq: Option<u64>,
     /// (file offset, ELF address) of the mappings seen: a process mapping
     /// the file the same way needs no read of it.
     vaddrs: Vec<(u64, u64)>,
@@ -163,6 +170,14 @@ pub struct TableLoader<M: TableMaps> {
     failed: HashMap<FileKey, u64>,
     /// Order of insertion into `failed`.
     failed_seq: u64,
+    /// Tables no process uses, by when they became idle. A short-lived
+    /// process (a shell loop's `awk`) maps the same files again a moment
+    /// later: freeing its tables at exit meant reading, hashing and
+    /// building them again for each one.
+    idle: BTreeMap<u64, FileKey>,
+    idle_seq: u64,
+    /// Idle tables kept at most ([`MAX_IDLE`]).
+    max_idle: usize,
     /// Per process: the files it uses, a digest of its mappings, when loaded.
     processes: HashMap<u32, (Vec<FileKey>, u64, Instant)>,
     /// Processes the kernel's map holds at most ([`MAX_UNWIND_PROCESSES`]).
@@ -174,6 +189,9 @@ pub struct TableLoader<M: TableMaps> {
 
 /// Files remembered as having no usable table.
 const MAX_FAILED: usize = 4096;
+
+/// Idle tables kept at most, however much room the rows map has left.
+const MAX_IDLE: usize = 1024;
 
 /// Don't reload a process more often than this.
 const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(200);
@@ -187,6 +205,9 @@ impl<M: TableMaps> TableLoader<M> {
             loaded: HashMap::new(),
             failed: HashMap::new(),
             failed_seq: 0,
+            idle: BTreeMap::new(),
+            idle_seq: 0,
+            max_idle: MAX_IDLE,
             processes: HashMap::new(),
             process_capacity: MAX_UNWIND_PROCESSES as usize,
             backoff: HashMap::new(),
@@ -205,6 +226,13 @@ impl<M: TableMaps> TableLoader<M> {
     #[cfg(test)]
     fn with_process_capacity(mut self, capacity: usize) -> Self {
         self.process_capacity = capacity;
+        self
+    }
+
+    /// Fewer idle tables kept than [`MAX_IDLE`] (tests).
+    #[cfg(test)]
+    fn with_max_idle(mut self, max_idle: usize) -> Self {
+        self.max_idle = max_idle;
         self
     }
 
@@ -390,20 +418,18 @@ impl<M: TableMaps> TableLoader<M> {
     /// A loaded table mapped at `file_offset` before: its ELF address there
     /// and placement, taking a reference.
     fn reuse(&mut self, key: &FileKey, file_offset: u64) -> Option<(u64, (u32, u32))> {
-        let loaded = self.loaded.get_mut(key)?;
+        let loaded = self.loaded.get(key)?;
         let &(_, vaddr) = loaded
             .vaddrs
             .iter()
             .find(|(offset, _)| *offset == file_offset)?;
-        loaded.refs += 1;
-        Some((vaddr, placement(loaded)))
+        Some((vaddr, self.take_ref(key)?))
     }
 
     /// The table's (start, len) in the rows map, loading it if needed.
     fn acquire(&mut self, key: &FileKey, data: &[u8]) -> Option<(u32, u32)> {
-        if let Some(loaded) = self.loaded.get_mut(key) {
-            loaded.refs += 1;
-            return Some(placement(loaded));
+        if let Some(placed) = self.take_ref(key) {
+            return Some(placed);
         }
         if self.failed.contains_key(key) {
             return None;
@@ -436,13 +462,18 @@ impl<M: TableMaps> TableLoader<M> {
                     rows: 0,
                     text_bytes: table.text_bytes,
                     refs: 1,
+                    idle_seq: None,
                     vaddrs: Vec::new(),
                 });
             }
             TableKind::Rows(rows) => rows,
         };
         let chunks = rows.len().div_ceil(ROW_CHUNK) as u32;
-        let Some(first) = self.allocate(chunks) else {
+        let mut allocated = self.allocate(chunks);
+        while allocated.is_none() && chunks <= self.capacity_chunks && self.evict_oldest_idle() {
+            allocated = self.allocate(chunks);
+        }
+        let Some(first) = allocated else {
             self.stats.table_full += 1;
             tracing::debug!("unwind rows map full: {chunks} chunks do not fit");
             return None;
@@ -462,8 +493,20 @@ impl<M: TableMaps> TableLoader<M> {
             rows: rows.len() as u32,
             text_bytes: table.text_bytes,
             refs: 1,
+            idle_seq: None,
             vaddrs: Vec::new(),
         })
+    }
+
+    /// One more process uses `key`'s loaded table (no longer idle).
+    fn take_ref(&mut self, key: &FileKey) -> Option<(u32, u32)> {
+        let loaded = self.loaded.get_mut(key)?;
+        if let Some(seq) = loaded.idle_seq.take() {
+            self.idle.remove(&seq);
+            self.stats.idle_tables -= 1;
+        }
+        loaded.refs += 1;
+        Some(placement(loaded))
     }
 
     fn release(&mut self, key: &FileKey) {
@@ -474,7 +517,23 @@ impl<M: TableMaps> TableLoader<M> {
         if loaded.refs > 0 {
             return;
         }
-        let loaded = self.loaded.remove(key).expect("present above");
+        loaded.idle_seq = Some(self.idle_seq);
+        self.idle.insert(self.idle_seq, key.clone());
+        self.idle_seq += 1;
+        self.stats.idle_tables += 1;
+        if self.idle.len() > self.max_idle {
+            self.evict_oldest_idle();
+        }
+    }
+
+    /// Frees the table idle the longest; false when none is idle.
+    fn evict_oldest_idle(&mut self) -> bool {
+        let Some((_, key)) = self.idle.pop_first() else {
+            return false;
+        };
+        let loaded = self.loaded.remove(&key).expect("idle tables are loaded");
+        self.stats.idle_tables -= 1;
+        self.stats.evicted += 1;
         self.stats.tables -= 1;
         self.stats.rows -= loaded.rows as u64;
         self.stats.text_bytes -= loaded.text_bytes;
@@ -482,6 +541,7 @@ impl<M: TableMaps> TableLoader<M> {
         if loaded.first_chunk != FRAME_POINTER_TABLE {
             self.free_range(loaded.first_chunk, loaded.chunks);
         }
+        true
     }
 
     /// Keeps `key` among the files without a table, forgetting the oldest

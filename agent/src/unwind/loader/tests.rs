@@ -23,11 +23,13 @@ impl TableMaps for &mut FakeMaps {
     }
 }
 
-/// Every mapping is our own executable, under the key its path names.
-struct OwnExe(FileData);
+/// Every mapping is our own executable, under the key its inode names;
+/// counts the files opened.
+struct OwnExe(FileData, usize);
 
 impl FileSource for OwnExe {
     fn open(&mut self, _pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)> {
+        self.1 += 1;
         Some((
             FileKey::Inode {
                 dev: 0,
@@ -36,6 +38,14 @@ impl FileSource for OwnExe {
             },
             self.0.clone(),
         ))
+    }
+
+    fn identify(&mut self, _pid: u32, mapping: &Mapping) -> Option<FileKey> {
+        Some(FileKey::Inode {
+            dev: 0,
+            inode: mapping.inode,
+            size: 0,
+        })
     }
 }
 
@@ -120,13 +130,13 @@ fn processes_beyond_capacity_fall_back_and_back_off() {
 }
 
 #[test]
-fn tables_are_shared_and_freed_with_their_last_process() {
+fn tables_are_shared_kept_idle_and_evicted_for_room() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
     let rows = table::build(&exe).unwrap().rows().len() as u32;
     let exe: FileData = Arc::new(exe);
     let chunks = rows.div_ceil(ROW_CHUNK as u32);
     let mut maps = FakeMaps::default();
-    let mut files = OwnExe(exe);
+    let mut files = OwnExe(exe, 0);
     let mut loader = TableLoader::new(&mut maps, chunks * 3);
     loader
         .load_process(1, &[mapping(10, 0x10000)], &mut files)
@@ -139,7 +149,9 @@ fn tables_are_shared_and_freed_with_their_last_process() {
         (stats.tables, stats.rows, stats.processes),
         (2, 2 * rows as u64, 2)
     );
-    // A third file does not fit next to two: counted, not loaded.
+    assert_eq!(files.1, 2, "file 10 is read once for both processes");
+    // A fourth file does not fit next to three, all in use: counted, not
+    // loaded.
     loader
         .load_process(3, &[mapping(12, 0x10000)], &mut files)
         .unwrap();
@@ -149,9 +161,44 @@ fn tables_are_shared_and_freed_with_their_last_process() {
         .unwrap();
     assert_eq!(loader.stats().table_full, 1);
     loader.forget_process(1);
-    assert_eq!(loader.stats().tables, 3, "file 10 is still used by pid 2");
+    assert_eq!(
+        loader.stats().idle_tables,
+        0,
+        "file 10 is still used by pid 2"
+    );
     loader.forget_process(2);
-    loader.forget_process(3);
+    let stats = loader.stats();
+    assert_eq!((stats.tables, stats.idle_tables), (3, 2));
+
+    // The next process mapping file 11 takes its idle table: no read.
+    let opened = files.1;
+    loader
+        .load_process(5, &[mapping(11, 0x10000)], &mut files)
+        .unwrap();
+    let stats = loader.stats();
+    assert_eq!((files.1, stats.tables, stats.idle_tables), (opened, 3, 1));
+
+    // A new file needs room: the idle table (file 10) goes for it.
+    loader
+        .load_process(6, &[mapping(14, 0x10000)], &mut files)
+        .unwrap();
+    let stats = loader.stats();
+    assert_eq!(
+        (
+            stats.tables,
+            stats.idle_tables,
+            stats.evicted,
+            stats.table_full
+        ),
+        (3, 0, 1, 1),
+        "file 14 fitted where file 10 was"
+    );
+    for pid in [3, 5, 6] {
+        loader.forget_process(pid);
+    }
+    assert_eq!(loader.stats().idle_tables, 3);
+    // Evicted or idle, every chunk is accounted for.
+    while loader.evict_oldest_idle() {}
     assert_eq!(loader.stats().tables, 0);
     assert_eq!(loader.free_list(), &[(0, chunks * 3)]);
     drop(loader);
@@ -159,4 +206,30 @@ fn tables_are_shared_and_freed_with_their_last_process() {
     assert_eq!(process.len, 1);
     assert_eq!(process.mappings[0].table_len, 0, "no table: frame pointers");
     assert!(!maps.processes.contains_key(&1));
+}
+
+#[test]
+fn idle_tables_are_bounded_in_number() {
+    let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let rows = table::build(&exe).unwrap().rows().len() as u32;
+    let chunks = rows.div_ceil(ROW_CHUNK as u32);
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(Arc::new(exe), 0);
+    // Room for ten tables, but at most two kept idle.
+    let mut loader = TableLoader::new(&mut maps, chunks * 10).with_max_idle(2);
+    for pid in 0..5 {
+        loader
+            .load_process(pid, &[mapping(100 + pid as u64, 0x10000)], &mut files)
+            .unwrap();
+        loader.forget_process(pid);
+    }
+    let stats = loader.stats();
+    assert_eq!((stats.tables, stats.idle_tables, stats.evicted), (2, 2, 3));
+    // The two kept are the latest: pid 4's file is reused without a read.
+    let opened = files.1;
+    loader
+        .load_process(9, &[mapping(104, 0x10000)], &mut files)
+        .unwrap();
+    assert_eq!(files.1, opened);
+    assert_eq!(loader.stats().idle_tables, 1);
 }
