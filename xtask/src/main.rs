@@ -73,6 +73,10 @@ enum Task {
         /// How long the agent runs.
         #[arg(long, default_value_t = 5.0)]
         minutes: f64,
+        /// What runs beside the agent: `idle` (one CPU-bound program) or
+        /// `churn` (that and about 600 forks and execs a second).
+        #[arg(long, value_enum, default_value = "churn")]
+        load: soak::Load,
         /// More `hostprof agent` options, after `--` (e.g. `--off-cpu`).
         #[arg(last = true, value_name = "AGENT_ARGS")]
         agent_args: Vec<String>,
@@ -128,10 +132,11 @@ fn main() -> Result<()> {
         }
         Task::Soak {
             minutes,
+            load,
             agent_args,
         } => {
             setup::run(false)?;
-            soak::run(minutes, &agent_args)
+            soak::run(minutes, load, &agent_args)
         }
         Task::Vmtest {
             kernels,

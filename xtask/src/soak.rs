@@ -1,7 +1,8 @@
 //! `cargo xtask soak`: `hostprof agent` host-wide at its default rate for a
-//! while, exporting to a local sink collector, with fork/exec churn and a
-//! CPU-bound program alongside; prints the agent's RSS, CPU and counters
-//! every ~10 s, then max RSS and mean CPU against the documented targets.
+//! while, exporting to a local sink collector, with a CPU-bound program
+//! alongside and (`--load churn`, the default) fork/exec churn; prints the
+//! agent's RSS, CPU and counters every ~10 s, then max RSS and mean CPU
+//! against the documented targets for that load.
 //! A report, not a test: figures vary with the machine and its load.
 use std::{
     fs,
@@ -20,10 +21,27 @@ use anyhow::{Context, Result, bail};
 
 use crate::{bench::compile_workload, build, build_example, is_root, root};
 
-/// The documented targets (README, issue 7): at the default 19 Hz on a
-/// 2-CPU machine.
-const RSS_TARGET_MIB: f64 = 100.0;
-const CPU_TARGET_PERCENT: f64 = 1.0;
+/// What runs beside the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Load {
+    /// An idle-ish host: one CPU-bound program, nothing else started.
+    Idle,
+    /// The CPU-bound program and about 600 forks and execs a second.
+    Churn,
+}
+
+impl Load {
+    /// (max RSS in MiB, mean CPU in % of one core) at the default 19 Hz on
+    /// a 2-CPU machine: issue 14's goals for an idle-ish host (50 MB), the
+    /// README's bound under churn.
+    fn targets(self) -> (f64, f64) {
+        match self {
+            Load::Idle => (50e6 / (1024.0 * 1024.0), 0.3),
+            Load::Churn => (100.0, 1.0),
+        }
+    }
+}
+
 /// How often a line is printed.
 const INTERVAL: Duration = Duration::from_secs(10);
 
@@ -60,7 +78,7 @@ impl Drop for Group {
     }
 }
 
-pub fn run(minutes: f64, agent_args: &[String]) -> Result<()> {
+pub fn run(minutes: f64, load: Load, agent_args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("the soak runs the eBPF agent: run it as root (sudo -E cargo xtask soak)");
     }
@@ -100,23 +118,29 @@ pub fn run(minutes: f64, agent_args: &[String]) -> Result<()> {
             .spawn()
             .context("cannot start the CPU-bound workload")?,
     );
-    children.0.push(
-        Command::new("sh")
-            .args(["-c", CHURN])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("cannot start the churn loop")?,
-    );
+    if load == Load::Churn {
+        children.0.push(
+            Command::new("sh")
+                .args(["-c", CHURN])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .context("cannot start the churn loop")?,
+        );
+    }
 
     println!(
         "soak: `hostprof agent{}` (pid {agent_pid}) host-wide for {minutes} min, exporting to a \
-         sink at {addr}; a fork/exec loop and one CPU-bound program alongside. Agent log: {}\n",
+         sink at {addr}; {} alongside. Agent log: {}\n",
         agent_args
             .iter()
             .map(|arg| format!(" {arg}"))
             .collect::<String>(),
+        match load {
+            Load::Idle => "one CPU-bound program",
+            Load::Churn => "a fork/exec loop and one CPU-bound program",
+        },
         log_path.display()
     );
     println!(
@@ -183,13 +207,14 @@ pub fn run(minutes: f64, agent_args: &[String]) -> Result<()> {
         received.bytes.load(Ordering::Relaxed) / 1024
     );
     let verdict = |ok: bool| if ok { "PASS" } else { "ABOVE" };
+    let (rss_target, cpu_target) = load.targets();
     println!(
-        "\nmax RSS  {max_rss:>7.1} MiB (at the end {last_rss:.1}); target <= {RSS_TARGET_MIB} MiB: {}",
-        verdict(max_rss <= RSS_TARGET_MIB)
+        "\nmax RSS  {max_rss:>7.1} MiB (at the end {last_rss:.1}); target ({load:?}) <= {rss_target:.1} MiB: {}",
+        verdict(max_rss <= rss_target)
     );
     println!(
-        "mean CPU {mean_cpu:>7.2} % of one core; target < {CPU_TARGET_PERCENT} %: {}",
-        verdict(mean_cpu < CPU_TARGET_PERCENT)
+        "mean CPU {mean_cpu:>7.2} % of one core; target ({load:?}) <= {cpu_target} %: {}",
+        verdict(mean_cpu <= cpu_target)
     );
     Ok(())
 }
