@@ -14,9 +14,25 @@ use hostprof_common::python::{
 static PYTHON_PROCS: HashMap<u32, py::Process> = HashMap::with_max_entries(py::MAX_PROCESSES, 0);
 
 /// A value of the sampled process's memory.
+///
+/// Zeroed first, as the unwinder's reads: with an uninitialized buffer
+/// (`helpers::bpf_probe_read_user`), LLVM let a failed read's value be
+/// whatever its stack slot held before (`ctx` in one build), merged two
+/// reads' failure checks into one, and Linux 6.1's verifier, which cannot
+/// tell that the merged check fails whenever the first read did, followed
+/// the stale pointer and rejected the program ("bitwise operator &= on
+/// pointer prohibited").
 #[inline(always)]
-fn read<T>(address: u64) -> Option<T> {
-    unsafe { aya_ebpf::helpers::bpf_probe_read_user(address as *const T) }.ok()
+fn read<T: Default>(address: u64) -> Option<T> {
+    let mut value = T::default();
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (&mut value as *mut T).cast(),
+            size_of::<T>() as u32,
+            address as *const c_void,
+        )
+    };
+    (read == 0).then_some(value)
 }
 
 /// Walks the current thread's interpreter frames into `stack` when its

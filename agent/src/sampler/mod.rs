@@ -201,8 +201,8 @@ impl Sampler {
             (0, 0)
         };
         // The interpreter walk passes the verifiers of the kernels it was
-        // checked on (cargo xtask vmtest); Linux 6.1's rejects sample_cpu
-        // with it, so older kernels sample without Python frames.
+        // checked on (cargo xtask vmtest): older kernels sample without
+        // Python frames.
         let python_walk = u32::from(verified_since(PYTHON_WALK_SINCE));
         if !verified_since(PYTHON_WALK_SINCE) {
             tracing::info!(
@@ -577,11 +577,14 @@ pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
 /// The oldest kernels whose verifiers were seen to accept the Python walk
 /// and the early-copy path in `sample_cpu` (`cargo xtask vmtest`). Older
 /// kernels go without; the verifier prunes a path whose load-time global
-/// is 0. The Python walk: 6.12 and 6.18 accept it, 6.1 rejects it. The
+/// is 0. The Python walk: 6.1 (x86_64 and arm64), 6.12 and 6.18 accept it
+/// since its reads are zeroed first (6.1 had rejected a stale pointer LLVM
+/// left in a failed read's place); `cargo xtask vmtest` checks its frames
+/// on x86_64. The
 /// early-copy path: 6.1 accepts it since `sample_cpu` fills its record
 /// once (it gave up, E2BIG, when the unwinder was inlined twice); the
 /// legacy programs (before 5.17) have none.
-const PYTHON_WALK_SINCE: (u32, u32) = (6, 12);
+const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
 
 /// The running kernel is `since` or newer.

@@ -1,7 +1,8 @@
 //! The initramfs each VM boots: a static busybox, `/init` (init.sh, the
 //! suite), the release `hostprof` and `otlp_sink` for the guest's arch with
-//! the shared libraries they load, and the C test programs (static, built
-//! here). One per arch, shared by its kernels; an uncompressed newc cpio,
+//! the shared libraries they load, the C test programs (static, built
+//! here), and, for the host's arch, Debian's `python3.11` with its libraries,
+//! its `encodings` package and a Python program. One per arch, shared by its kernels; an uncompressed newc cpio,
 //! which every kernel unpacks and which costs TCG no decompression.
 use std::{
     collections::BTreeSet,
@@ -57,9 +58,36 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
                 .arg(source),
         )?;
     }
+    if arch == Arch::host() {
+        install_python(&tree, arch)?;
+    }
     let cpio = dir.join("initramfs.cpio");
     pack(&tree, &cpio)?;
     Ok(cpio)
+}
+
+/// Debian's python3.11 (`setup` installs it with python3-pip), as
+/// `/bin/python3`, with what it needs to start with `-S` (no site): its
+/// libraries and, under PYTHONHOME=/usr, the `encodings` modules it imports
+/// at startup. Absent from the host: the guest's suite says so and the
+/// Python check fails.
+fn install_python(tree: &Path, arch: Arch) -> Result<()> {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return Ok(());
+    }
+    install(python, &tree.join("bin/python3"))?;
+    install_libraries(python, arch, tree)?;
+    let encodings = tree.join("usr/lib/python3.11/encodings");
+    fs::create_dir_all(&encodings)?;
+    for module in ["__init__.py", "aliases.py", "utf_8.py"] {
+        let from = Path::new("/usr/lib/python3.11/encodings").join(module);
+        fs::copy(&from, encodings.join(module))
+            .with_context(|| format!("cannot copy {}", from.display()))?;
+    }
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs/pyspin.py");
+    fs::copy(&program, tree.join("bin/pyspin.py"))?;
+    Ok(())
 }
 
 /// Copies a file (following links), executable.

@@ -117,6 +117,23 @@ rc=$?
 show error-line /tmp/nobody.err
 say check=error-line exit=$rc lines=$(wc -l </tmp/nobody.err) detail="$(head -n 3 /tmp/nobody.err | plain | sed '2,$s/^/ | /' | tr -d '\n')"
 
+# 6. Python frames, walked in the kernel: a CPython 3.11 program spending
+# its time in hot_path (x86_64 images only: they carry Debian's python3.11).
+# On kernels whose verifier was not seen to accept the walk, hostprof says so
+# and the stacks have none.
+if [ -x /bin/python3 ]; then
+    PYTHONHOME=/usr python3 -S /bin/pyspin.py &
+    py=$!
+    timeout 120 hostprof record --log-level info -p $py -F 199 -d 4 -o /tmp/py.folded 2>/tmp/py.err
+    rc=$?
+    kill $py
+    show python /tmp/py.err
+    off=$(grep -c 'no Python frames on this kernel' /tmp/py.err)
+    say check=python exit=$rc walk_off=$off $(count /tmp/py.folded . samples) $(count /tmp/py.folded '(^|;)run [(][^;]*;stage [(][^;]*;hot_path [(]' hot) detail="$(detail /tmp/py.err 'samples from')"
+else
+    say check=python exit=0 absent=1
+fi
+
 kill $spin
 say done
 poweroff -f

@@ -60,7 +60,16 @@ const CHECKS: &[(&str, &str)] = &[
     ("off-cpu", "off-cpu"),
     ("agent", "agent"),
     ("error-line", "error line"),
+    ("python", "python"),
 ];
+
+/// The share of the Python program's samples that must show
+/// `run → stage → hot_path` as Python frames.
+const MIN_PYTHON_SHARE: f64 = 0.9;
+
+/// The oldest kernel whose verifier accepts the Python walk (the agent's
+/// `PYTHON_WALK_SINCE`): from it on, the walk must be on and work.
+const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 
 pub fn judge(boot: &Boot) -> Vec<Verdict> {
     let checks: HashMap<String, Check> = boot
@@ -96,6 +105,16 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
         ));
         return verdicts;
     }
+    // "boot kernel=6.1.0-56-amd64 ...": (6, 1).
+    let kernel = boot
+        .results
+        .iter()
+        .find_map(|line| line.strip_prefix("boot kernel="))
+        .and_then(|release| {
+            let mut parts = release.split(|c: char| !c.is_ascii_digit());
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+        })
+        .unwrap_or((0, 0));
     for (name, short) in CHECKS {
         let verdict = match checks.get(*name) {
             None => fail(
@@ -110,14 +129,14 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
                     boot.tail.join("\n")
                 ),
             ),
-            Some(check) => judge_check(name, short, check),
+            Some(check) => judge_check(name, short, check, &kernel),
         };
         verdicts.push(verdict);
     }
     verdicts
 }
 
-fn judge_check(name: &str, short: &str, check: &Check) -> Verdict {
+fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> Verdict {
     let exit = check.exit();
     let detail = &check.detail;
     match name {
@@ -188,6 +207,45 @@ fn judge_check(name: &str, short: &str, check: &Check) -> Verdict {
                 )
             }
         }
+        "python" => {
+            let samples = check.number("samples");
+            let share = check.number("hot") as f64 / samples.max(1) as f64;
+            let walk_off = check.number("walk_off") > 0;
+            let expected = *kernel >= PYTHON_WALK_SINCE;
+            if check.number("absent") > 0 {
+                // Only images for another arch than the host's lack it.
+                return verdict(
+                    true,
+                    format!("{short} n/a"),
+                    format!("{name}: no python3.11 in this image"),
+                );
+            }
+            let passed = exit == "0"
+                && samples >= MIN_SAMPLES
+                && if expected {
+                    !walk_off && share >= MIN_PYTHON_SHARE
+                } else {
+                    walk_off && share == 0.0
+                };
+            verdict(
+                passed,
+                if expected {
+                    format!("{short} {share:.3} of {samples}")
+                } else {
+                    format!("{short} off")
+                },
+                format!(
+                    "{name}: exit {exit}, {samples} samples, {share:.3} with run;stage;hot_path as \
+                     Python frames (want {}), walk {}: {detail}",
+                    if expected {
+                        format!(">= {MIN_PYTHON_SHARE} of >= {MIN_SAMPLES}")
+                    } else {
+                        "none: walk off before Linux 6.1".to_string()
+                    },
+                    if walk_off { "off" } else { "on" }
+                ),
+            )
+        }
         _ => unreachable!("CHECKS names {name}"),
     }
 }
@@ -230,6 +288,7 @@ mod tests {
         "check=off-cpu exit=0 offcpu_us=3739776 block_here_us=3318110 detail=x",
         "check=agent exit=0 requests=2 with_samples=2 detail=x",
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
+        "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
     ];
 
     fn failed(verdicts: &[Verdict]) -> Vec<&str> {
@@ -281,6 +340,14 @@ mod tests {
                 5,
                 "check=error-line exit=0 lines=1 detail=hostprof: error: x",
             ),
+            (
+                6,
+                "check=python exit=0 walk_off=0 samples=790 hot=3 detail=x",
+            ),
+            (
+                6,
+                "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x",
+            ),
         ] {
             let mut lines = PASSING.to_vec();
             lines[index] = bad;
@@ -291,9 +358,25 @@ mod tests {
     }
 
     #[test]
+    fn python_frames_are_wanted_from_linux_6_1_and_absent_before() {
+        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+        let mut lines = PASSING.to_vec();
+        lines[0] = &old_boot;
+        assert_eq!(
+            failed(&judge(&boot(&lines))),
+            ["python off FAIL"],
+            "5.10: the walk must be off"
+        );
+        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
+        assert!(failed(&judge(&boot(&lines))).is_empty());
+        lines[6] = "check=python exit=0 absent=1";
+        assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
+    }
+
+    #[test]
     fn missing_results_fail() {
         let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 3);
+        assert_eq!(failed(&verdicts).len(), 4);
         assert!(verdicts[2].long.contains("no result"));
         let verdicts = judge(&boot(&[]));
         assert_eq!(failed(&verdicts), ["boot FAIL"]);

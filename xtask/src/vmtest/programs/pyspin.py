@@ -1,0 +1,22 @@
+# The vmtest's Python program: nearly all of its time in hot_path, called
+# through stage and run from <module>. No imports: the image carries only
+# the interpreter and its `encodings` package.
+
+
+def hot_path(n):
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def stage(n):
+    return hot_path(n)
+
+
+def run():
+    while True:
+        stage(100000)
+
+
+run()
