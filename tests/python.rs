@@ -315,3 +315,63 @@ fn python_frames_match_py_spy_on_every_version() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Off-CPU stacks carry Python frames too: a thread sleeping in
+/// `time.sleep` shows `<module> → loop → wait_here` above the C frames of
+/// the sleep, on a shared (pyenv) and a static (Debian) 3.11.
+#[test]
+fn off_cpu_stacks_show_the_python_function_that_waits() {
+    let Some(_guard) = require_ebpf() else { return };
+    let pyenv = std::env::var("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/root/.pyenv"));
+    let program = program_source("python_sleep.py");
+    for (name, python) in [
+        ("pyenv 3.11", pyenv.join("versions/3.11.7/bin/python3.11")),
+        ("debian static 3.11", PathBuf::from("/usr/bin/python3.11")),
+    ] {
+        if !python.exists() {
+            panic!("{name}: no {}; run `cargo xtask setup`", python.display());
+        }
+        let interpreter = Interpreter {
+            name,
+            command: vec![python.display().to_string()],
+            program: program.clone(),
+        };
+        let running = Program::start(&interpreter);
+        let folded = work_dir().join(format!("python-off-cpu-{}.folded", running.pid));
+        run_ok(
+            hostprof()
+                .args(["record", "--off-cpu", "--duration", "2", "--pid"])
+                .arg(running.pid.to_string())
+                .arg("--output")
+                .arg(&folded),
+        );
+        drop(running);
+        let stacks = parse_folded(&std::fs::read_to_string(&folded).expect("read folded"));
+        // Off-CPU weights are microseconds blocked.
+        let blocked: u64 = stacks
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|frame| frame.starts_with("[off-cpu")))
+            .map(|(_, weight)| weight)
+            .sum();
+        let in_python: u64 = stacks
+            .iter()
+            .filter(|(frames, _)| {
+                let python: Vec<&str> = frames
+                    .iter()
+                    .filter_map(|label| python_function(label))
+                    .collect();
+                frames.iter().any(|frame| frame.starts_with("[off-cpu"))
+                    && python == ["<module>", "loop", "wait_here"]
+            })
+            .map(|(_, weight)| weight)
+            .sum();
+        let share = in_python as f64 / blocked.max(1) as f64;
+        eprintln!("{name}: {blocked} us off-CPU, {share:.3} under <module>;loop;wait_here");
+        assert!(
+            blocked > 1_000_000 && share >= 0.9,
+            "{name}: {share:.3} of {blocked} us off-CPU under <module>;loop;wait_here"
+        );
+    }
+}

@@ -337,9 +337,9 @@ impl Attributor {
                 lines: Vec::new(),
             });
         }
-        if sample.kind == hostprof_common::SAMPLE_KIND_CPU {
-            self.add_python_frames(sample, &comm, &mut frames);
-        }
+        // CPU and off-CPU samples alike: a thread waiting in `time.sleep`
+        // or on a lock shows the Python function that waits.
+        self.add_python_frames(sample, &comm, &mut frames);
         if self.last_sweep.elapsed() >= self.sweep_interval {
             self.procs.forget_exited();
             self.python.retain(crate::procs::is_alive);

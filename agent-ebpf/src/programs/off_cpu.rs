@@ -132,7 +132,14 @@ pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, st
     let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    unsafe { fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+    unsafe {
+        fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state);
+        // The Python function a thread waits in (`time.sleep`, a lock, a
+        // socket): `prev` is the current task here, its memory readable.
+        if read_volatile(&PYTHON_WALK) != 0 {
+            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).python);
+        }
+    };
     if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
         bump(Counter::OffCpuMapFull);
     }
