@@ -285,6 +285,28 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
     }
 }
 
+/// A value of the current task's user memory.
+///
+/// Zeroed first: with an uninitialized buffer (as in
+/// `helpers::bpf_probe_read_user`), LLVM may let a failed read's value be
+/// whatever its stack slot held before. In the Python walk it merged two
+/// reads' failure checks into one and left the `ctx` pointer in a failed
+/// read's place; Linux 6.1's verifier, which cannot tell that the merged
+/// check fails whenever the first read did, followed that pointer and
+/// rejected the program ("bitwise operator &= on pointer prohibited").
+#[inline(always)]
+fn read_user<T: Default>(address: u64) -> Option<T> {
+    let mut value = T::default();
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (&mut value as *mut T).cast(),
+            size_of::<T>() as u32,
+            address as *const c_void,
+        )
+    };
+    (read == 0).then_some(value)
+}
+
 /// Copies the used part of a filled `sample` (compact layout: header,
 /// kernel frames, user frames; all of it when it has Python frames) to the ring, batching wakeups: the reader
 /// also drains on a timer, so a quiet ring never strands samples. A

@@ -13,28 +13,6 @@ use hostprof_common::python::{
 #[map(name = "PYTHON_PROCS")]
 static PYTHON_PROCS: HashMap<u32, py::Process> = HashMap::with_max_entries(py::MAX_PROCESSES, 0);
 
-/// A value of the sampled process's memory.
-///
-/// Zeroed first, as the unwinder's reads: with an uninitialized buffer
-/// (`helpers::bpf_probe_read_user`), LLVM let a failed read's value be
-/// whatever its stack slot held before (`ctx` in one build), merged two
-/// reads' failure checks into one, and Linux 6.1's verifier, which cannot
-/// tell that the merged check fails whenever the first read did, followed
-/// the stale pointer and rejected the program ("bitwise operator &= on
-/// pointer prohibited").
-#[inline(always)]
-fn read<T: Default>(address: u64) -> Option<T> {
-    let mut value = T::default();
-    let read = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            (&mut value as *mut T).cast(),
-            size_of::<T>() as u32,
-            address as *const c_void,
-        )
-    };
-    (read == 0).then_some(value)
-}
-
 /// Walks the current thread's interpreter frames into `stack` when its
 /// process is a registered Python process; counts how the walk ended.
 #[inline(always)]
@@ -68,11 +46,12 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
         return NO_NAMESPACE;
     }
     let tid = u64::from(ns.pid);
-    let Some(interpreter) = read::<u64>(process.runtime + u64::from(process.interpreters_head))
+    let Some(interpreter) =
+        read_user::<u64>(process.runtime + u64::from(process.interpreters_head))
     else {
         return READ_FAULT;
     };
-    let Some(mut thread) = read::<u64>(interpreter + u64::from(process.threads_head)) else {
+    let Some(mut thread) = read_user::<u64>(interpreter + u64::from(process.threads_head)) else {
         return READ_FAULT;
     };
     let mut matched = false;
@@ -80,14 +59,14 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
         if thread == 0 {
             return NO_THREAD;
         }
-        let Some(native) = read::<u64>(thread + u64::from(process.thread_native_id)) else {
+        let Some(native) = read_user::<u64>(thread + u64::from(process.thread_native_id)) else {
             return READ_FAULT;
         };
         if native == tid {
             matched = true;
             break;
         }
-        let Some(next) = read::<u64>(thread + u64::from(process.thread_next)) else {
+        let Some(next) = read_user::<u64>(thread + u64::from(process.thread_next)) else {
             return READ_FAULT;
         };
         thread = next;
@@ -95,11 +74,11 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
     if !matched {
         return THREAD_LIMIT;
     }
-    let Some(mut frame) = read::<u64>(thread + u64::from(process.thread_frame)) else {
+    let Some(mut frame) = read_user::<u64>(thread + u64::from(process.thread_frame)) else {
         return READ_FAULT;
     };
     if process.cframe_frame != ABSENT && frame != 0 {
-        let Some(current) = read::<u64>(frame + u64::from(process.cframe_frame)) else {
+        let Some(current) = read_user::<u64>(frame + u64::from(process.cframe_frame)) else {
             return READ_FAULT;
         };
         frame = current;
@@ -112,7 +91,7 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
         if frame == 0 {
             return COMPLETE;
         }
-        let Some(owner) = read::<u8>(frame + u64::from(process.frame_owner)) else {
+        let Some(owner) = read_user::<u8>(frame + u64::from(process.frame_owner)) else {
             return READ_FAULT;
         };
         let owner = u16::from(owner);
@@ -128,13 +107,13 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
                 return DEPTH_LIMIT;
             }
             let (Some(code), Some(instr)) = (
-                read::<u64>(frame + u64::from(process.frame_code)),
-                read::<u64>(frame + u64::from(process.frame_instr)),
+                read_user::<u64>(frame + u64::from(process.frame_code)),
+                read_user::<u64>(frame + u64::from(process.frame_instr)),
             ) else {
                 return READ_FAULT;
             };
             let entry = if process.frame_is_entry != ABSENT
-                && read::<u8>(frame + u64::from(process.frame_is_entry)).unwrap_or(0) != 0
+                && read_user::<u8>(frame + u64::from(process.frame_is_entry)).unwrap_or(0) != 0
             {
                 FRAME_ENTRY
             } else {
@@ -145,7 +124,7 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
             slot.instr = instr;
             unsafe { write_volatile(&mut stack.len, len as u32 + 1) };
         }
-        let Some(previous) = read::<u64>(frame + u64::from(process.frame_previous)) else {
+        let Some(previous) = read_user::<u64>(frame + u64::from(process.frame_previous)) else {
             return READ_FAULT;
         };
         frame = previous;

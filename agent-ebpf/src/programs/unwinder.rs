@@ -39,16 +39,7 @@ pub(super) fn rows_base() -> u64 {
 impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
     #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Option<u64> {
-        // Zeroed first: a failed read leaves nothing undefined behind.
-        let mut value = 0u64;
-        let read = unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_user(
-                (&mut value as *mut u64).cast(),
-                size_of::<u64>() as u32,
-                address as *const c_void,
-            )
-        };
-        (read == 0).then_some(value)
+        read_user(address)
     }
 
     #[inline(always)]
