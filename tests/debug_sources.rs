@@ -124,7 +124,7 @@ fn dwz(dir: &Path, common: &Path, link: &str) {
 
 #[test]
 fn dwz_supplementary_file_beside_the_binary() {
-    if !require_tool("dwz") || !require_tool("llvm-symbolizer") {
+    if !require_tool("dwz") || !require_tool(common::llvm::LLVM_SYMBOLIZER) {
         return;
     }
     let dir = fresh_dir("dwz-beside");
@@ -153,7 +153,7 @@ fn dwz_supplementary_file_beside_the_binary() {
 
 #[test]
 fn dwz_supplementary_file_in_a_dwz_directory_and_by_build_id() {
-    if !require_tool("dwz") || !require_tool("llvm-symbolizer") {
+    if !require_tool("dwz") || !require_tool(common::llvm::LLVM_SYMBOLIZER) {
         return;
     }
     for layout in ["dwz-dir", "build-id"] {
@@ -201,7 +201,7 @@ fn build_split(dir: &Path, version: &str) -> PathBuf {
 
 #[test]
 fn split_dwarf_from_dwo_files_and_a_dwp_package() {
-    if !require_tool("llvm-symbolizer") || !require_tool("llvm-dwp") {
+    if !require_tool(common::llvm::LLVM_SYMBOLIZER) || !require_tool("llvm-dwp") {
         return;
     }
     // GNU's DWARF 4 extension (DW_AT_GNU_dwo_id) and DWARF 5 skeletons.

@@ -357,7 +357,7 @@ fn assert_agreement(binary: &std::path::Path, comparisons: &[Comparison]) {
 
 #[test]
 fn line_tables_only_rust_names_are_qualified_as_llvm_symbolizer_says() {
-    if !require_tool("llvm-symbolizer") {
+    if !require_tool(common::llvm::LLVM_SYMBOLIZER) {
         return;
     }
     let binary = build_line_tables_only_rust();
@@ -423,7 +423,7 @@ fn our_libc() -> PathBuf {
 
 #[test]
 fn c_cpp_and_libc_names_agree_with_llvm_symbolizer() {
-    if !require_tool("llvm-symbolizer") {
+    if !require_tool(common::llvm::LLVM_SYMBOLIZER) {
         return;
     }
     let c = build_c("sym_target.c", "names_c", &["-g", "-O2"]);

@@ -57,13 +57,14 @@ fn main() -> anyhow::Result<()> {
     let hostprof_time = start.elapsed();
 
     let (llvm, llvm_time) = run_batch(
-        Command::new("llvm-symbolizer")
+        // LLVM 19's, the tests' reference for names (tests/common/llvm.rs).
+        Command::new("llvm-symbolizer-19")
             .arg(format!("--obj={}", binary.display()))
             .args(["--no-demangle", "--inlining"]),
         &addresses,
         parse_llvm,
     )
-    .context("run llvm-symbolizer (apt-get install llvm)")?;
+    .context("run llvm-symbolizer-19 (cargo xtask setup installs it)")?;
     let (binutils, binutils_time) = run_batch(
         Command::new("addr2line")
             .args(["-a", "-f", "-i", "-e"])

@@ -10,6 +10,13 @@ use std::{
 use hostprof::symbolize::{Module, Symbolizer};
 use object::{Object, ObjectSymbol, SymbolKind};
 
+/// The reference: LLVM 19's llvm-symbolizer (Debian's `llvm-19`, installed by
+/// `cargo xtask setup`). Bookworm's default, LLVM 14, joins a DWARF 5 line
+/// table's directory 0 to the compilation directory a second time
+/// (`./stdlib/./stdlib/abort.c` for glibc's `./stdlib/abort.c`), which later
+/// LLVMs fixed: the comparison is with what the tool says today.
+pub const LLVM_SYMBOLIZER: &str = "llvm-symbolizer-19";
+
 /// One function of an address's answer: its raw (mangled) name, the line
 /// its definition starts at (0 when unknown), and the source file and line
 /// executing in it (empty and 0 when unknown).
@@ -211,7 +218,7 @@ pub fn pick_addresses(binary: &Path, count: usize) -> Vec<u64> {
 /// llvm-symbolizer's functions (raw names, inlined ones first) at each of
 /// `addresses` of `binary`.
 pub fn llvm_symbolizer(binary: &Path, addresses: &[u64]) -> Vec<Vec<Named>> {
-    let mut child = Command::new("llvm-symbolizer")
+    let mut child = Command::new(LLVM_SYMBOLIZER)
         .arg(format!("--obj={}", binary.display()))
         .args(["--no-demangle", "--inlining", "--verbose"])
         .stdin(Stdio::piped())

@@ -16,6 +16,9 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("linux-perf", "perf"),
     ("util-linux", "setpriv"),
     ("llvm", "llvm-symbolizer"),
+    // The tests' reference for names (tests/common/llvm.rs): LLVM 19's
+    // llvm-symbolizer, whose DWARF 5 paths are right where LLVM 14's are not.
+    ("llvm-19", "llvm-symbolizer-19"),
     ("binutils", "addr2line"),
     ("golang-go", "go"),
     ("systemd", "systemd-analyze"),

@@ -19,8 +19,17 @@ use crate::model::Line;
 const MAX_MINIDEBUGINFO: usize = 256 << 20;
 
 /// A code symbol while tables are read: start, size (0 when unknown), raw
-/// name (borrowed from the file).
-type Symbol<'a> = (u64, u64, &'a str);
+/// name and, for a local symbol, the source file its `STT_FILE` symbol
+/// names (all borrowed from the file).
+type Symbol<'a> = (u64, u64, &'a str, Option<&'a str>);
+
+/// The symbol found at an address: its raw name and, for a local symbol,
+/// the source file the symbol table puts it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found<'a> {
+    pub name: &'a str,
+    pub file: Option<&'a str>,
+}
 
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
 #[derive(Debug, Default)]
@@ -28,6 +37,10 @@ pub struct ElfSymbols {
     /// Sorted by start. Large binaries (a compiler's shared library) have
     /// hundreds of thousands of names.
     symbols: Vec<Entry>,
+    /// (index in `symbols`, file name) of the local symbols that have a
+    /// source file, by index: few symbols have one, so it is not a field of
+    /// every entry.
+    files: Vec<(u32, NameAt)>,
     names: Names,
     /// PT_LOAD segments as (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
@@ -75,27 +88,46 @@ impl ElfSymbols {
             symbols.extend(
                 functions
                     .iter()
-                    .map(|(start, size, name)| (*start, *size, &**name)),
+                    .map(|(start, size, name)| (*start, *size, &**name, None)),
             );
         }
         Self::build(symbols, segments)
     }
 
     /// The table of `symbols`, preferred names first: at one address the
-    /// sized entry wins, then the first listed (stable sort).
+    /// largest entry wins, then the first listed (stable sort).
     fn build(mut symbols: Vec<Symbol>, segments: Vec<(u64, u64, u64)>) -> Self {
         symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        symbols.dedup_by_key(|(start, _, _)| *start);
-        let mut names = Names::with_capacity(symbols.iter().map(|(_, _, name)| name.len()).sum());
+        symbols.dedup_by_key(|(start, ..)| *start);
+        let mut names =
+            Names::with_capacity(symbols.iter().map(|(_, _, name, _)| name.len()).sum());
         let mut entries = Vec::with_capacity(symbols.len());
-        for (start, size, name) in symbols {
-            let Some(name) = names.push(&[name]) else {
+        let mut files: Vec<(u32, NameAt)> = Vec::new();
+        // The last file pushed: a file's local symbols sit together, so one
+        // copy of its name serves them all.
+        let mut last_file: Option<(&str, NameAt)> = None;
+        for (start, size, name, file) in symbols {
+            let (Some(name), Ok(index)) = (names.push(&[name]), u32::try_from(entries.len()))
+            else {
                 break;
             };
             entries.push(Entry { start, size, name });
+            let Some(file) = file else { continue };
+            let at = match last_file {
+                Some((last, at)) if last == file => at,
+                _ => {
+                    let Some(at) = names.push(&[file]) else {
+                        continue;
+                    };
+                    last_file = Some((file, at));
+                    at
+                }
+            };
+            files.push((index, at));
         }
         ElfSymbols {
             symbols: entries,
+            files,
             names,
             segments,
         }
@@ -110,9 +142,23 @@ impl ElfSymbols {
     }
 
     fn iter(&self) -> impl Iterator<Item = Symbol<'_>> {
-        self.symbols
-            .iter()
-            .map(|entry| (entry.start, entry.size, self.names.get(entry.name)))
+        self.symbols.iter().enumerate().map(|(index, entry)| {
+            let found = self.found(index, entry);
+            (entry.start, entry.size, found.name, found.file)
+        })
+    }
+
+    /// Entry `index`'s name and file.
+    fn found(&self, index: usize, entry: &Entry) -> Found<'_> {
+        let file = self
+            .files
+            .binary_search_by_key(&index, |(at, _)| *at as usize)
+            .ok()
+            .map(|found| self.names.get(self.files[found].1));
+        Found {
+            name: self.names.get(entry.name),
+            file,
+        }
     }
 
     /// Translates a file offset to the address the ELF's symbols use.
@@ -126,22 +172,34 @@ impl ElfSymbols {
         })
     }
 
-    /// The raw name of the function at ELF address `address`.
-    pub fn lookup_name(&self, address: u64) -> Option<&str> {
-        let index = self.symbols.partition_point(|entry| entry.start <= address);
-        let entry = self.symbols.get(index.checked_sub(1)?)?;
+    /// The function symbol at ELF address `address`.
+    pub fn lookup_symbol(&self, address: u64) -> Option<Found<'_>> {
+        let index = self
+            .symbols
+            .partition_point(|entry| entry.start <= address)
+            .checked_sub(1)?;
+        let entry = self.symbols.get(index)?;
         // A sized symbol must contain the address; an unsized one (hand-written
         // assembly) covers up to the next symbol.
         if entry.size != 0 && address - entry.start >= entry.size {
             return None;
         }
-        Some(self.names.get(entry.name))
+        Some(self.found(index, entry))
     }
 
-    /// The function at ELF address `address`.
+    /// The raw name of the function at ELF address `address`.
+    pub fn lookup_name(&self, address: u64) -> Option<&str> {
+        self.lookup_symbol(address).map(|found| found.name)
+    }
+
+    /// The function at ELF address `address` (with the symbol table's
+    /// source file for a local symbol, as llvm-symbolizer gives it).
     pub fn lookup(&self, address: u64) -> Option<Line> {
-        let name = self.lookup_name(address)?;
-        Some(Line::named(demangle(name), Arc::from(name)))
+        let found = self.lookup_symbol(address)?;
+        Some(Line {
+            file: found.file.map(Arc::from),
+            ..Line::named(demangle(found.name), Arc::from(found.name))
+        })
     }
 
     /// Number of code symbols (0 for a fully stripped file).
@@ -156,37 +214,43 @@ impl ElfSymbols {
 
     /// Rough heap size, for the cache's memory budget.
     pub fn estimated_size(&self) -> usize {
-        self.symbols.len() * size_of::<Entry>() + self.names.bytes() + self.segments.len() * 24
+        self.symbols.len() * size_of::<Entry>()
+            + self.files.len() * size_of::<(u32, NameAt)>()
+            + self.names.bytes()
+            + self.segments.len() * 24
     }
 }
 
-/// The file's code symbols, the preferred names of an address first (the
-/// table sorts stably and keeps the first): the fewest leading underscores
-/// (public names: `abort` over glibc's `__GI_abort`, `isalnum_l` over
-/// `__isalnum_l`), then global, weak, local symbols.
+/// The file's code symbols as llvm-symbolizer reads them: `.symtab`, or
+/// `.dynsym` where there is none. At an address with several names
+/// (`uselocale` and `__uselocale`, a C++ constructor's `C1` and `C2`, code
+/// folded into one copy) llvm-symbolizer keeps the largest, then the last
+/// the table lists: so the table is returned backwards, and [`ElfSymbols`]
+/// keeps the first. A local symbol's source file is the `STT_FILE` symbol
+/// before it (ELF lists each file's locals after it).
 fn code_symbols<'a>(file: &object::File<'a>) -> Vec<Symbol<'a>> {
-    let mut symbols: Vec<((usize, u8), Symbol<'a>)> = file
-        .symbols()
-        .chain(file.dynamic_symbols())
-        .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.address() != 0)
-        .filter_map(|symbol| {
-            let name = symbol.name().ok().filter(|name| !name.is_empty())?;
-            let binding = if symbol.is_weak() {
-                1
-            } else if symbol.is_global() {
-                0
-            } else {
-                2
-            };
-            let underscores = name.bytes().take_while(|byte| *byte == b'_').count();
-            Some((
-                (underscores, binding),
-                (symbol.address(), symbol.size(), name),
-            ))
-        })
-        .collect();
-    symbols.sort_by_key(|(preference, _)| *preference);
-    symbols.into_iter().map(|(_, symbol)| symbol).collect()
+    let mut table: Vec<object::Symbol<'a, '_>> = file.symbols().collect();
+    if table.is_empty() {
+        table = file.dynamic_symbols().collect();
+    }
+    let mut source: Option<&'a str> = None;
+    let mut symbols: Vec<Symbol<'a>> = Vec::new();
+    for symbol in &table {
+        if symbol.kind() == SymbolKind::File {
+            source = symbol.name().ok().filter(|name| !name.is_empty());
+            continue;
+        }
+        if symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
+            continue;
+        }
+        let Some(name) = symbol.name().ok().filter(|name| !name.is_empty()) else {
+            continue;
+        };
+        let file = symbol.is_local().then_some(source).flatten();
+        symbols.push((symbol.address(), symbol.size(), name, file));
+    }
+    symbols.reverse();
+    symbols
 }
 
 /// The decompressed MiniDebugInfo ELF, if the file has one.
@@ -210,7 +274,7 @@ mod tests {
     #[test]
     fn extents_at_the_end_of_the_address_space() {
         let symbols = ElfSymbols::build(
-            vec![(u64::MAX - 1, u64::MAX, "f")],
+            vec![(u64::MAX - 1, u64::MAX, "f", None)],
             vec![(u64::MAX - 4, u64::MAX, u64::MAX - 2)],
         );
         assert_eq!(symbols.offset_to_address(u64::MAX - 1), Some(0));
@@ -219,28 +283,40 @@ mod tests {
     }
 
     /// At one address the sized symbol wins, then the first listed; a
-    /// debug file's names fill in without replacing the file's own.
+    /// debug file's names fill in without replacing the file's own, and
+    /// files stay with their symbols through the merge.
     #[test]
     fn one_name_per_address_and_merged_tables_keep_the_first() {
         let mut symbols = ElfSymbols::build(
             vec![
-                (0x100, 0, "unsized"),
-                (0x100, 0x10, "sized"),
-                (0x200, 0x10, "own"),
+                (0x100, 0, "unsized", None),
+                (0x100, 0x10, "sized", Some("a.c")),
+                (0x200, 0x10, "own", None),
             ],
             Vec::new(),
         );
         assert_eq!(symbols.lookup_name(0x105), Some("sized"));
         assert_eq!(symbols.lookup_name(0x110), None);
         symbols.merge(ElfSymbols::build(
-            vec![(0x200, 0x10, "debug"), (0x300, 0, "only_in_debug")],
+            vec![
+                (0x200, 0x10, "debug", Some("b.c")),
+                (0x300, 0, "only_in_debug", Some("b.c")),
+            ],
             Vec::new(),
         ));
         assert_eq!(symbols.len(), 3);
-        assert_eq!(symbols.lookup_name(0x208), Some("own"));
+        assert_eq!(
+            symbols.lookup_symbol(0x208),
+            Some(Found {
+                name: "own",
+                file: None
+            })
+        );
+        assert_eq!(symbols.lookup_symbol(0x100).unwrap().file, Some("a.c"));
         // Unsized: up to the next symbol, here the end of the table.
         assert_eq!(symbols.lookup_name(0x3ff), Some("only_in_debug"));
         let line = symbols.lookup(0x300).unwrap();
         assert_eq!(&*line.system_name, "only_in_debug");
+        assert_eq!(line.file.as_deref(), Some("b.c"));
     }
 }

@@ -167,13 +167,14 @@ impl Module {
     /// call from DWARF, else the symbol table's function.
     ///
     /// The outermost (not inlined) function takes the name of the symbol
-    /// holding the address, as llvm-symbolizer does, unless DWARF's name is
-    /// qualified: DWARF without linkage names (Rust's `line-tables-only`,
-    /// clang's `-gmlt`) says `hot_path` where the symbol says
-    /// `rswork::hot_path`, and glibc's says `__GI_abort` for `abort`. C++ and
-    /// Rust linkage names stay DWARF's, and so does `f` for GCC's clones of
-    /// it (symbols `f.isra.0`, `f.cold`): a function keeps one name. Inlined
-    /// functions have no symbol and keep DWARF's names.
+    /// holding the address, as llvm-symbolizer does: DWARF without linkage
+    /// names (Rust's `line-tables-only`, clang's `-gmlt`) says `hot_path`
+    /// where the symbol says `rswork::hot_path`, glibc's says `__GI_abort`
+    /// where the symbol says `abort`, and GCC's clones keep their suffix
+    /// (`f.isra.0`, `f.cold`) as perf shows them. Where no line row covers
+    /// the address, a local symbol's source file (`STT_FILE`) stands in, as
+    /// in llvm-symbolizer. Inlined functions have no symbol and keep DWARF's
+    /// names.
     pub fn lookup_address(&self, address: u64) -> Vec<Line> {
         let mut lines = self
             .dwarf
@@ -184,20 +185,15 @@ impl Module {
             // A location without a function (assembly, or a unit built
             // without debug info for functions) still gives the line.
             lines.retain(|line| !line.system_name.is_empty());
-            match self.symbols.lookup_name(address) {
-                Some(name)
-                    if outermost.system_name.is_empty()
-                        || !(is_qualified(&outermost)
-                            || is_clone_of(name, &outermost.system_name)) =>
-                {
-                    lines.push(Line {
-                        function: demangle(name),
-                        system_name: Arc::from(name),
-                        ..outermost
-                    })
-                }
-                _ if !outermost.system_name.is_empty() => lines.push(outermost),
-                _ => {}
+            match self.symbols.lookup_symbol(address) {
+                Some(symbol) => lines.push(Line {
+                    function: demangle(symbol.name),
+                    system_name: Arc::from(symbol.name),
+                    file: outermost.file.or_else(|| symbol.file.map(Arc::from)),
+                    ..outermost
+                }),
+                None if !outermost.system_name.is_empty() => lines.push(outermost),
+                None => {}
             }
         }
         if lines.is_empty() {
@@ -296,42 +292,4 @@ fn load_dwarf(
             None
         }
     }
-}
-
-/// Whether DWARF named a function with its full path: a linkage name
-/// (mangled, so demangling changed it), or a name with a path.
-fn is_qualified(line: &Line) -> bool {
-    !line.system_name.is_empty() && (line.function != line.system_name || has_path(&line.function))
-}
-
-/// Whether symbol `clone` is `function` with GCC clone suffixes
-/// (`f.isra.0`, `f.constprop.0.cold`, `f.part.1`).
-fn is_clone_of(clone: &str, function: &str) -> bool {
-    clone.strip_prefix(function).is_some_and(|suffix| {
-        suffix.starts_with('.')
-            && suffix.split('.').skip(1).all(|part| {
-                matches!(
-                    part,
-                    "isra" | "constprop" | "part" | "cold" | "lto_priv" | "localalias"
-                ) || (!part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
-            })
-    })
-}
-
-/// Whether a (demangled) name has `::` outside its generic arguments and
-/// parameters: `rswork::hot_path` does, `fold<core::ops::Range<u64>>` and C
-/// names do not.
-fn has_path(name: &str) -> bool {
-    let mut depth = 0usize;
-    let mut previous = '\0';
-    for c in name.chars() {
-        match c {
-            '<' | '(' | '[' => depth += 1,
-            '>' | ')' | ']' => depth = depth.saturating_sub(1),
-            ':' if previous == ':' && depth == 0 => return true,
-            _ => {}
-        }
-        previous = c;
-    }
-    false
 }
