@@ -324,3 +324,15 @@ fn file_type_name(file_type: FileType) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+
+/// A copy of this process's vDSO image: the kernel maps the same one into
+/// every process of our ABI, so it stands for theirs (unwind tables, names).
+pub fn own_vdso() -> Option<Vec<u8>> {
+    let maps = std::fs::read("/proc/self/maps").ok()?;
+    let maps = crate::procs::parse_maps(&maps).ok()?;
+    let vdso = maps.iter().find(|map| &*map.path == "[vdso]")?;
+    let (start, end) = (vdso.start, vdso.end);
+    // SAFETY: the vDSO is mapped readable for the life of the process.
+    let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
+    Some(bytes.to_vec())
+}

@@ -247,6 +247,10 @@ pub struct Symbolizer {
     /// one huge binary cannot evict everything else (or never fit).
     dwarf_limit: usize,
     debuginfod: Option<Debuginfod>,
+    /// Our own vDSO, parsed on first use: the kernel maps the same image
+    /// into every process of our ABI, so it names theirs.
+    /// With its size.
+    vdso: std::sync::OnceLock<Option<(Arc<Module>, u64)>>,
     state: Mutex<State>,
 }
 
@@ -286,6 +290,7 @@ impl Symbolizer {
             debug_dirs: DebugDirs { extra: debug_dirs },
             dwarf_limit: module_budget / 2,
             debuginfod,
+            vdso: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 files: HashMap::new(),
                 failed: HashMap::new(),
@@ -367,6 +372,11 @@ impl Symbolizer {
                 .extend(self.kernel_symbol(frame.address.saturating_sub(back)));
             return;
         }
+        if let Some(vdso) = self.vdso_for(mapping) {
+            let offset = frame.file_offset.saturating_sub(back);
+            frame.lines.extend(vdso.lookup_offset(offset));
+            return;
+        }
         if mapping.inode == 0 {
             // Anonymous executable memory: JIT code, named by a perf map.
             if mapping.path.is_empty()
@@ -398,6 +408,9 @@ impl Symbolizer {
     /// Build ids of the file behind `mapping` (for OTLP mapping attributes);
     /// `None` for anonymous memory or a file that cannot be read.
     pub fn build_ids(&self, pid: u32, mapping: &Mapping) -> Option<BuildIds> {
+        if let Some(vdso) = self.vdso_for(mapping) {
+            return Some(vdso.build_ids().clone());
+        }
         if mapping.inode == 0 {
             return None;
         }
@@ -415,6 +428,24 @@ impl Symbolizer {
         let identity = state.files.get(&key)?.identity.clone();
         let loaded = state.modules.get(&identity)?;
         Some(loaded.module.build_ids().clone())
+    }
+
+    /// The vDSO image that names `mapping` when it is a process's `[vdso]`:
+    /// ours, when it is the same size (a 32-bit process maps another image,
+    /// which ours would misname).
+    fn vdso_for(&self, mapping: &Mapping) -> Option<Arc<Module>> {
+        if mapping.inode != 0 || &*mapping.path != "[vdso]" {
+            return None;
+        }
+        let (vdso, size) = self
+            .vdso
+            .get_or_init(|| {
+                let image = files::own_vdso()?;
+                let module = Module::from_bytes(&image, &[]).ok()?;
+                Some((Arc::new(module), image.len() as u64))
+            })
+            .clone()?;
+        (mapping.end.saturating_sub(mapping.start) == size).then_some(vdso)
     }
 
     /// Loads (or finds cached) the file at host path `path`: for tools and

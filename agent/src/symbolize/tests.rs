@@ -246,3 +246,48 @@ fn minidebuginfo_names_a_static_function_of_a_stripped_library() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A frame in a process's `[vdso]` is named from the vDSO image (there is
+/// no file behind it): here this process's own `clock_gettime`, found
+/// through the auxiliary vector's image, not through the symbolizer.
+#[test]
+fn vdso_frames_are_named() {
+    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+    assert_ne!(base, 0, "no vDSO in this process");
+    let image = crate::files::own_vdso().expect("the vDSO image");
+    let elf = object::File::parse(&*image).expect("the vDSO is an ELF file");
+    let (symbol, address) = object::Object::dynamic_symbols(&elf)
+        .filter_map(|symbol| {
+            let name = object::ObjectSymbol::name(&symbol).ok()?;
+            (name.ends_with("clock_gettime") && object::ObjectSymbol::size(&symbol) > 4)
+                .then(|| (name.to_string(), object::ObjectSymbol::address(&symbol)))
+        })
+        .next()
+        .expect("clock_gettime in the vDSO");
+    // Symbol addresses are link-time ones: the image's first segment is
+    // mapped at its base.
+    let linked = object::Object::segments(&elf)
+        .map(|segment| object::ObjectSegment::address(&segment))
+        .min()
+        .expect("a loaded segment");
+    let runtime = base + (address - linked) + 2;
+    let mut frame = frame_at(runtime);
+    assert_eq!(
+        frame.mapping.as_ref().map(|mapping| &*mapping.path),
+        Some("[vdso]")
+    );
+    let symbolizer = Symbolizer::new();
+    symbolizer.symbolize(std::process::id(), &mut frame, false);
+    let outer = frame.lines.last().expect("a vDSO frame is named");
+    assert!(
+        outer.function.ends_with("clock_gettime"),
+        "{} named {:?}",
+        symbol,
+        frame.lines
+    );
+    let mapping = frame.mapping.as_ref().unwrap();
+    let ids = symbolizer
+        .build_ids(std::process::id(), mapping)
+        .expect("the vDSO's build id");
+    assert!(ids.gnu.is_some(), "{ids:?}");
+}

@@ -156,13 +156,7 @@ impl FileSource for ProcFiles {
 
 /// A copy of this process's vDSO image.
 pub(crate) fn own_vdso() -> Option<FileData> {
-    let maps = std::fs::read("/proc/self/maps").ok()?;
-    let maps = crate::procs::parse_maps(&maps).ok()?;
-    let vdso = maps.iter().find(|map| &*map.path == "[vdso]")?;
-    let (start, end) = (vdso.start, vdso.end);
-    // SAFETY: the vDSO is mapped readable for the life of the process.
-    let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
-    Some(Arc::new(bytes.to_vec()))
+    Some(Arc::new(crate::files::own_vdso()?))
 }
 
 /// The executable mappings of a live process.
