@@ -332,20 +332,11 @@ fn is_root() -> bool {
     root
 }
 
-#[test]
-fn debuginfod_delivers_a_debug_file_the_host_lacks() {
-    if !require_tool("debuginfod") || !is_root() {
-        return;
-    }
-    let dir = fresh_dir("debuginfod");
-    let served = dir.join("served");
-    std::fs::create_dir_all(&served).expect("create dir");
-    let binary = common::build_c(
-        "sym_target.c",
-        "debuginfod_target",
-        &["-g", "-O2", "-Wl,--build-id"],
-    );
-    let debug = served.join("debuginfod_target.debug");
+/// A stripped build of `sym_target.c` named `name` in `dir`, its debug file
+/// kept apart: (binary, debug file, build id, address of `outer_function`).
+fn stripped_with_debug_file(dir: &Path, name: &str) -> (PathBuf, PathBuf, String, u64) {
+    let binary = common::build_c("sym_target.c", name, &["-g", "-O2", "-Wl,--build-id"]);
+    let debug = dir.join(format!("{name}.debug"));
     run_ok(
         Command::new("objcopy")
             .arg("--only-keep-debug")
@@ -363,6 +354,18 @@ fn debuginfod_delivers_a_debug_file_the_host_lacks() {
             .expect("outer_function in the debug file")
             .address()
     };
+    (binary, debug, id, outer)
+}
+
+#[test]
+fn debuginfod_delivers_a_debug_file_the_host_lacks() {
+    if !require_tool("debuginfod") || !is_root() {
+        return;
+    }
+    let dir = fresh_dir("debuginfod");
+    let served = dir.join("served");
+    std::fs::create_dir_all(&served).expect("create dir");
+    let (binary, _, id, outer) = stripped_with_debug_file(&served, "debuginfod_target");
 
     let server = DebuginfodServer::start(&served);
     server.enter();
@@ -427,6 +430,110 @@ fn debuginfod_delivers_a_debug_file_the_host_lacks() {
             .map(|l| l.function.to_string()),
         Some("outer_function".into())
     );
+}
+
+/// An https debuginfod server (`openssl s_server -WWW` serving the
+/// `/buildid/ID/debuginfo` layout over TLS on loopback): fetched when its
+/// certificate is trusted, refused when it is not.
+#[test]
+fn debuginfod_over_https_verifies_the_server() {
+    if !require_tool("openssl") {
+        return;
+    }
+    let dir = fresh_dir("debuginfod-https");
+    let (binary, debug, id, outer) = stripped_with_debug_file(&dir, "debuginfod_https_target");
+    let served = dir.join("served");
+    let at = served.join(format!("buildid/{id}"));
+    std::fs::create_dir_all(&at).expect("create dir");
+    std::fs::copy(&debug, at.join("debuginfo")).expect("serve the debug file");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    run_ok(
+        Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec"])
+            .args([
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+            ])
+            .args([
+                "-subj",
+                "/CN=localhost",
+                "-addext",
+                "subjectAltName=DNS:localhost",
+                // A server certificate, its own trust anchor (not a CA's).
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let mut server = Command::new("openssl")
+        .args(["s_server", "-WWW", "-quiet", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .current_dir(&served)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start openssl s_server");
+    // The probe's connection is closed at once: s_server serves one
+    // connection at a time.
+    let listening = common::running::wait_for(std::time::Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(drop)
+    });
+    assert!(listening.is_some(), "openssl s_server never listened");
+    let fetch = |ca_file: Option<PathBuf>, cache: &str| {
+        let cache = dir.join(cache);
+        let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+            debuginfod: Some(DebuginfodOptions {
+                cache_dir: cache.clone(),
+                ca_file,
+                ..DebuginfodOptions::with_urls(vec![format!("https://localhost:{port}")])
+                    .expect("options")
+            }),
+            ..SymbolizerOptions::default()
+        });
+        let module = symbolizer.module_for_path(&binary).expect("load");
+        assert!(
+            module.lookup_address(outer).is_empty(),
+            "named before the fetch"
+        );
+        assert!(
+            symbolizer.wait_for_debuginfod(std::time::Duration::from_secs(60)),
+            "fetch never finished"
+        );
+        let module = symbolizer.module_for_path(&binary).expect("load again");
+        module
+            .lookup_address(outer)
+            .last()
+            .map(|line| line.function.to_string())
+    };
+    // A certificate no root vouches for: nothing is fetched.
+    assert_eq!(
+        fetch(None, "untrusted"),
+        None,
+        "an unverified server was used"
+    );
+    // Trusted: the debug file arrives and names the function.
+    assert_eq!(
+        fetch(Some(cert.clone()), "trusted"),
+        Some("outer_function".to_string())
+    );
+    let _ = server.kill();
+    let _ = server.wait();
 }
 
 #[test]

@@ -10,9 +10,9 @@
 //! Misses are remembered for a while (a negative cache), and the cache is
 //! kept under its byte budget by deleting the oldest files.
 //!
-//! Plain `http://` only: hyper (already used for the metrics server) speaks
-//! it without new dependencies; an `https://` server is skipped with one
-//! warning.
+//! `http://` and `https://` servers (hyper, as for the metrics server, and
+//! rustls with the system's roots, as for OTLP export: `SSL_CERT_FILE` or
+//! `SSL_CERT_DIR` point elsewhere). Certificates are always verified.
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
@@ -47,6 +47,9 @@ pub struct DebuginfodOptions {
     pub cache_bytes: u64,
     /// Most time one download may take.
     pub timeout: Duration,
+    /// A PEM file of certificates trusted for `https://` servers besides
+    /// the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl DebuginfodOptions {
@@ -73,6 +76,7 @@ impl DebuginfodOptions {
             cache_dir: base.join("hostprof/debuginfod"),
             cache_bytes: 2 << 30,
             timeout: Duration::from_secs(120),
+            ca_file: None,
         })
     }
 }
@@ -97,7 +101,6 @@ struct Shared {
     has_arrivals: AtomicBool,
     /// One warning per kind of failure, the rest at debug level.
     warned_unreachable: AtomicBool,
-    warned_https: AtomicBool,
 }
 
 /// A debuginfod client with its background fetcher.
@@ -115,7 +118,6 @@ impl Debuginfod {
             settled: Condvar::new(),
             has_arrivals: AtomicBool::new(false),
             warned_unreachable: AtomicBool::new(false),
-            warned_https: AtomicBool::new(false),
         });
         let (sender, receiver) = mpsc::channel::<String>();
         let cache_dir = options.cache_dir.clone();
@@ -237,18 +239,13 @@ fn fetch_loop(options: &DebuginfodOptions, shared: &Shared, queue: &mpsc::Receiv
 async fn fetch_any(options: &DebuginfodOptions, shared: &Shared, hex: &str) -> bool {
     for base in &options.urls {
         let base = base.trim_end_matches('/');
-        if base.starts_with("https://") {
-            if !shared.warned_https.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "debuginfod server {base} skipped: only http:// servers are supported \
-                     (use a local http mirror or proxy)"
-                );
-            }
-            continue;
-        }
         let url = format!("{base}/buildid/{hex}/debuginfo");
         let limit = options.cache_bytes.min(MAX_DEBUG_FILE_BYTES);
-        let fetched = tokio::time::timeout(options.timeout, get(&url, limit)).await;
+        let fetched = tokio::time::timeout(
+            options.timeout,
+            get(&url, limit, options.ca_file.as_deref()),
+        )
+        .await;
         let body = match fetched {
             Ok(Ok(body)) => body,
             Ok(Err(FetchError::NotFound(url))) => {
@@ -289,56 +286,138 @@ fn unreachable_server(shared: &Shared, problem: &str) {
     }
 }
 
-/// GETs `url` (plain HTTP/1.1), at most `limit` bytes of body.
-async fn get(url: &str, limit: u64) -> Result<Bytes, FetchError> {
+/// GETs `url` (HTTP/1.1, over TLS for `https://`), at most `limit` bytes
+/// of body; `ca_file` adds trusted certificates for TLS.
+async fn get(url: &str, limit: u64, ca_file: Option<&Path>) -> Result<Bytes, FetchError> {
     let failed = |problem: String| FetchError::Failed {
         url: url.to_string(),
         problem,
     };
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| failed("not an http:// URL".into()))?;
+    let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return Err(failed("not an http:// or https:// URL".into())),
+    };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let address = if authority.contains(':') {
+    // `host`, `host:port`, `[v6]` or `[v6]:port`.
+    let host = match authority.rsplit_once(':') {
+        Some((host, _)) if !authority.ends_with(']') => host,
+        _ => authority,
+    }
+    .trim_start_matches('[')
+    .trim_end_matches(']');
+    let address = if authority.contains(':') && !authority.ends_with(']') {
         authority.to_string()
     } else {
-        format!("{authority}:80")
+        format!("{authority}:{}", if tls { 443 } else { 80 })
     };
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&address))
         .await
         .map_err(|_| failed(format!("no connection within {CONNECT_TIMEOUT:?}")))?
         .map_err(|err| failed(format!("cannot connect: {err}")))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|err| failed(err.to_string()))?;
-    let driver = tokio::spawn(connection);
-    let request = hyper::Request::get(path)
+    let request = hyper::Request::get(if path.is_empty() { "/" } else { path })
         .header(hyper::header::HOST, authority)
         .header(hyper::header::USER_AGENT, "hostprof")
         .body(Empty::<Bytes>::new())
         .map_err(|err| failed(err.to_string()))?;
+    if !tls {
+        return send(stream, request, limit)
+            .await
+            .map_err(|err| err.at(url));
+    }
+    let config = tls_config(ca_file).map_err(failed)?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|err| failed(format!("{host}: not a TLS server name: {err}")))?;
+    let stream = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_rustls::TlsConnector::from(config).connect(name, stream),
+    )
+    .await
+    .map_err(|_| failed(format!("no TLS handshake within {CONNECT_TIMEOUT:?}")))?
+    .map_err(|err| failed(format!("TLS: {err}")))?;
+    send(stream, request, limit)
+        .await
+        .map_err(|err| err.at(url))
+}
+
+/// What [`send`] found, before it is told the URL.
+enum Sent {
+    NotFound,
+    Failed(String),
+}
+
+impl Sent {
+    fn at(self, url: &str) -> FetchError {
+        match self {
+            Sent::NotFound => FetchError::NotFound(url.to_string()),
+            Sent::Failed(problem) => FetchError::Failed {
+                url: url.to_string(),
+                problem,
+            },
+        }
+    }
+}
+
+/// Sends `request` on `stream` and reads at most `limit` bytes of the body.
+async fn send<S>(
+    stream: S,
+    request: hyper::Request<Empty<Bytes>>,
+    limit: u64,
+) -> Result<Bytes, Sent>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let failed = |err: &dyn std::fmt::Display| Sent::Failed(err.to_string());
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|err| failed(&err))?;
+    let driver = tokio::spawn(connection);
     let response = sender
         .send_request(request)
         .await
-        .map_err(|err| failed(err.to_string()))?;
+        .map_err(|err| failed(&err))?;
     let status = response.status();
     if status == hyper::StatusCode::NOT_FOUND {
         driver.abort();
-        return Err(FetchError::NotFound(url.to_string()));
+        return Err(Sent::NotFound);
     }
     if !status.is_success() {
         driver.abort();
-        return Err(failed(format!("answered {status}")));
+        return Err(Sent::Failed(format!("answered {status}")));
     }
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let body = Limited::new(response.into_body(), limit)
         .collect()
         .await
-        .map_err(|err| failed(format!("body: {err}")))?
+        .map_err(|err| Sent::Failed(format!("body: {err}")))?
         .to_bytes();
     driver.abort();
     Ok(body)
+}
+
+/// The TLS client configuration: the system's roots (rustls-native-certs:
+/// `SSL_CERT_FILE`/`SSL_CERT_DIR` where set) and `ca_file`'s certificates.
+fn tls_config(ca_file: Option<&Path>) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+    use tokio_rustls::rustls::{self, pki_types::pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates leave fewer roots, not an error: a
+    // server signed by one of them then fails its handshake, and says so.
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = ca_file {
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|err| format!("CA file {}: {err}", path.display()))?;
+        roots.add_parsable_certificates(certs);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("TLS: {err}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// Path of build id `hex`'s debug file under `dir`.
