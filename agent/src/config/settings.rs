@@ -187,7 +187,7 @@ settings! {
     #[arg(long = "debuginfod-urls", value_name = "URLS")]
     debuginfod_urls: String {
         key: "debuginfod-urls",
-        allowed: "space-separated http:// URLs",
+        allowed: "space-separated http:// or https:// URLs",
         otel_env: ["DEBUGINFOD_URLS"],
         parse: parse_text,
         show: |urls: &String| toml_text(urls),
