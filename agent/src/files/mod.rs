@@ -165,7 +165,7 @@ fn refused(error: FileError) -> FileError {
 }
 
 /// What `fstat` said of an opened file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Stat {
     pub dev: u64,
     pub inode: u64,
@@ -177,6 +177,11 @@ pub struct Stat {
 }
 
 impl Stat {
+    /// What `fstat` says of `file` now.
+    fn now(file: &std::fs::File) -> Option<Self> {
+        rustix::fs::fstat(file).ok().map(|raw| Self::of(&raw))
+    }
+
     fn of(raw: &RawStat) -> Self {
         let ns = |sec: i64, nsec: i64| i128::from(sec) * 1_000_000_000 + i128::from(nsec);
         Stat {

@@ -12,7 +12,21 @@
 //! same read. So the kept bytes are exactly bytes that were hashed, as with
 //! a whole read. The headers the ranges were chosen from are checked against
 //! the streamed copy: a file rewritten in between is refused, not misread.
-use std::{ops::Range, os::unix::fs::FileExt, ptr::NonNull, sync::Arc};
+//!
+//! A file streamed once is not hashed again while it stays the same file:
+//! the symbolizer and the unwinder both read every binary a profile meets,
+//! and hashing was most of what that cost. The id is remembered with what
+//! `fstat` said before and after the stream (device, inode, size, mtime and
+//! ctime, which the kernel sets on every write and no owner can set back);
+//! a later read of a file that `fstat` says the same of, before and after,
+//! reads only its kept ranges under that id.
+use std::{
+    collections::HashMap,
+    ops::Range,
+    os::unix::fs::FileExt,
+    ptr::NonNull,
+    sync::{Arc, Mutex},
+};
 
 use object::{
     Endianness, Object, ObjectSection, SectionFlags,
@@ -21,7 +35,38 @@ use object::{
 };
 use sha2::{Digest, Sha256};
 
-use super::{FileError, OpenFile, read::FileData};
+use super::{FileError, OpenFile, Stat, read::FileData};
+
+/// Content ids of files streamed whole, by what `fstat` said of them.
+static KNOWN: Mutex<Option<HashMap<Stat, Arc<str>>>> = Mutex::new(None);
+/// Files remembered at most; past it the memo starts again (a host has a
+/// few thousand binaries, and forgetting costs one more hash each).
+const KNOWN_FILES: usize = 8192;
+thread_local! {
+    /// Bytes sparse reads hashed on this thread (a read runs on its
+    /// caller's thread), for tests.
+    static HASHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Bytes [`read_parts`] has hashed on this thread.
+#[cfg(test)]
+pub fn hashed_bytes() -> u64 {
+    HASHED.get()
+}
+
+fn known(stat: &Stat) -> Option<Arc<str>> {
+    let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    known.as_ref()?.get(stat).cloned()
+}
+
+fn remember(stat: Stat, content: Arc<str>) {
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let known = known.get_or_insert_with(HashMap::new);
+    if known.len() >= KNOWN_FILES {
+        known.clear();
+    }
+    known.insert(stat, content);
+}
 
 /// Files smaller than this are read whole: the saving would be small.
 pub const SPARSE_FROM: u64 = 4 << 20;
@@ -103,6 +148,19 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
     let len =
         usize::try_from(size).map_err(|_| read_error(std::io::ErrorKind::InvalidData.into()))?;
     let mut image = ZeroImage::new(len).map_err(read_error)?;
+    if let Some(content) = known(&file.stat) {
+        for range in &ranges {
+            let at = range.start as usize..range.end as usize;
+            file.file
+                .read_exact_at(&mut image.as_mut()[at], range.start)
+                .map_err(read_error)?;
+        }
+        // Unchanged since it was hashed (ctime), and while it was read.
+        if Stat::now(&file.file) == Some(file.stat) && headers_match(&image, &headers) {
+            return Ok(FileData::sparse(image, content, file.stat));
+        }
+        image = ZeroImage::new(len).map_err(read_error)?;
+    }
     let mut hasher = Sha256::new();
     let mut chunk = vec![0u8; CHUNK];
     let mut offset = 0u64;
@@ -113,6 +171,7 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
             break;
         }
         hasher.update(&chunk[..n]);
+        HASHED.set(HASHED.get() + n as u64);
         let read = offset..offset + n as u64;
         for range in &ranges {
             let (start, end) = (range.start.max(read.start), range.end.min(read.end));
@@ -132,16 +191,27 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
         }
     }
     // The headers the ranges came from must be the ones streamed.
-    for (at, bytes) in &headers {
-        let at = *at as usize;
-        if image.as_ref().get(at..at + bytes.len()) != Some(&bytes[..]) {
-            return Err(read_error(std::io::Error::other(
-                "the file changed while it was read",
-            )));
-        }
+    if !headers_match(&image, &headers) {
+        return Err(read_error(std::io::Error::other(
+            "the file changed while it was read",
+        )));
     }
-    let content = format!("sha256:{}", crate::symbolize::hex(&hasher.finalize()));
-    Ok(FileData::sparse(image, Arc::from(content), file.stat))
+    let content: Arc<str> = Arc::from(format!(
+        "sha256:{}",
+        crate::symbolize::hex(&hasher.finalize())
+    ));
+    if Stat::now(&file.file) == Some(file.stat) {
+        remember(file.stat, content.clone());
+    }
+    Ok(FileData::sparse(image, content, file.stat))
+}
+
+/// Whether `image` holds `headers` (offset, bytes) where they were read.
+fn headers_match(image: &ZeroImage, headers: &[(u64, Vec<u8>)]) -> bool {
+    headers.iter().all(|(at, bytes)| {
+        let at = *at as usize;
+        image.as_ref().get(at..at + bytes.len()) == Some(&bytes[..])
+    })
 }
 
 /// The byte ranges to keep (sorted), and the header bytes they were chosen

@@ -320,3 +320,51 @@ fn parts_keep_their_sections_and_the_whole_files_identity() {
         assert_eq!(image.symbols().count(), object.symbols().count());
     }
 }
+
+/// A file read again unchanged is not hashed again, and keeps its id; once
+/// written (its ctime moves) it is hashed again and its id follows the
+/// bytes.
+#[test]
+fn an_unchanged_file_is_hashed_once() {
+    use std::os::unix::fs::FileExt;
+    let scratch = Scratch::new("hashed-once");
+    let copy = scratch.path("binary");
+    std::fs::copy(std::env::current_exe().unwrap(), &copy).unwrap();
+    let size = std::fs::metadata(&copy).unwrap().len();
+    let read = || {
+        let before = sparse::hashed_bytes();
+        let data = open_host(copy.to_str().unwrap(), Kind::Binary)
+            .unwrap()
+            .read_parts(Parts::Unwind)
+            .unwrap();
+        (data, sparse::hashed_bytes() - before)
+    };
+    let (first, hashed) = read();
+    assert_eq!(hashed, size, "the first read hashes every byte");
+    assert_eq!(
+        first.content_id(),
+        content_id(&std::fs::read(&copy).unwrap())
+    );
+    let (again, hashed) = read();
+    assert_eq!(hashed, 0, "read again, unchanged, and hashed again");
+    assert_eq!(again.content_id(), first.content_id());
+    assert!(again[..] == first[..], "the kept bytes differ");
+    // One byte in the middle (code, not kept) changes: a new id.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&copy)
+        .unwrap();
+    let middle = size / 2;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, middle).unwrap();
+    file.write_all_at(&[byte[0] ^ 0xff], middle).unwrap();
+    drop(file);
+    let (changed, hashed) = read();
+    assert_eq!(hashed, size, "a written file was not hashed again");
+    assert_ne!(changed.content_id(), first.content_id());
+    assert_eq!(
+        changed.content_id(),
+        content_id(&std::fs::read(&copy).unwrap())
+    );
+}
