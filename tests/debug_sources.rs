@@ -471,11 +471,8 @@ fn debuginfod_over_https_verifies_the_server() {
             .arg("-out")
             .arg(&cert),
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
-    let mut server = Command::new("openssl")
+    let port = common::running::free_port();
+    let server = Command::new("openssl")
         .args(["s_server", "-WWW", "-quiet", "-accept"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("-cert")
@@ -487,6 +484,8 @@ fn debuginfod_over_https_verifies_the_server() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start openssl s_server");
+    // Stopped however the test ends.
+    let _server = common::running::KillOnDrop(server);
     // The probe's connection is closed at once: s_server serves one
     // connection at a time.
     let listening = common::running::wait_for(std::time::Duration::from_secs(10), || {
@@ -532,8 +531,6 @@ fn debuginfod_over_https_verifies_the_server() {
         fetch(Some(cert.clone()), "trusted"),
         Some("outer_function".to_string())
     );
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 #[test]

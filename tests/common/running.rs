@@ -201,20 +201,24 @@ impl Drop for Agent {
 }
 
 /// A CPU-bound shell loop, so there is something to sample.
-pub struct Spinner(Child);
+pub struct Spinner(#[allow(dead_code)] KillOnDrop);
 
 impl Spinner {
     pub fn start() -> Spinner {
-        Spinner(
+        Spinner(KillOnDrop(
             Command::new("sh")
                 .args(["-c", "while :; do :; done"])
                 .spawn()
                 .expect("start a spinner"),
-        )
+        ))
     }
 }
 
-impl Drop for Spinner {
+/// A child process (a server a test started) killed when the test ends,
+/// by a panic too.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

@@ -321,13 +321,31 @@ fn packages() -> Result<()> {
 fn integration_tests() -> Result<()> {
     // One test binary at a time keeps the 2-CPU machines' timing sane for
     // the share assertions; tests inside a binary still run in parallel.
-    run_cmd(
+    let tested = run_cmd(
         cargo()
             .args(["test", "--workspace", "--no-fail-fast", "--test", "*"])
             .env("HOSTPROF_AARCH64_BIN", binary_path(Some(CROSS_TARGET)))
             // tests/containers.rs builds packaging/Dockerfile from it.
             .env("HOSTPROF_PACKAGE_DIR", package::dir(None)),
-    )
+    );
+    stop_test_docker();
+    tested
+}
+
+/// Stops the Docker daemon tests/common/docker.rs started for the tests
+/// (it outlives each test binary so the next reuses it): left running, it
+/// and containerd are part of every later host-wide measurement.
+fn stop_test_docker() {
+    let Ok(pid) = std::fs::read_to_string("/run/hostprof-tests/dockerd.pid") else {
+        return;
+    };
+    let Ok(pid) = pid.trim().parse::<i32>() else {
+        return;
+    };
+    // SAFETY: kill(2) with a pid read from the daemon's own pid file.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+        println!("xtask: stopped the tests' Docker daemon (pid {pid})");
+    }
 }
 
 /// The release build on other kernels and on arm64, under qemu.
