@@ -357,6 +357,32 @@ fn stripped_with_debug_file(dir: &Path, name: &str) -> (PathBuf, PathBuf, String
     (binary, debug, id, outer)
 }
 
+/// The functions at `address` of `binary` once a symbolizer with
+/// `options` has asked its debuginfod servers: nothing is named at the
+/// first look (the lookup does not wait for the fetch), then the fetch
+/// settles and the binary is loaded again.
+fn names_after_fetch(
+    options: DebuginfodOptions,
+    binary: &Path,
+    address: u64,
+) -> Vec<hostprof::model::Line> {
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        debuginfod: Some(options),
+        ..SymbolizerOptions::default()
+    });
+    let module = symbolizer.module_for_path(binary).expect("load");
+    assert!(
+        module.lookup_address(address).is_empty(),
+        "named before the fetch"
+    );
+    assert!(
+        symbolizer.wait_for_debuginfod(std::time::Duration::from_secs(60)),
+        "fetch never finished"
+    );
+    let module = symbolizer.module_for_path(binary).expect("load again");
+    module.lookup_address(address)
+}
+
 #[test]
 fn debuginfod_delivers_a_debug_file_the_host_lacks() {
     if !require_tool("debuginfod") || !is_root() {
@@ -377,23 +403,14 @@ fn debuginfod_delivers_a_debug_file_the_host_lacks() {
     assert!(ready.is_some(), "debuginfod never served {path}");
 
     let cache = dir.join("cache");
-    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
-        debuginfod: Some(DebuginfodOptions {
+    let lines = names_after_fetch(
+        DebuginfodOptions {
             cache_dir: cache.clone(),
             ..DebuginfodOptions::with_urls(vec![format!("http://127.0.0.1:{}", server.port)])
                 .expect("options")
-        }),
-        ..SymbolizerOptions::default()
-    });
-    // First look: nothing on the host, and the lookup does not wait.
-    let module = symbolizer.module_for_path(&binary).expect("load");
-    assert!(
-        module.lookup_address(outer).is_empty(),
-        "named before the fetch"
-    );
-    assert!(
-        symbolizer.wait_for_debuginfod(std::time::Duration::from_secs(60)),
-        "fetch never finished"
+        },
+        &binary,
+        outer,
     );
     assert!(
         cache
@@ -401,8 +418,6 @@ fn debuginfod_delivers_a_debug_file_the_host_lacks() {
             .exists(),
         "not cached on disk"
     );
-    let module = symbolizer.module_for_path(&binary).expect("load again");
-    let lines = module.lookup_address(outer);
     let line = lines.last().expect("named once the debug file arrived");
     assert_eq!(&*line.function, "outer_function");
     assert!(
@@ -495,28 +510,13 @@ fn debuginfod_over_https_verifies_the_server() {
     });
     assert!(listening.is_some(), "openssl s_server never listened");
     let fetch = |ca_file: Option<PathBuf>, cache: &str| {
-        let cache = dir.join(cache);
-        let symbolizer = Symbolizer::with_options(SymbolizerOptions {
-            debuginfod: Some(DebuginfodOptions {
-                cache_dir: cache.clone(),
-                ca_file,
-                ..DebuginfodOptions::with_urls(vec![format!("https://localhost:{port}")])
-                    .expect("options")
-            }),
-            ..SymbolizerOptions::default()
-        });
-        let module = symbolizer.module_for_path(&binary).expect("load");
-        assert!(
-            module.lookup_address(outer).is_empty(),
-            "named before the fetch"
-        );
-        assert!(
-            symbolizer.wait_for_debuginfod(std::time::Duration::from_secs(60)),
-            "fetch never finished"
-        );
-        let module = symbolizer.module_for_path(&binary).expect("load again");
-        module
-            .lookup_address(outer)
+        let options = DebuginfodOptions {
+            cache_dir: dir.join(cache),
+            ca_file,
+            ..DebuginfodOptions::with_urls(vec![format!("https://localhost:{port}")])
+                .expect("options")
+        };
+        names_after_fetch(options, &binary, outer)
             .last()
             .map(|line| line.function.to_string())
     };
