@@ -561,3 +561,40 @@ fn module_symbols_are_named_with_their_module() {
         );
     }
 }
+
+/// A `.symtab` left with only file symbols (`objcopy --strip-all
+/// --keep-file-symbols`) names no function: the dynamic symbols do.
+#[test]
+fn dynamic_symbols_serve_when_the_symbol_table_names_no_function() {
+    let binary = build_c(
+        "sym_target.c",
+        "sym_target_file_symbols",
+        &["-O2", "-rdynamic"],
+    );
+    run_ok(
+        Command::new("objcopy")
+            .args(["--strip-all", "--keep-file-symbols"])
+            .arg(&binary),
+    );
+    let (outer, in_symtab) = {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(&binary).expect("read binary");
+        let file = object::File::parse(&*data).expect("parse binary");
+        let outer = file
+            .dynamic_symbols()
+            .find(|symbol| symbol.name() == Ok("outer_function"))
+            .expect("outer_function in .dynsym")
+            .address();
+        (outer, file.symbols().count())
+    };
+    assert!(in_symtab > 0, "objcopy left no .symtab at all");
+    let module = Symbolizer::new()
+        .module_for_path(&binary)
+        .expect("load the binary");
+    let lines = module.lookup_address(outer + 1);
+    assert_eq!(
+        lines.last().map(|line| &*line.function),
+        Some("outer_function"),
+        "{lines:?}"
+    );
+}

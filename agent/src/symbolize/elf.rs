@@ -222,20 +222,29 @@ impl ElfSymbols {
 }
 
 /// The file's code symbols as llvm-symbolizer reads them: `.symtab`, or
-/// `.dynsym` where there is none. At an address with several names
+/// `.dynsym` where it has none (a `.symtab` left with only file and
+/// section symbols counts as none). At an address with several names
 /// (`uselocale` and `__uselocale`, a C++ constructor's `C1` and `C2`, code
 /// folded into one copy) llvm-symbolizer keeps the largest, then the last
 /// the table lists: so the table is returned backwards, and [`ElfSymbols`]
 /// keeps the first. A local symbol's source file is the `STT_FILE` symbol
 /// before it (ELF lists each file's locals after it).
 fn code_symbols<'a>(file: &object::File<'a>) -> Vec<Symbol<'a>> {
-    let mut table: Vec<object::Symbol<'a, '_>> = file.symbols().collect();
-    if table.is_empty() {
-        table = file.dynamic_symbols().collect();
+    let mut symbols = table_code_symbols(file.symbols());
+    if symbols.is_empty() {
+        symbols = table_code_symbols(file.dynamic_symbols());
     }
+    symbols.reverse();
+    symbols
+}
+
+/// The code symbols of one symbol table, in table order.
+fn table_code_symbols<'a: 'file, 'file>(
+    table: impl Iterator<Item = object::Symbol<'a, 'file>>,
+) -> Vec<Symbol<'a>> {
     let mut source: Option<&'a str> = None;
     let mut symbols: Vec<Symbol<'a>> = Vec::new();
-    for symbol in &table {
+    for symbol in table {
         if symbol.kind() == SymbolKind::File {
             source = symbol.name().ok().filter(|name| !name.is_empty());
             continue;
@@ -249,7 +258,6 @@ fn code_symbols<'a>(file: &object::File<'a>) -> Vec<Symbol<'a>> {
         let file = symbol.is_local().then_some(source).flatten();
         symbols.push((symbol.address(), symbol.size(), name, file));
     }
-    symbols.reverse();
     symbols
 }
 
