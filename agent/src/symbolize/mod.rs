@@ -247,9 +247,8 @@ pub struct Symbolizer {
     /// one huge binary cannot evict everything else (or never fit).
     dwarf_limit: usize,
     debuginfod: Option<Debuginfod>,
-    /// Our own vDSO, parsed on first use: the kernel maps the same image
-    /// into every process of our ABI, so it names theirs.
-    /// With its size.
+    /// Our own vDSO and its size, parsed on first use: the kernel maps the
+    /// same image into every process of our ABI, so it names theirs.
     vdso: std::sync::OnceLock<Option<(Arc<Module>, u64)>>,
     state: Mutex<State>,
 }
