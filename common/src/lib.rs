@@ -157,8 +157,8 @@ pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
 /// read per sample.
 pub const MAP_PROCESS_EVENTS: &str = "PROCESS_EVENTS";
 /// Size of [`MAP_PROCESS_EVENTS`]: 8,192 events (32 bytes with the ring's
-/// header), drained every
-/// [`RING_DRAIN_INTERVAL_MS`] (80,000 forks, execs and exits a second; a
+/// header), drained every [`RING_DRAIN_INTERVAL_MS`] (80,000 forks, execs
+/// and exits a second), or every 250 ms by the agent (32,000 a second; a
 /// host with 600 forks a second makes ~1,800). Every page counts in the
 /// agent's memory from the start (the ring is mapped twice).
 pub const PROCESS_EVENTS_BYTES: u32 = 256 << 10;
@@ -219,7 +219,8 @@ pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
 /// the reader also drains it every [`RING_DRAIN_INTERVAL_MS`]. One wakeup per
 /// ~128 samples instead of one per sample keeps the agent's CPU low.
 pub const RING_WAKEUP_BYTES: u64 = 256 << 10;
-/// How often the reader drains the ring without being woken.
+/// How often `record` and `top` drain the ring without being woken (the
+/// agent: less often).
 pub const RING_DRAIN_INTERVAL_MS: u64 = 100;
 
 /// Global `u32`: bytes of user stack to copy per CPU sample

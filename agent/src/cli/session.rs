@@ -27,6 +27,12 @@ use crate::{
 /// Batches of samples waiting for the resolver; beyond this the reader drops
 /// (and counts) rather than letting memory grow.
 const BACKLOG_BATCHES: usize = 256;
+/// How often the agent drains the sample ring when the kernel does not
+/// wake it: each drain wakes the pipeline's four threads, the bulk of an
+/// idle agent's CPU; its profiles are cut by the minute, so a quarter of a
+/// second of delay costs nothing. The process-event ring holds 32,000
+/// events a second at this interval.
+const AGENT_RING_DRAIN: Duration = Duration::from_millis(250);
 /// How far behind the agent's symbolization may fall before it sends
 /// addresses instead of names.
 const AGENT_MAX_SYMBOLIZE_LAG: Duration = Duration::from_secs(2);
@@ -163,6 +169,13 @@ impl<T: Send + 'static> Session<T> {
             crate::sampler::CopySinks {
                 all: copies,
                 early: early_tx,
+            },
+            match mode {
+                Mode::Agent => AGENT_RING_DRAIN,
+                // Interactive: an exec's tables are asked for within 100 ms.
+                Mode::Record | Mode::Live => {
+                    Duration::from_millis(hostprof_common::RING_DRAIN_INTERVAL_MS)
+                }
             },
             stop_rx,
             progress_tx,

@@ -72,6 +72,10 @@ impl Sink for Windows {
         self.builder.add(sample);
     }
 
+    fn next_tick(&self) -> Option<Instant> {
+        Some(self.deadline)
+    }
+
     fn tick(&mut self, now: Instant) {
         if now < self.deadline {
             return;

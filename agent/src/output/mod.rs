@@ -24,7 +24,7 @@ pub use summary::Summary;
 
 use std::{
     sync::mpsc::{Receiver, RecvTimeoutError},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use crate::{
@@ -51,20 +51,30 @@ pub trait Sink: Send {
         self.push_count(&counted.sample, counted.count);
     }
 
-    /// Called after every batch and at least every [`TICK`]: sinks that act
-    /// on a schedule (the agent cutting profile windows, the progress line)
-    /// do it here.
+    /// Called after every batch and when [`Sink::next_tick`] comes: sinks
+    /// that act on a schedule (the agent cutting profile windows, the
+    /// progress line) do it here.
     fn tick(&mut self, _now: Instant) {}
+
+    /// When this sink next needs a [`Sink::tick`] without a batch; `None`:
+    /// only after batches. [`drain`] sleeps until the earliest of these, so
+    /// an idle agent's worker wakes for its windows, not on a fixed beat.
+    fn next_tick(&self) -> Option<Instant> {
+        None
+    }
 }
 
-/// The longest time between two [`Sink::tick`] calls of [`drain`].
-pub const TICK: Duration = Duration::from_millis(50);
-
 /// Feeds every batch to every sink until the batches end (the session
-/// stopped), ticking them after each batch and at least every [`TICK`].
+/// stopped), ticking them after each batch and when one asks to be
+/// ([`Sink::next_tick`]).
 pub fn drain(batches: Receiver<Vec<ResolvedSample>>, sinks: &mut [&mut dyn Sink]) {
     loop {
-        match batches.recv_timeout(TICK) {
+        let next = sinks.iter().filter_map(|sink| sink.next_tick()).min();
+        let received = match next {
+            Some(at) => batches.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => batches.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match received {
             Ok(batch) => {
                 for sample in &batch {
                     for sink in sinks.iter_mut() {
@@ -103,4 +113,57 @@ fn python_label(line: &crate::model::Line) -> String {
 /// Every frame label of a sample, root first.
 pub fn stack_labels(sample: &ResolvedSample) -> Vec<String> {
     sample.frames.iter().rev().flat_map(frame_labels).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::mpsc::{self, SyncSender},
+        time::Duration,
+    };
+
+    use super::*;
+
+    /// Asks for one tick soon; at that tick, ends the batches by dropping
+    /// their last sender.
+    struct Scheduled {
+        at: Instant,
+        sender: Option<SyncSender<Vec<ResolvedSample>>>,
+        ticks: usize,
+    }
+
+    impl Sink for Scheduled {
+        fn push(&mut self, _sample: &ResolvedSample) {}
+
+        fn next_tick(&self) -> Option<Instant> {
+            self.sender.is_some().then_some(self.at)
+        }
+
+        fn tick(&mut self, now: Instant) {
+            self.ticks += 1;
+            if now >= self.at {
+                self.sender = None;
+            }
+        }
+    }
+
+    #[test]
+    fn a_scheduled_tick_comes_without_a_batch() {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let (done_tx, done) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sink = Scheduled {
+                at: Instant::now() + Duration::from_millis(20),
+                sender: Some(tx),
+                ticks: 0,
+            };
+            drain(rx, &mut [&mut sink]);
+            let _ = done_tx.send(sink.ticks);
+        });
+        // No batch is ever sent: only the sink's own schedule can end this.
+        let ticks = done
+            .recv_timeout(Duration::from_secs(30))
+            .expect("drain never ticked the sink on its schedule");
+        assert_eq!(ticks, 1);
+    }
 }

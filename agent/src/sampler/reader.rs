@@ -52,16 +52,21 @@ pub async fn read_ring(
     stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
-    read_ring_with_copies(ring, out, CopySinks::default(), stop, progress).await
+    let every = Duration::from_millis(hostprof_common::RING_DRAIN_INTERVAL_MS);
+    read_ring_with_copies(ring, out, CopySinks::default(), every, stop, progress).await
 }
 
 /// [`read_ring`], also sending the stack copies of `--stack-copy` records
 /// to `copies` (each sample still goes to `out` as usual); a full `copies`
-/// drops the copy and counts it, never blocks the reader.
+/// drops the copy and counts it, never blocks the reader. Unless the
+/// kernel wakes it (a full-ish ring, a new targeted process), the reader
+/// drains the ring every `drain_every`: each drain wakes every thread of
+/// the pipeline once, so this sets an idle agent's CPU.
 pub async fn read_ring_with_copies(
     ring: RingBuf<MapData>,
     out: SyncSender<Vec<Sample>>,
     copies: CopySinks,
+    drain_every: Duration,
     mut stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
@@ -70,9 +75,7 @@ pub async fn read_ring_with_copies(
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|err| err.into_parts().1)?;
     let mut stats = ReaderStats::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(
-        hostprof_common::RING_DRAIN_INTERVAL_MS,
-    ));
+    let mut tick = tokio::time::interval(drain_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         progress.send_if_modified(|published| {
