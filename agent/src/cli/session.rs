@@ -126,7 +126,8 @@ impl<T: Send + 'static> Session<T> {
                     maps,
                     options.unwind_chunks,
                     preload,
-                    options.pids.is_none(),
+                    mode == Mode::Agent,
+                    options.pids.is_some(),
                 )
                 .context("cannot start the unwind table thread")?;
                 // The named processes' tables before their first sample, so

@@ -6,7 +6,7 @@
 //! - [`TableLoader`]: shares tables between processes in the kernel's maps,
 //!   keeps them idle after their last process until their room is needed,
 //!   bounds their memory.
-//! - [`spawn_service`]: the thread that loads a process's tables when the
+//! - [`spawn_service`]: the thread that loads processes' tables, busiest first, when the
 //!   sampler asks for them (its samples say the process is unknown, or an
 //!   address is outside its known mappings).
 //! - [`replay`]: snapshots (registers + stack bytes + mappings) unwound by
@@ -18,12 +18,9 @@ mod loader;
 pub mod replay;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::Path,
-    sync::{
-        Arc, Mutex,
-        mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
-    },
+    sync::{Arc, Condvar, Mutex, MutexGuard, mpsc},
     time::{Duration, Instant},
 };
 
@@ -182,26 +179,100 @@ pub fn process_mappings(pid: u32) -> Option<Vec<Mapping>> {
     )
 }
 
-/// What the unwind service is asked to do.
+/// Requests waiting for the service at most; past it a new process's
+/// request is dropped and counted (its next sample asks again).
+const MAX_PENDING: usize = 1024;
+
+/// What the unwind service has been asked and not yet done: tables to load
+/// (one entry per process, with how many samples asked since), processes
+/// to forget. The loads are served busiest first: on a host where a build
+/// starts hundreds of processes, the one burning CPU gets its tables before
+/// short-lived compilers queued ahead of it.
+#[derive(Debug, Default)]
+struct Queue {
+    /// pid → (samples that asked, order of its first ask).
+    loads: HashMap<u32, (u64, u64)>,
+    forgets: Vec<u32>,
+    asked: u64,
+    /// Every [`Requests`] is gone: the service ends.
+    closed: bool,
+}
+
+/// What the service does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Request {
+enum Job {
     /// Load (or reload) the tables of a process's mappings.
     Load(u32),
     /// The process exited: drop its mappings from the kernel now.
     Forget(u32),
 }
 
-/// Requests waiting for the service at most: `pending` and the channel are
-/// bounded by it; past it a request is dropped and counted (the process's
-/// next sample asks again).
-const MAX_PENDING: usize = 1024;
+impl Queue {
+    /// One more sample asks for `pid`'s tables; false when the queue is
+    /// full and `pid` was not in it.
+    fn ask(&mut self, pid: u32) -> bool {
+        if let Some((samples, _)) = self.loads.get_mut(&pid) {
+            *samples += 1;
+            return true;
+        }
+        if self.loads.len() >= MAX_PENDING {
+            return false;
+        }
+        self.asked += 1;
+        self.loads.insert(pid, (1, self.asked));
+        true
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if self.forgets.len() < MAX_PENDING {
+            self.forgets.push(pid);
+        }
+    }
+
+    /// Exits first (cheap, and they free room), then the process with the
+    /// most samples waiting, the longest waiting among equals.
+    fn next(&mut self) -> Option<Job> {
+        if let Some(pid) = self.forgets.pop() {
+            return Some(Job::Forget(pid));
+        }
+        let (&pid, _) = self
+            .loads
+            .iter()
+            .max_by_key(|&(_, &(samples, order))| (samples, std::cmp::Reverse(order)))?;
+        self.loads.remove(&pid);
+        Some(Job::Load(pid))
+    }
+}
+
+/// The queue and the service's wakeup.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Closes the queue when the last [`Requests`] goes.
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0.queue().closed = true;
+        self.0.ready.notify_all();
+    }
+}
 
 /// Asks the unwind service to load processes' tables; cheap to call per
-/// sample (a process already waiting is not asked for again).
+/// sample (a process already waiting only has its count raised).
 #[derive(Clone)]
 pub struct Requests {
-    tx: SyncSender<Request>,
-    pending: Arc<Mutex<HashSet<u32>>>,
+    shared: Arc<Shared>,
+    _closer: Arc<Closer>,
     /// Ask at every exec, not only at samples the kernel could not
     /// unwind (targeted recordings: every event is of a wanted process).
     eager: bool,
@@ -209,23 +280,18 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// Asks for `pid`'s tables, unless already waiting.
+    /// Asks for `pid`'s tables (again).
     pub fn request(&self, pid: u32) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if pending.contains(&pid) {
-            return;
-        }
-        if pending.len() >= MAX_PENDING {
+        let (asked, new) = {
+            let mut queue = self.shared.queue();
+            let before = queue.loads.len();
+            let asked = queue.ask(pid);
+            (asked, queue.loads.len() > before)
+        };
+        if !asked {
             self.count_dropped();
-            return;
-        }
-        match self.tx.try_send(Request::Load(pid)) {
-            Ok(()) => {
-                pending.insert(pid);
-            }
-            Err(TrySendError::Disconnected(_)) => {}
-            // The service is behind: the next sample asks again.
-            Err(TrySendError::Full(_)) => self.count_dropped(),
+        } else if new {
+            self.shared.ready.notify_one();
         }
     }
 
@@ -240,7 +306,8 @@ impl Requests {
             hostprof_common::PROCESS_EVENT_EXEC if self.eager => self.request(event.tgid),
             // Best effort: the periodic sweep catches what does not fit.
             hostprof_common::PROCESS_EVENT_EXIT => {
-                let _ = self.tx.try_send(Request::Forget(event.tgid));
+                self.shared.queue().forget(event.tgid);
+                self.shared.ready.notify_one();
             }
             _ => {}
         }
@@ -264,14 +331,16 @@ pub type SharedStats = Arc<Mutex<LoaderStats>>;
 /// `preload` right away, which the returned receiver signals when done); it
 /// ends when every [`Requests`] is dropped.
 ///
-/// `background`: host-wide profiling, where building tables for many large
-/// binaries must not starve the pipeline; the thread then runs at a lower
-/// priority. A targeted recording wants its few tables at once.
+/// `background`: the agent, which must not take CPU from the host's own
+/// work to build tables; the thread then runs at a lower priority. `record`
+/// and `top` want their tables at once. `eager`: ask for a process's
+/// tables at its exec (a targeted session, where every exec is wanted).
 pub fn spawn_service(
     maps: KernelMaps,
     capacity_chunks: u32,
     preload: Vec<u32>,
     background: bool,
+    eager: bool,
 ) -> std::io::Result<(
     Requests,
     SharedStats,
@@ -283,12 +352,11 @@ pub fn spawn_service(
         inner: maps,
         mirror: mirror.clone(),
     };
-    let (tx, rx) = mpsc::sync_channel::<Request>(MAX_PENDING);
     let (preloaded_tx, preloaded) = mpsc::sync_channel(1);
     let stats: SharedStats = Arc::default();
-    let shared = stats.clone();
-    let pending: Arc<Mutex<HashSet<u32>>> = Arc::default();
-    let served = pending.clone();
+    let published = stats.clone();
+    let shared = Arc::new(Shared::default());
+    let jobs = shared.clone();
     std::thread::Builder::new()
         .name("hostprof-unwind".into())
         .spawn(move || {
@@ -341,22 +409,35 @@ pub fn spawn_service(
             for pid in preload {
                 load(&mut loader, pid);
             }
-            publish(&shared, loader.stats());
+            publish(&published, loader.stats());
             let _ = preloaded_tx.send(());
             let mut last_sweep = Instant::now();
             loop {
-                match rx.recv_timeout(SWEEP_INTERVAL) {
-                    Ok(Request::Forget(pid)) => loader.forget_process(pid),
-                    Ok(Request::Load(pid)) => {
-                        // Taken off first: samples from now on may ask again.
-                        served
-                            .lock()
+                let job = {
+                    let mut queue = jobs.queue();
+                    loop {
+                        if let Some(job) = queue.next() {
+                            break Some(job);
+                        }
+                        if queue.closed {
+                            break None;
+                        }
+                        let wait = SWEEP_INTERVAL.saturating_sub(last_sweep.elapsed());
+                        if wait.is_zero() {
+                            break None;
+                        }
+                        queue = jobs
+                            .ready
+                            .wait_timeout(queue, wait)
                             .unwrap_or_else(|e| e.into_inner())
-                            .remove(&pid);
-                        load(&mut loader, pid);
+                            .0;
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => break,
+                };
+                match job {
+                    Some(Job::Forget(pid)) => loader.forget_process(pid),
+                    Some(Job::Load(pid)) => load(&mut loader, pid),
+                    None if jobs.queue().closed => break,
+                    None => {}
                 }
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
                     for pid in loader.known_processes() {
@@ -366,13 +447,13 @@ pub fn spawn_service(
                     }
                     last_sweep = Instant::now();
                 }
-                publish(&shared, loader.stats());
+                publish(&published, loader.stats());
             }
         })?;
     let requests = Requests {
-        tx,
-        pending,
-        eager: !background,
+        _closer: Arc::new(Closer(shared.clone())),
+        shared,
+        eager,
         stats: stats.clone(),
     };
     Ok((requests, stats, preloaded, mirror))
@@ -390,10 +471,45 @@ fn publish(shared: &SharedStats, stats: LoaderStats) {
 
 #[cfg(test)]
 mod tests {
+    use super::{Job, MAX_PENDING, Queue};
     use hostprof_unwind::{
         cfa, reg,
         table::{build, plt_expression},
     };
+
+    #[test]
+    fn the_busiest_process_is_loaded_first() {
+        let mut queue = Queue::default();
+        // A short-lived compiler asks first, the hot service after it but
+        // with three samples, then one more process with two.
+        for pid in [10, 20, 30, 20, 30, 20] {
+            assert!(queue.ask(pid));
+        }
+        queue.forget(99);
+        let order: Vec<Job> = std::iter::from_fn(|| queue.next()).collect();
+        assert_eq!(
+            order,
+            [Job::Forget(99), Job::Load(20), Job::Load(30), Job::Load(10)]
+        );
+        // Equal counts: the longest waiting first.
+        for pid in [7, 5, 6] {
+            queue.ask(pid);
+        }
+        let order: Vec<Job> = std::iter::from_fn(|| queue.next()).collect();
+        assert_eq!(order, [Job::Load(7), Job::Load(5), Job::Load(6)]);
+    }
+
+    #[test]
+    fn a_full_queue_still_counts_the_processes_in_it() {
+        let mut queue = Queue::default();
+        for pid in 0..MAX_PENDING as u32 {
+            assert!(queue.ask(pid));
+        }
+        assert!(!queue.ask(u32::MAX), "a new process past the bound");
+        assert!(queue.ask(3), "a process already waiting");
+        assert_eq!(queue.next(), Some(Job::Load(3)));
+        assert!(queue.ask(u32::MAX), "room again");
+    }
 
     #[test]
     fn recognises_the_binutils_plt_expression() {
