@@ -219,8 +219,11 @@ fn fetch_loop(options: &DebuginfodOptions, shared: &Shared, queue: &mpsc::Receiv
             return;
         }
     };
+    // Built at the first https download, then shared by all of them:
+    // loading the system's certificates costs more than a handshake.
+    let tls = TlsOnce::default();
     while let Ok(hex) = queue.recv() {
-        let stored = runtime.block_on(fetch_any(options, shared, &hex));
+        let stored = runtime.block_on(fetch_any(options, shared, &tls, &hex));
         let mut fetches = lock(&shared.fetches);
         fetches.pending.remove(&hex);
         if stored {
@@ -236,14 +239,14 @@ fn fetch_loop(options: &DebuginfodOptions, shared: &Shared, queue: &mpsc::Receiv
 }
 
 /// Asks each server in turn; true once one file is stored.
-async fn fetch_any(options: &DebuginfodOptions, shared: &Shared, hex: &str) -> bool {
+async fn fetch_any(options: &DebuginfodOptions, shared: &Shared, tls: &TlsOnce, hex: &str) -> bool {
     for base in &options.urls {
         let base = base.trim_end_matches('/');
         let url = format!("{base}/buildid/{hex}/debuginfo");
         let limit = options.cache_bytes.min(MAX_DEBUG_FILE_BYTES);
         let fetched = tokio::time::timeout(
             options.timeout,
-            get(&url, limit, options.ca_file.as_deref()),
+            get(&url, limit, tls, options.ca_file.as_deref()),
         )
         .await;
         let body = match fetched {
@@ -286,9 +289,18 @@ fn unreachable_server(shared: &Shared, problem: &str) {
     }
 }
 
+/// The TLS client configuration, once built (or why it could not be).
+type TlsOnce = std::cell::OnceCell<Result<Arc<tokio_rustls::rustls::ClientConfig>, String>>;
+
 /// GETs `url` (HTTP/1.1, over TLS for `https://`), at most `limit` bytes
-/// of body; `ca_file` adds trusted certificates for TLS.
-async fn get(url: &str, limit: u64, ca_file: Option<&Path>) -> Result<Bytes, FetchError> {
+/// of body; `ca_file` adds trusted certificates for TLS (`tls_config_once`
+/// keeps the configuration built from them).
+async fn get(
+    url: &str,
+    limit: u64,
+    tls_config_once: &TlsOnce,
+    ca_file: Option<&Path>,
+) -> Result<Bytes, FetchError> {
     let failed = |problem: String| FetchError::Failed {
         url: url.to_string(),
         problem,
@@ -325,7 +337,10 @@ async fn get(url: &str, limit: u64, ca_file: Option<&Path>) -> Result<Bytes, Fet
             .await
             .map_err(|err| err.at(url));
     }
-    let config = tls_config(ca_file).map_err(failed)?;
+    let config = tls_config_once
+        .get_or_init(|| tls_config(ca_file))
+        .clone()
+        .map_err(failed)?;
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|err| failed(format!("{host}: not a TLS server name: {err}")))?;
     let stream = tokio::time::timeout(
