@@ -64,7 +64,7 @@ pub use debuginfod::{Debuginfod, DebuginfodOptions};
 pub use demangle::demangle;
 pub use elf::ElfSymbols;
 pub use gopclntab::parse as parse_gopclntab;
-pub use kallsyms::KernelSymbols;
+pub use kallsyms::{KernelSymbols, Modules};
 pub use module::Module;
 pub use perfmap::PerfMap;
 
@@ -233,6 +233,9 @@ impl State {
 /// The kernel's symbols and when they were read.
 struct KernelTable {
     symbols: Arc<KernelSymbols>,
+    /// `/proc/modules` just before `symbols` were read.
+    modules: Modules,
+    /// When `symbols` were read, or last found still current.
     read_at: Instant,
 }
 
@@ -267,6 +270,7 @@ impl Symbolizer {
 
     /// Loads kernel symbols; user files are read lazily.
     pub fn with_options(options: SymbolizerOptions) -> Self {
+        let modules = Modules::load();
         let kernel = read_kallsyms();
         if kernel.is_empty() {
             tracing::warn!(
@@ -282,6 +286,7 @@ impl Symbolizer {
         Symbolizer {
             kernel: Mutex::new(KernelTable {
                 symbols: Arc::new(kernel),
+                modules,
                 read_at: Instant::now(),
             }),
             kernel_recheck: KALLSYMS_RECHECK,
@@ -316,7 +321,9 @@ impl Symbolizer {
     /// The kernel function containing `address`: `name`, or `name [module]`
     /// in a module or BPF program. Outside the kernel image, the symbols are
     /// read again (at most every 30 s, [`Symbolizer::with_kernel_recheck`])
-    /// when they may be older than the module or program holding the address.
+    /// when they may be older than the module or program holding the address:
+    /// not for a module's code while `/proc/modules` lists what it listed
+    /// at the reading.
     pub fn kernel_symbol(&self, address: u64) -> Option<Line> {
         let symbols = {
             let mut table = self.kernel_table();
@@ -326,6 +333,11 @@ impl Symbolizer {
             }
             // Claimed before reading, so one reading serves every caller.
             table.read_at = Instant::now();
+            let modules = Modules::load();
+            if modules == table.modules && symbols.names_module_code(&modules, address) {
+                return symbols.lookup(address);
+            }
+            table.modules = modules;
             symbols
         };
         let fresh = Arc::new(read_kallsyms());
