@@ -214,34 +214,84 @@ pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
     } else {
         regs.pc.wrapping_sub(1)
     };
-    let lookup = process.lookup(lookup_pc);
-    let row = match lookup {
-        Lookup::Row(row) => row,
-        Lookup::NoMapping => {
+    // Without a row to follow, what to try: decided first, then done in
+    // one place. The eBPF verifier checks every inlined copy of the
+    // signal and frame-pointer steps on its own, and the copies one per
+    // case made it walk several times more instructions at load time.
+    let (cfa, return_address, bad_frame) = 'caller: {
+        let fallback = match process.lookup(lookup_pc) {
+            Lookup::Row(row) => match row_step(arch, regs, process, &row) {
+                Rules::Caller {
+                    cfa,
+                    return_address,
+                } => break 'caller (cfa, return_address, reason::BAD_FRAME),
+                Rules::Stop(why) => return Step::Stop(why),
+                Rules::Fallback(fallback) => fallback,
+            },
             // Signal trampolines may sit on a page of their own.
-            if is_sigreturn(arch, regs.pc, process) {
-                return signal_step(arch, regs, process);
-            }
-            return Step::Stop(reason::NO_MAPPING);
+            Lookup::NoMapping => Fallback::SIGRETURN_OR_STOP | reason::NO_MAPPING,
+            Lookup::NoTable => Fallback::FRAME_POINTERS | reason::NO_TABLE,
+            Lookup::FramePointers => Fallback::FRAME_POINTERS | reason::COMPLETE,
+            Lookup::NotCovered => Fallback::SIGRETURN_OR_FRAME_POINTERS | reason::PC_NOT_COVERED,
+        };
+        let why = fallback & Fallback::REASON;
+        let try_signal = fallback & Fallback::SIGNAL != 0
+            || (fallback & Fallback::SIGRETURN != 0 && is_sigreturn(arch, regs.pc, process));
+        if try_signal {
+            return signal_step(arch, regs, process);
         }
-        Lookup::NoTable => {
-            return frame_pointer_step(arch, regs, process, reason::NO_TABLE);
+        if fallback & Fallback::FRAME_POINTERS == 0 {
+            return Step::Stop(why);
         }
-        Lookup::FramePointers => {
-            return frame_pointer_step(arch, regs, process, reason::COMPLETE);
-        }
-        Lookup::NotCovered => {
-            if is_sigreturn(arch, regs.pc, process) {
-                return signal_step(arch, regs, process);
-            }
-            return frame_pointer_step(arch, regs, process, reason::PC_NOT_COVERED);
+        match frame_pointer_step(regs, process, why) {
+            // A bad frame found by the chain: only a table could have said
+            // more.
+            Ok((cfa, return_address)) => (cfa, return_address, why),
+            Err(stop) => return stop,
         }
     };
+    match finish_step(arch, regs, cfa, return_address) {
+        Step::Stop(reason::BAD_FRAME) => Step::Stop(bad_frame),
+        other => other,
+    }
+}
+
+/// Where a row's rules lead.
+enum Rules {
+    /// The caller's frame: not checked yet.
+    Caller {
+        cfa: u64,
+        return_address: u64,
+    },
+    Stop(u32),
+    /// [`Fallback`] flags and a reason.
+    Fallback(u32),
+}
+
+/// What [`step`] does when no row applies: flags above a `reason` in the
+/// low byte.
+struct Fallback;
+
+impl Fallback {
+    const REASON: u32 = 0xff;
+    /// Step out of a signal frame.
+    const SIGNAL: u32 = 1 << 8;
+    /// Step out of a signal frame if the pc is at the sigreturn trampoline.
+    const SIGRETURN: u32 = 1 << 9;
+    /// Else follow the frame pointer (else stop with the reason).
+    const FRAME_POINTERS: u32 = 1 << 10;
+    const SIGRETURN_OR_STOP: u32 = Self::SIGRETURN;
+    const SIGRETURN_OR_FRAME_POINTERS: u32 = Self::SIGRETURN | Self::FRAME_POINTERS;
+}
+
+/// One frame by the rules of `row`.
+#[inline(always)]
+fn row_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, row: &UnwindRow) -> Rules {
     let cfa = match row.cfa_rule {
         cfa::SP => regs.sp.wrapping_add(row.cfa_offset as i64 as u64),
         cfa::FP => {
             if regs.fp_valid == 0 {
-                return Step::Stop(reason::UNSUPPORTED_RULE);
+                return Rules::Stop(reason::UNSUPPORTED_RULE);
             }
             regs.fp.wrapping_add(row.cfa_offset as i64 as u64)
         }
@@ -255,32 +305,24 @@ pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
                 .wrapping_add(row.cfa_offset as i64 as u64)
                 .wrapping_add(pushed)
         }
-        cfa::END => return Step::Stop(reason::COMPLETE),
-        cfa::USE_FP => return frame_pointer_step(arch, regs, process, reason::NO_TABLE),
-        cfa::SIGNAL => return signal_step(arch, regs, process),
+        cfa::END => return Rules::Stop(reason::COMPLETE),
+        cfa::USE_FP => return Rules::Fallback(Fallback::FRAME_POINTERS | reason::NO_TABLE),
+        cfa::SIGNAL => return Rules::Fallback(Fallback::SIGNAL),
         cfa::NOT_COVERED => {
-            if is_sigreturn(arch, regs.pc, process) {
-                return signal_step(arch, regs, process);
-            }
-            return frame_pointer_step(arch, regs, process, reason::PC_NOT_COVERED);
+            return Rules::Fallback(Fallback::SIGRETURN_OR_FRAME_POINTERS | reason::PC_NOT_COVERED);
         }
-        _ => {
-            // glibc's sigreturn trampolines describe themselves with
-            // expressions; recognise them by their code instead.
-            if is_sigreturn(arch, regs.pc, process) {
-                return signal_step(arch, regs, process);
-            }
-            return Step::Stop(reason::UNSUPPORTED_RULE);
-        }
+        // glibc's sigreturn trampolines describe themselves with
+        // expressions; recognise them by their code instead.
+        _ => return Rules::Fallback(Fallback::SIGRETURN_OR_STOP | reason::UNSUPPORTED_RULE),
     };
     let return_address = match row.ra_rule {
         reg::AT_CFA => match process.read_u64(cfa.wrapping_add(row.ra_offset as i64 as u64)) {
             Some(value) => value,
-            None => return Step::Stop(reason::READ_FAULT),
+            None => return Rules::Stop(reason::READ_FAULT),
         },
         // Still in the link register: only known where the thread stopped.
         reg::SAME if arch == Arch::Aarch64 && regs.interrupted != 0 => regs.lr,
-        _ => return Step::Stop(reason::UNSUPPORTED_RULE),
+        _ => return Rules::Stop(reason::UNSUPPORTED_RULE),
     };
     match row.fp_rule {
         reg::SAME => {}
@@ -289,11 +331,14 @@ pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
                 regs.fp = value;
                 regs.fp_valid = 1;
             }
-            None => return Step::Stop(reason::READ_FAULT),
+            None => return Rules::Stop(reason::READ_FAULT),
         },
         _ => regs.fp_valid = 0,
     }
-    finish_step(arch, regs, cfa, return_address)
+    Rules::Caller {
+        cfa,
+        return_address,
+    }
 }
 
 /// Moves `regs` to the caller, checking the new frame makes sense.
@@ -325,18 +370,23 @@ pub fn strip_pointer_auth(arch: Arch, address: u64) -> u64 {
     }
 }
 
-/// One frame through the frame-pointer chain; `why` is the reason reported
-/// when the chain breaks.
+/// The caller's frame through the frame-pointer chain: (cfa, return
+/// address), not checked yet; `why` is the reason reported when the chain
+/// breaks.
 #[inline(always)]
-fn frame_pointer_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, why: u32) -> Step {
+fn frame_pointer_step<P: Process>(
+    regs: &mut Regs,
+    process: &mut P,
+    why: u32,
+) -> Result<(u64, u64), Step> {
     if regs.fp_valid == 0 || regs.fp == 0 {
         // A null frame pointer ends the chain the way _start leaves it; but
         // we only got here for lack of a table, so say so.
-        return Step::Stop(why);
+        return Err(Step::Stop(why));
     }
     let fp = regs.fp;
     if fp < regs.sp {
-        return Step::Stop(why);
+        return Err(Step::Stop(why));
     }
     // One read at a time, each failure returning at once: reads combined in
     // a tuple let the compiler pick a failed read's (undefined) value from
@@ -347,22 +397,17 @@ fn frame_pointer_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, 
         why
     };
     let Some(caller_fp) = process.read_u64(fp) else {
-        return Step::Stop(fault);
+        return Err(Step::Stop(fault));
     };
     let Some(return_address) = process.read_u64(fp.wrapping_add(8)) else {
-        return Step::Stop(fault);
+        return Err(Step::Stop(fault));
     };
-    let cfa = fp.wrapping_add(16);
     // x86_64 frame pointers point at the saved rbp, aarch64 ones at the frame
     // record; both leave the caller's sp just above the record (on aarch64
     // this is approximate, but only the CFA of table frames depends on sp).
-    let _ = arch;
     regs.fp = caller_fp;
     regs.fp_valid = 1;
-    match finish_step(arch, regs, cfa, return_address) {
-        Step::Stop(reason::BAD_FRAME) => Step::Stop(why),
-        other => other,
-    }
+    Ok((fp.wrapping_add(16), return_address))
 }
 
 /// The `rt_sigreturn` trampoline: x86_64 `mov $15, %rax; syscall`, aarch64
