@@ -75,8 +75,7 @@ pub async fn read_ring_with_copies(
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|err| err.into_parts().1)?;
     let mut stats = ReaderStats::default();
-    let mut tick = tokio::time::interval(drain_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = Ticker::new(drain_every)?;
     loop {
         progress.send_if_modified(|published| {
             let changed = *published != stats;
@@ -91,7 +90,8 @@ pub async fn read_ring_with_copies(
                 send(&out, batch, &mut stats);
                 false
             }
-            _ = tick.tick() => {
+            ticked = tick.tick() => {
+                ticked?;
                 let batch = drain(ring.get_mut(), &copies, &mut stats);
                 // Even empty: the attribution thread then applies the
                 // process events waiting (an exec's tables are asked for
@@ -115,6 +115,56 @@ pub async fn read_ring_with_copies(
         }
     }
     Ok(stats)
+}
+
+/// A kernel timer (timerfd) firing every period: one wakeup per tick.
+/// tokio's timer wheel wakes twice for a period above 64 ms (once at its
+/// coarse slot, once at the exact millisecond), and for an idle agent
+/// these wakeups are most of its CPU.
+struct Ticker(AsyncFd<std::os::fd::OwnedFd>);
+
+impl Ticker {
+    fn new(period: Duration) -> std::io::Result<Self> {
+        use rustix::time::{
+            Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec, timerfd_create,
+            timerfd_settime,
+        };
+        let timer = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        let period = Timespec {
+            tv_sec: period.as_secs() as _,
+            tv_nsec: period.subsec_nanos().max(1) as _,
+        };
+        timerfd_settime(
+            &timer,
+            TimerfdTimerFlags::empty(),
+            &Itimerspec {
+                it_interval: period,
+                it_value: period,
+            },
+        )?;
+        // SAFETY: the AsyncFd owns the timer's fd, which stays open and
+        // unchanged until the AsyncFd is dropped.
+        let timer =
+            unsafe { AsyncFd::register_with_interest(timer, tokio::io::Interest::READABLE) }
+                .map_err(|err| err.into_parts().1)?;
+        Ok(Ticker(timer))
+    }
+
+    /// Waits for the next tick (ticks missed meanwhile count as one).
+    async fn tick(&mut self) -> std::io::Result<()> {
+        loop {
+            let mut guard = self.0.readable_mut().await?;
+            let mut expirations = [0u8; 8];
+            match rustix::io::read(guard.get_inner(), &mut expirations) {
+                Ok(_) => return Ok(()),
+                Err(rustix::io::Errno::AGAIN) => guard.clear_ready(),
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
 }
 
 fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStats) -> Vec<Sample> {
