@@ -96,6 +96,12 @@ impl KernelSymbols {
     /// they live (maybe loaded after this reading), and the image's symbols
     /// there (init code, freed after boot) do not extend over them.
     pub fn lookup(&self, address: u64) -> Option<Line> {
+        let name: Arc<str> = self.name_at(address)?.into();
+        Some(Line::named(name.clone(), name))
+    }
+
+    /// [`KernelSymbols::lookup`]'s name, borrowed.
+    fn name_at(&self, address: u64) -> Option<&str> {
         let index = self.symbols.partition_point(|(start, _)| *start <= address);
         let (_, at) = self.symbols.get(index.checked_sub(1)?)?;
         let name = self.names.get(*at);
@@ -103,8 +109,7 @@ impl KernelSymbols {
         if !in_module && self.image.is_some_and(|(_, end)| address > end) {
             return None;
         }
-        let name: Arc<str> = name.into();
-        Some(Line::named(name.clone(), name))
+        Some(name)
     }
 }
 
@@ -165,11 +170,8 @@ impl KernelSymbols {
         let Some(module) = modules.module_at(address) else {
             return false;
         };
-        let Some(line) = self.lookup(address) else {
-            return false;
-        };
-        line.function
-            .strip_suffix(']')
+        self.name_at(address)
+            .and_then(|name| name.strip_suffix(']'))
             .and_then(|name| name.rsplit_once(" ["))
             .is_some_and(|(_, owner)| owner == module)
     }
