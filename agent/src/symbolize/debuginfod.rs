@@ -219,9 +219,10 @@ fn fetch_loop(options: &DebuginfodOptions, shared: &Shared, queue: &mpsc::Receiv
             return;
         }
     };
-    // Built at the first https download, then shared by all of them:
-    // loading the system's certificates costs more than a handshake.
-    let tls = TlsOnce::default();
+    let tls = Tls {
+        ca_file: options.ca_file.as_deref(),
+        config: std::cell::OnceCell::new(),
+    };
     while let Ok(hex) = queue.recv() {
         let stored = runtime.block_on(fetch_any(options, shared, &tls, &hex));
         let mut fetches = lock(&shared.fetches);
@@ -239,16 +240,12 @@ fn fetch_loop(options: &DebuginfodOptions, shared: &Shared, queue: &mpsc::Receiv
 }
 
 /// Asks each server in turn; true once one file is stored.
-async fn fetch_any(options: &DebuginfodOptions, shared: &Shared, tls: &TlsOnce, hex: &str) -> bool {
+async fn fetch_any(options: &DebuginfodOptions, shared: &Shared, tls: &Tls<'_>, hex: &str) -> bool {
     for base in &options.urls {
         let base = base.trim_end_matches('/');
         let url = format!("{base}/buildid/{hex}/debuginfo");
         let limit = options.cache_bytes.min(MAX_DEBUG_FILE_BYTES);
-        let fetched = tokio::time::timeout(
-            options.timeout,
-            get(&url, limit, tls, options.ca_file.as_deref()),
-        )
-        .await;
+        let fetched = tokio::time::timeout(options.timeout, get(&url, limit, tls)).await;
         let body = match fetched {
             Ok(Ok(body)) => body,
             Ok(Err(FetchError::NotFound(url))) => {
@@ -289,23 +286,30 @@ fn unreachable_server(shared: &Shared, problem: &str) {
     }
 }
 
-/// The TLS client configuration, once built (or why it could not be).
-type TlsOnce = std::cell::OnceCell<Result<Arc<tokio_rustls::rustls::ClientConfig>, String>>;
+/// The TLS client configuration: built at the first https download, then
+/// shared by all of them (loading the system's certificates costs more
+/// than a handshake).
+struct Tls<'a> {
+    /// Trusted besides the system's roots.
+    ca_file: Option<&'a Path>,
+    /// Once built, or why it could not be.
+    config: std::cell::OnceCell<Result<Arc<tokio_rustls::rustls::ClientConfig>, String>>,
+}
+
+impl Tls<'_> {
+    fn config(&self) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+        self.config.get_or_init(|| tls_config(self.ca_file)).clone()
+    }
+}
 
 /// GETs `url` (HTTP/1.1, over TLS for `https://`), at most `limit` bytes
-/// of body; `ca_file` adds trusted certificates for TLS (`tls_config_once`
-/// keeps the configuration built from them).
-async fn get(
-    url: &str,
-    limit: u64,
-    tls_config_once: &TlsOnce,
-    ca_file: Option<&Path>,
-) -> Result<Bytes, FetchError> {
+/// of body.
+async fn get(url: &str, limit: u64, tls: &Tls<'_>) -> Result<Bytes, FetchError> {
     let failed = |problem: String| FetchError::Failed {
         url: url.to_string(),
         problem,
     };
-    let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+    let (https, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
         (Some(rest), _) => (true, rest),
         (None, Some(rest)) => (false, rest),
         (None, None) => return Err(failed("not an http:// or https:// URL".into())),
@@ -321,7 +325,7 @@ async fn get(
     let address = if authority.contains(':') && !authority.ends_with(']') {
         authority.to_string()
     } else {
-        format!("{authority}:{}", if tls { 443 } else { 80 })
+        format!("{authority}:{}", if https { 443 } else { 80 })
     };
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&address))
         .await
@@ -332,15 +336,12 @@ async fn get(
         .header(hyper::header::USER_AGENT, "hostprof")
         .body(Empty::<Bytes>::new())
         .map_err(|err| failed(err.to_string()))?;
-    if !tls {
+    if !https {
         return send(stream, request, limit)
             .await
             .map_err(|err| err.at(url));
     }
-    let config = tls_config_once
-        .get_or_init(|| tls_config(ca_file))
-        .clone()
-        .map_err(failed)?;
+    let config = tls.config().map_err(failed)?;
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|err| failed(format!("{host}: not a TLS server name: {err}")))?;
     let stream = tokio::time::timeout(
