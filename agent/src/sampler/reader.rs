@@ -43,8 +43,9 @@ pub struct CopySinks {
 }
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
-/// Batches go to `out`; when it is full the batch is dropped and counted, so
-/// a slow consumer never stalls the kernel side. `progress` always holds the
+/// Batches go to `out`; while it is full they wait in the reader, up to
+/// [`MAX_WAITING_SAMPLES`], and beyond that the oldest are dropped and
+/// counted, so a slow consumer never stalls the kernel side. `progress` always holds the
 /// stats so far.
 pub async fn read_ring(
     ring: RingBuf<MapData>,
@@ -76,6 +77,7 @@ pub async fn read_ring_with_copies(
         .map_err(|err| err.into_parts().1)?;
     let mut stats = ReaderStats::default();
     let mut tick = Ticker::new(drain_every)?;
+    let mut out = Outbox::new(out);
     loop {
         progress.send_if_modified(|published| {
             let changed = *published != stats;
@@ -87,28 +89,20 @@ pub async fn read_ring_with_copies(
                 let mut guard = guard?;
                 let batch = drain(guard.get_inner_mut(), &copies, &mut stats);
                 guard.clear_ready();
-                send(&out, batch, &mut stats);
+                out.send(batch, &mut stats);
                 false
             }
             ticked = tick.tick() => {
                 ticked?;
                 let batch = drain(ring.get_mut(), &copies, &mut stats);
-                // Even empty: the attribution thread then applies the
-                // process events waiting (an exec's tables are asked for
-                // within a tick, not at the process's first sample).
-                if batch.is_empty() {
-                    let _ = out.try_send(batch);
-                } else {
-                    send(&out, batch, &mut stats);
-                }
+                out.tick(batch, &mut stats);
                 false
             }
             _ = stop.wait_for(|stop| *stop) => true,
         };
         if stopping {
             let batch = drain(ring.get_mut(), &copies, &mut stats);
-            // The end of a run: wait for room rather than drop the tail.
-            if !batch.is_empty() && out.send(batch).is_err() {
+            if !out.finish(batch) {
                 break;
             }
             return Ok(stats);
@@ -200,15 +194,127 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
     batch
 }
 
-fn send(out: &SyncSender<Vec<Sample>>, batch: Vec<Sample>, stats: &mut ReaderStats) {
-    if batch.is_empty() {
-        return;
-    }
-    let len = batch.len() as u64;
-    match out.try_send(batch) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-            stats.dropped_backlog += len
+/// Samples the reader keeps while the pipeline behind it is full; past
+/// this the oldest are dropped and counted. About two seconds of a 2-CPU
+/// host sampled at 999 Hz, a few MiB.
+const MAX_WAITING_SAMPLES: usize = 4096;
+
+/// The reader's side of the channel to the pipeline. A batch that does not
+/// fit waits here and later drains join it, so what bounds the backlog is
+/// samples, not batches: a burst of wakeups (every first sample of a
+/// selected process wakes the reader) makes batches of one sample, and
+/// the channel's batches would fill in a fraction of a second.
+struct Outbox {
+    out: SyncSender<Vec<Sample>>,
+    waiting: Vec<Sample>,
+}
+
+impl Outbox {
+    fn new(out: SyncSender<Vec<Sample>>) -> Self {
+        Outbox {
+            out,
+            waiting: Vec::new(),
         }
+    }
+
+    /// Passes `batch` on (after the samples still waiting) if the channel
+    /// has room, keeps it otherwise; never blocks.
+    fn send(&mut self, mut batch: Vec<Sample>, stats: &mut ReaderStats) {
+        if !self.waiting.is_empty() {
+            self.waiting.append(&mut batch);
+            batch = std::mem::take(&mut self.waiting);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        match self.out.try_send(batch) {
+            Ok(()) => {}
+            Err(TrySendError::Full(mut batch)) => {
+                // The oldest go first: theirs are the processes likeliest
+                // to have exited before they could be attributed.
+                let excess = batch.len().saturating_sub(MAX_WAITING_SAMPLES);
+                batch.drain(..excess);
+                stats.dropped_backlog += excess as u64;
+                self.waiting = batch;
+            }
+            Err(TrySendError::Disconnected(batch)) => stats.dropped_backlog += batch.len() as u64,
+        }
+    }
+
+    /// An empty batch when nothing waits: the attribution thread then
+    /// applies the process events waiting (an exec's tables are asked for
+    /// within a tick, not at the process's first sample).
+    fn tick(&mut self, batch: Vec<Sample>, stats: &mut ReaderStats) {
+        if batch.is_empty() && self.waiting.is_empty() {
+            let _ = self.out.try_send(batch);
+        } else {
+            self.send(batch, stats);
+        }
+    }
+
+    /// The end of a run: waits for room rather than drop the tail; false
+    /// when the pipeline is gone.
+    fn finish(mut self, batch: Vec<Sample>) -> bool {
+        self.waiting.extend(batch);
+        self.waiting.is_empty() || self.out.send(self.waiting).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn batch(tids: std::ops::Range<u32>) -> Vec<Sample> {
+        tids.map(|tid| {
+            // SAFETY: all-zero is a valid `Sample` (integers only).
+            let mut sample: Sample = unsafe { std::mem::zeroed() };
+            sample.tid = tid;
+            sample
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_burst_of_tiny_batches_waits_instead_of_being_dropped() {
+        let (tx, rx) = mpsc::sync_channel(2);
+        let mut out = Outbox::new(tx);
+        let mut stats = ReaderStats::default();
+        // Far more one-sample batches than the channel holds.
+        for tid in 0..1000 {
+            out.send(batch(tid..tid + 1), &mut stats);
+        }
+        assert_eq!(stats.dropped_backlog, 0);
+        // A tick with nothing new still passes on what waits.
+        let received: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        assert_eq!(received, [0, 1]);
+        out.tick(Vec::new(), &mut stats);
+        let received: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        assert_eq!(
+            received,
+            (2..1000).collect::<Vec<_>>(),
+            "in order, once each"
+        );
+    }
+
+    #[test]
+    fn past_its_bound_the_oldest_waiting_samples_are_dropped_and_counted() {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let mut out = Outbox::new(tx);
+        let mut stats = ReaderStats::default();
+        out.send(batch(0..1), &mut stats);
+        let total = MAX_WAITING_SAMPLES as u32 + 10;
+        for tid in 1..=total {
+            out.send(batch(tid..tid + 1), &mut stats);
+        }
+        assert_eq!(stats.dropped_backlog, 10);
+        let first: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        assert_eq!(first, [0], "the batch that fitted");
+        assert!(out.finish(Vec::new()), "the pipeline is still there");
+        let rest: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        let received: Vec<u32> = first.into_iter().chain(rest).collect();
+        assert_eq!(received[1], 11, "the oldest waiting went");
+        assert_eq!(received.last(), Some(&total));
+        assert_eq!(received.len() as u32, 1 + MAX_WAITING_SAMPLES as u32);
     }
 }
