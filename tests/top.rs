@@ -55,7 +55,13 @@ fn rows(screen: &str) -> Vec<Vec<String>> {
         .lines()
         .skip_while(|line| !(line.contains("%TOTAL") || line.contains("WEIGHT")))
         .skip(1)
-        .take_while(|line| !line.trim().is_empty())
+        // A table that fills the window ends right above the key help,
+        // with no blank line between: a row starts with a number.
+        .take_while(|line| {
+            line.split_whitespace()
+                .next()
+                .is_some_and(|first| first.parse::<f64>().is_ok())
+        })
         .map(|line| line.split_whitespace().map(str::to_owned).collect())
         .collect()
 }
