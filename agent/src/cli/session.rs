@@ -160,6 +160,10 @@ impl<T: Send + 'static> Session<T> {
         for &pid in options.pids.iter().flatten() {
             python.interpreter(pid, procs.executable_maps(pid, "", u64::MAX).iter());
         }
+        // Before sampling starts, so that reading kallsyms (tens of ms, most
+        // of it the kernel printing) is not in the profile; every program
+        // of ours is loaded by now, so kallsyms lists them.
+        let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
         sampler.start_sampling(options.frequency_hz)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (batch_tx, batch_rx) = mpsc::sync_channel(BACKLOG_BATCHES);
@@ -181,9 +185,6 @@ impl<T: Send + 'static> Session<T> {
             stop_rx,
             progress_tx,
         ));
-        // After the sampler: a failure to load says only that, and kallsyms
-        // then lists our own programs too.
-        let symbolizer = Arc::new(Symbolizer::with_options(symbolizer));
         let pipeline_state = Arc::new(PipelineState {
             max_symbolize_lag: matches!(mode, Mode::Agent | Mode::Live)
                 .then_some(AGENT_MAX_SYMBOLIZE_LAG),

@@ -277,6 +277,11 @@ impl Sampler {
                 "sched_process_fork",
             )?;
         }
+        // The sampling program too (its verification is most of a start),
+        // so what a caller does between this and `start_sampling` (reading
+        // kallsyms, which then lists every program of ours) is not in the
+        // profile it records.
+        sampler.load_sampling_program()?;
         Ok(sampler)
     }
 
@@ -422,15 +427,20 @@ impl Sampler {
             .map_err(SamplerError::load_program)
     }
 
-    fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+    fn load_sampling_program(&mut self) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
             self.load_legacy_tails(
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
             )?;
         }
         let name = self.variant.sample_program();
+        self.program()?
+            .load()
+            .map_err(SamplerError::load_named(name))
+    }
+
+    fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
         let program = self.program()?;
-        program.load().map_err(SamplerError::load_named(name))?;
         let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
         let mut links = Vec::with_capacity(cpus.len());
         for cpu in cpus {
