@@ -316,3 +316,59 @@ fn top_without_privileges_says_so_on_the_terminal() {
         "{screen}"
     );
 }
+
+/// The state letter of a process (`/proc/PID/stat`), `None` once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[test]
+fn top_outside_the_terminals_session_exits_when_the_terminal_goes_away() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("tmux") || !require_tool("setsid") {
+        return;
+    }
+    let spinners = Spinners(vec![spin("top_spin_hup")]);
+    let target = spinners.0[0].id();
+    // In a session of its own (setsid), as under nohup or a job runner:
+    // the terminal's hangup sends it no SIGHUP.
+    let tmux = Tmux::start(
+        &format!("hostprof-top-hup-{}", std::process::id()),
+        &format!(
+            "setsid -w {} top -F 199 -p {target}",
+            env!("CARGO_BIN_EXE_hostprof")
+        ),
+    );
+    tmux.wait_for("the first screen", 30, |screen| {
+        screen.contains("hostprof top:").then_some(())
+    });
+    // top's pid: the hostprof whose command line names this target.
+    let wanted = format!(" top -F 199 -p {target} ");
+    let top = std::fs::read_dir("/proc")
+        .expect("list /proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let is_hostprof = std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|exe| exe.ends_with("hostprof"));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            is_hostprof
+                && String::from_utf8_lossy(&cmdline)
+                    .replace('\0', " ")
+                    .contains(&wanted)
+        })
+        .expect("top's process");
+    drop(tmux);
+    // Gone (or a zombie waiting for its parent) within the grace period
+    // and a refresh or two, not spinning on the dead terminal.
+    let ended = common::running::wait_for(std::time::Duration::from_secs(15), || {
+        matches!(process_state(top), None | Some('Z')).then_some(())
+    });
+    assert!(
+        ended.is_some(),
+        "top (pid {top}) still runs after its terminal closed: state {:?}",
+        process_state(top)
+    );
+}

@@ -53,6 +53,9 @@ const REFRESH: Duration = Duration::from_secs(1);
 const QUIT_CHECK: Duration = Duration::from_millis(200);
 /// How long quitting may wait for samples still being symbolized.
 const STOP_DEADLINE: Duration = Duration::from_millis(500);
+/// How long the screen gets to end once told to quit. Past it, it is
+/// stuck reading a terminal that is gone (see [`terminal_gone`]).
+const SCREEN_GRACE: Duration = Duration::from_secs(2);
 
 pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     for pid in &args.pids {
@@ -126,12 +129,23 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    let terminals = {
+        use std::os::fd::AsFd;
+        [
+            rustix::termios::isatty(std::io::stdin().as_fd()),
+            rustix::termios::isatty(std::io::stdout().as_fd()),
+        ]
+    };
+    let mut quitting_since = None;
     let shown = loop {
         tokio::select! {
-            shown = &mut screen => break shown,
+            shown = &mut screen => break Some(shown),
             _ = terminate.recv() => quit.store(true, Ordering::Relaxed),
             _ = hangup.recv() => quit.store(true, Ordering::Relaxed),
             _ = tokio::time::sleep(REFRESH) => {
+                if terminal_gone(terminals) {
+                    quit.store(true, Ordering::Relaxed);
+                }
                 let lost = session.sampler.counters().map(|c| c.lost()).unwrap_or(0)
                     + session.reader_progress.borrow().dropped_backlog;
                 let exited = !args.pids.is_empty()
@@ -141,11 +155,54 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
                 header.targets_exited = exited;
             }
         }
+        if quit.load(Ordering::Relaxed)
+            && quitting_since.get_or_insert_with(Instant::now).elapsed() >= SCREEN_GRACE
+        {
+            break None;
+        }
+    };
+    let Some(shown) = shown else {
+        // The screen thread is stuck in crossterm's read loop, which spins
+        // on a terminal that is gone instead of failing (crossterm issue
+        // 793): it cannot be joined, and the runtime would wait for it at
+        // exit. Detach the kernel side and leave without it.
+        session.stop(Some(STOP_DEADLINE)).await?;
+        eprintln!("hostprof: error: the terminal went away; top stopped");
+        std::process::exit(1);
     };
     let shown = shown.context("the screen thread panicked");
     // Stop even when the screen failed, so the kernel side is detached.
     session.stop(Some(STOP_DEADLINE)).await?;
     shown?
+}
+
+/// True when the terminal top draws on is gone (its ssh session or tmux
+/// pane closed): a poll of it reports a hangup or an error. A process in
+/// the terminal's session gets SIGHUP then, but one started outside it
+/// (`setsid`, `nohup`) is told nothing, and crossterm spins on the dead
+/// terminal at 100 % of a core instead of returning.
+///
+/// `terminals`: which of stdin and stdout were terminals at the start (a
+/// terminal that is gone no longer says it is one).
+fn terminal_gone(terminals: [bool; 2]) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use std::os::fd::AsFd;
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let mut fds = [stdin.as_fd(), stdout.as_fd()]
+        .into_iter()
+        .zip(terminals)
+        .filter_map(|(fd, terminal)| terminal.then_some(fd));
+    fds.any(|fd| {
+        let mut fds = [PollFd::new(&fd, PollFlags::empty())];
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        poll(&mut fds, Some(&now)).is_ok()
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL)
+    })
 }
 
 /// The screen's loop, until `q` or Ctrl-C: a new bucket every second, a
