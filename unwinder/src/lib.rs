@@ -579,6 +579,42 @@ impl Search {
     }
 }
 
+/// Slots of the kernel's per-CPU cache of row searches: the row each
+/// recent (table, address) search found, keyed by [`hint_slot`].
+pub const ROW_HINT_SLOTS: u32 = 1 << ROW_HINT_BITS;
+const ROW_HINT_BITS: u32 = 10;
+
+/// The slot of a search for `target` in the table at row `start`.
+#[inline(always)]
+pub fn hint_slot(start: u32, target: u64) -> u32 {
+    // splitmix64's finaliser: return addresses are regular (aligned, a
+    // few bytes apart), which a single multiply maps to regular slots.
+    let mut key = target ^ (u64::from(start) << 32);
+    key = (key ^ (key >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    key = (key ^ (key >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (key >> (64 - ROW_HINT_BITS)) as u32
+}
+
+/// True when `hint` is what a search of `len` sorted keys for `target`
+/// finds: its key is `<= target` and the next one, if any, is not. Two
+/// reads instead of a search's dozen probes, and right whatever put
+/// `hint` there (another table, another address, a table since
+/// replaced): the cache needs no invalidation.
+#[inline(always)]
+pub fn hint_holds(
+    len: u32,
+    target: u64,
+    hint: u32,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> bool {
+    if hint >= len {
+        return false;
+    }
+    let next = hint + 1;
+    key(hint).is_some_and(|at| at <= target)
+        && (next == len || key(next).is_some_and(|after| after > target))
+}
+
 /// [`Search`] run to the end in a plain loop (the host's way).
 pub fn search_last_le(
     len: u32,

@@ -738,6 +738,41 @@ fn search_matches_a_linear_scan() {
 }
 
 #[test]
+fn a_hint_holds_exactly_when_it_is_what_the_search_finds() {
+    // Sorted keys with runs of duplicates; every hint, every target.
+    let keys: Vec<u64> = (0..40u64).map(|i| (i / 3) * 7).collect();
+    for len in [0u32, 1, 2, 3, 40] {
+        let key = |i: u32| keys[..len as usize].get(i as usize).copied();
+        for target in 0..=keys[keys.len() - 1] + 2 {
+            let found = search_last_le(len, target, key);
+            for hint in 0..len + 2 {
+                assert_eq!(
+                    hint_holds(len, target, hint, key),
+                    found == Some(hint),
+                    "len {len} target {target} hint {hint}"
+                );
+            }
+        }
+    }
+    // A key that cannot be read proves nothing.
+    assert!(!hint_holds(4, 10, 1, |i| (i != 2).then_some(u64::from(i))));
+}
+
+#[test]
+fn hint_slots_stay_in_range_and_spread() {
+    let mut used = std::collections::HashSet::new();
+    for start in [0u32, 4096, 1 << 20] {
+        for target in (0x1000u64..0x1000 + 300 * 16).step_by(16) {
+            let slot = hint_slot(start, target);
+            assert!(slot < ROW_HINT_SLOTS);
+            used.insert(slot);
+        }
+    }
+    // 900 searches over 1,024 slots: most get one of their own.
+    assert!(used.len() > 500, "{} slots used", used.len());
+}
+
+#[test]
 fn search_stops_on_an_unreadable_key() {
     let mut search = Search::new(8, 5);
     assert!(!search.probe(|_| None));

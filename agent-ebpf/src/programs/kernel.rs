@@ -63,7 +63,8 @@ impl Kernel for Modern {
 
     /// Mappings: branch-free probes in line (the process's mappings are
     /// one map value already in hand: a few loads and compares, no helper
-    /// call). Rows: one `bpf_loop` call per probe.
+    /// call). Rows: the CPU's hint for this address, checked with two
+    /// reads, else one `bpf_loop` call per probe.
     #[inline(always)]
     fn python(tgid: u32, dst: *mut hostprof_common::python::Stack) {
         super::python::walk(tgid, unsafe { &mut *dst });
@@ -75,6 +76,15 @@ impl Kernel for Modern {
             Sorted::Mappings => return search_mappings(process.mappings, len, target),
             Sorted::Rows { start } => start,
         };
+        let slot = unwind::hint_slot(start, target);
+        let hint = ROW_HINTS.get_ptr_mut(slot);
+        if let Some(hint) = hint {
+            let hint = unsafe { read_volatile(hint) };
+            let key = |index: u32| row(start.wrapping_add(index)).map(|row| row.pc as u64);
+            if unwind::hint_holds(len, target, hint, key) {
+                return Some(hint);
+            }
+        }
         let mut ctx = SearchCtx {
             search: Search::new(len, target),
             table_start: start,
@@ -88,7 +98,11 @@ impl Kernel for Modern {
                 0,
             )
         };
-        ctx.search.result()
+        let found = ctx.search.result();
+        if let (Some(found), Some(hint)) = (found, hint) {
+            unsafe { write_volatile(hint, found) };
+        }
+        found
     }
 }
 

@@ -137,6 +137,13 @@ static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHU
 static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
+/// The row each recent search of a table found, per CPU (see
+/// `hostprof_unwind::hint_holds`): the same return addresses come back
+/// sample after sample, and checking a hint is two row reads where a
+/// search is a dozen `bpf_loop` calls.
+#[map(name = "ROW_HINTS")]
+static ROW_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(unwind::ROW_HINT_SLOTS, 0);
+
 #[map(name = "UNWIND_STATE")]
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
 
