@@ -61,15 +61,15 @@ impl Kernel for Modern {
         Some(finish_unwind(state, dst))
     }
 
-    /// Mappings: branch-free probes in line (the process's mappings are
-    /// one map value already in hand: a few loads and compares, no helper
-    /// call). Rows: the CPU's hint for this address, checked with two
-    /// reads, else one `bpf_loop` call per probe.
     #[inline(always)]
     fn python(tgid: u32, dst: *mut hostprof_common::python::Stack) {
         super::python::walk(tgid, unsafe { &mut *dst });
     }
 
+    /// Mappings: branch-free probes in line (the process's mappings are
+    /// one map value already in hand: a few loads and compares, no helper
+    /// call). Rows: the CPU's hint for this address, checked with two
+    /// reads, else one `bpf_loop` call per probe.
     #[inline(always)]
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
         let start = match what {
