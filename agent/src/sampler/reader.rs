@@ -196,7 +196,8 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
 
 /// Samples the reader keeps while the pipeline behind it is full; past
 /// this the oldest are dropped and counted. About two seconds of a 2-CPU
-/// host sampled at 999 Hz, a few MiB.
+/// host sampled at 999 Hz; at most 12 MiB (a decoded sample is 3 KiB),
+/// and only while attribution is behind.
 const MAX_WAITING_SAMPLES: usize = 4096;
 
 /// The reader's side of the channel to the pipeline. A batch that does not
