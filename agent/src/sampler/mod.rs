@@ -115,6 +115,8 @@ pub struct Sampler {
     ebpf: Ebpf,
     variant: Variant,
     links: Vec<PerfEventLinkId>,
+    /// The off-CPU program is loaded, to attach with the perf events.
+    off_cpu: bool,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -255,6 +257,7 @@ impl Sampler {
             ebpf,
             variant,
             links: Vec::new(),
+            off_cpu: false,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -264,7 +267,7 @@ impl Sampler {
             sampler.follow_forks()?;
         }
         if options.off_cpu.is_some() {
-            sampler.trace_off_cpu()?;
+            sampler.load_off_cpu()?;
         }
         // Process events (and, with tables, forgetting exec'd images).
         sampler
@@ -314,12 +317,7 @@ impl Sampler {
         name: &'static str,
         tracepoint: &str,
     ) -> Result<(), SamplerError> {
-        let program: &mut RawTracePoint = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(SamplerError::MissingObject(name))?
-            .try_into()
-            .map_err(SamplerError::load_program)?;
+        let program = self.raw_tracepoint(name)?;
         program.load().map_err(SamplerError::load_named(name))?;
         program
             .attach(tracepoint)
@@ -344,13 +342,29 @@ impl Sampler {
         })
     }
 
-    fn trace_off_cpu(&mut self) -> Result<(), SamplerError> {
+    /// Loads (verifies) the off-CPU program; [`Sampler::start_sampling`]
+    /// attaches it with the perf events, so that it, too, records nothing
+    /// before the caller has loaded the named processes' unwind tables.
+    fn load_off_cpu(&mut self) -> Result<(), SamplerError> {
         if self.variant == Variant::Legacy {
             self.load_legacy_tails(
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[hostprof_common::LEGACY_TAIL_PERF_EVENT..],
             )?;
         }
-        self.attach_raw_tracepoint(self.variant.off_cpu_program(), "sched_switch")
+        let name = self.variant.off_cpu_program();
+        self.raw_tracepoint(name)?
+            .load()
+            .map_err(SamplerError::load_named(name))?;
+        self.off_cpu = true;
+        Ok(())
+    }
+
+    fn raw_tracepoint(&mut self, name: &'static str) -> Result<&mut RawTracePoint, SamplerError> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(SamplerError::MissingObject(name))?
+            .try_into()
+            .map_err(SamplerError::load_program)
     }
 
     /// Loads legacy tail-call programs, each into its tails map, before the
@@ -440,6 +454,12 @@ impl Sampler {
     }
 
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+        if self.off_cpu {
+            let name = self.variant.off_cpu_program();
+            self.raw_tracepoint(name)?
+                .attach("sched_switch")
+                .map_err(SamplerError::attach_named(name))?;
+        }
         let program = self.program()?;
         let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
         let mut links = Vec::with_capacity(cpus.len());
