@@ -188,18 +188,18 @@ fn terminal_gone(terminals: [bool; 2]) -> bool {
     use rustix::event::{PollFd, PollFlags, poll};
     use std::os::fd::AsFd;
     let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
-    let mut fds = [stdin.as_fd(), stdout.as_fd()]
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let mut watched = [stdin.as_fd(), stdout.as_fd()]
         .into_iter()
         .zip(terminals)
         .filter_map(|(fd, terminal)| terminal.then_some(fd));
-    fds.any(|fd| {
-        let mut fds = [PollFd::new(&fd, PollFlags::empty())];
-        let now = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        poll(&mut fds, Some(&now)).is_ok()
-            && fds[0]
+    watched.any(|fd| {
+        let mut polled = [PollFd::new(&fd, PollFlags::empty())];
+        poll(&mut polled, Some(&now)).is_ok()
+            && polled[0]
                 .revents()
                 .intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL)
     })

@@ -129,8 +129,9 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// Loads and attaches everything but the perf events: nothing is sampled
-    /// until [`Sampler::start_sampling`], so the maps can be filled first
+    /// Loads everything and attaches the process-event tracepoints: neither
+    /// the perf events nor off-CPU tracing record anything until
+    /// [`Sampler::start_sampling`], so the maps can be filled first
     /// (`record -p` loads the processes' unwind tables before its first
     /// sample).
     pub fn load(options: &SamplerOptions) -> Result<Self, SamplerError> {
@@ -297,14 +298,7 @@ impl Sampler {
     }
 
     fn follow_forks(&mut self) -> Result<(), SamplerError> {
-        let program: &mut RawTracePoint = self
-            .ebpf
-            .program_mut(hostprof_common::PROGRAM_FOLLOW_FORK)
-            .ok_or(SamplerError::MissingObject(
-                hostprof_common::PROGRAM_FOLLOW_FORK,
-            ))?
-            .try_into()
-            .map_err(SamplerError::load_program)?;
+        let program = self.raw_tracepoint(hostprof_common::PROGRAM_FOLLOW_FORK)?;
         program.load().map_err(SamplerError::load_program)?;
         program
             .attach("sched_process_fork")
