@@ -214,7 +214,13 @@ impl Sampler {
                 PYTHON_WALK_SINCE.1
             );
         }
+        // No CO-RE: every kernel offset the programs use is a global set
+        // above from our own read of the BTF. Without a target BTF, aya
+        // skips parsing all of vmlinux's (~20 ms and several MB at every
+        // start). The object carrying no CO-RE relocation is checked by
+        // `the_ebpf_object_has_no_core_relocations`.
         let ebpf = EbpfLoader::new()
+            .btf(None)
             .override_global(
                 hostprof_common::GLOBAL_TASK_STACK_OFFSET,
                 &stack_offset,

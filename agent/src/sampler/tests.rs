@@ -89,3 +89,31 @@ fn the_ring_is_sized_by_what_it_carries() {
     };
     assert_eq!(ring_bytes(&every), hostprof_common::DEFAULT_RING_BYTES);
 }
+
+/// `Sampler::load` gives aya no target BTF, which is only right while the
+/// programs have no CO-RE relocation to resolve against it: their
+/// `.BTF.ext` header's `core_relo_len` (after magic, version, flags,
+/// hdr_len and the func/line info offsets and lengths) must be zero.
+#[test]
+fn the_ebpf_object_has_no_core_relocations() {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(EBPF_OBJECT).expect("the embedded eBPF object is an ELF file");
+    let Some(section) = file.section_by_name(".BTF.ext") else {
+        return;
+    };
+    let ext = section.data().expect(".BTF.ext is readable");
+    let u32_at = |at: usize| u32::from_le_bytes(ext[at..at + 4].try_into().unwrap());
+    assert_eq!(u16::from_le_bytes([ext[0], ext[1]]), 0xeb9f, "BTF magic");
+    let header_len = u32_at(4) as usize;
+    // Headers shorter than 32 bytes predate CO-RE relocations.
+    if header_len >= 32 {
+        let core_relo_len = u32_at(28);
+        assert_eq!(
+            core_relo_len, 0,
+            "the eBPF programs now have CO-RE relocations: give EbpfLoader the kernel's BTF again"
+        );
+    }
+    // The section did hold function and line info: the header was read right.
+    assert!(u32_at(12) > 0, "func_info_len");
+    assert!(u32_at(20) > 0, "line_info_len");
+}
