@@ -28,6 +28,10 @@ struct Peer {
     /// output says which process a stack belongs to).
     host: u64,
     own: Option<u64>,
+    /// Processes sampled, where the profiler says (hostprof): memory grows
+    /// with the binaries the host ran during the window, so a run whose
+    /// peak stands out says here whether the host was busier.
+    processes: Option<u64>,
     /// The eBPF program's run time per run (BPF stats).
     kernel_ns: Option<f64>,
 }
@@ -100,18 +104,19 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
 
 fn print_table(peers: &[Peer]) {
     println!(
-        "{:<34} {:>9} {:>17} {:>10} {:>11} {:>10} {:>10}",
+        "{:<34} {:>9} {:>17} {:>10} {:>11} {:>10} {:>10} {:>10}",
         "profiler",
         "workload",
         "CPU ms/1k samples",
         "peak MiB",
         "reach main",
         "eBPF ns",
-        "own share"
+        "own share",
+        "processes"
     );
     for peer in peers {
         println!(
-            "{:<34} {:>9} {:>17.1} {:>10.1} {:>11.3} {:>10} {:>10}",
+            "{:<34} {:>9} {:>17.1} {:>10.1} {:>11.3} {:>10} {:>10} {:>10}",
             peer.name,
             peer.workload,
             peer.cpu_ms_per_1k(),
@@ -122,6 +127,7 @@ fn print_table(peers: &[Peer]) {
                 "{:.2}%",
                 own as f64 * 100.0 / peer.host.max(1) as f64
             )),
+            peer.processes.map_or("n/a".into(), |count| count.to_string()),
         );
     }
     println!("\nhostprof as a ratio to each peer (< 1: hostprof is cheaper)");
@@ -209,6 +215,7 @@ fn hostprof_run(
         reaching_main,
         host,
         own: Some(own),
+        processes: crate::bench::number_before(&stderr, " processes in"),
         kernel_ns: crate::bench::number_before(&stderr, " ns per run").map(|ns| ns as f64),
     })
 }
@@ -268,6 +275,7 @@ fn perf_run(dir: &Path, seconds: u64, name: &'static str, call_graph: &[&str]) -
         reaching_main: main,
         host,
         own: Some(own),
+        processes: None,
         kernel_ns: None,
     })
 }
@@ -331,6 +339,7 @@ fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> R
         reaching_main,
         host,
         own: Some(own),
+        processes: None,
         kernel_ns: kernel,
     })
 }
