@@ -71,8 +71,8 @@ pub(super) struct Finished<T> {
     pub output: T,
     pub reader: ReaderStats,
     pub counters: Counters,
-    /// The sampler program's run time and run count (zero without BPF stats).
-    pub program_stats: (std::time::Duration, u64),
+    /// The sampling program's run time and verification.
+    pub program_stats: crate::sampler::ProgramStats,
     /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
     pub unwind: Option<LoaderStats>,
     /// Samples taken before their tables were loaded: (unwound on the host

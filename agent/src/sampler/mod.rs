@@ -545,9 +545,8 @@ impl Sampler {
         Ok(totals)
     }
 
-    /// The program's total run time and run count since it was loaded; zero
-    /// unless started with `bpf_stats`.
-    pub fn program_stats(&self) -> Result<(Duration, u64), SamplerError> {
+    /// What the kernel says of the sampling program (see [`ProgramStats`]).
+    pub fn program_stats(&self) -> Result<ProgramStats, SamplerError> {
         let name = self.variant.sample_program();
         let program: &PerfEvent = self
             .ebpf
@@ -556,8 +555,24 @@ impl Sampler {
             .try_into()
             .map_err(SamplerError::load_program)?;
         let info = program.info().map_err(SamplerError::load_program)?;
-        Ok((info.run_time(), info.run_count()))
+        Ok(ProgramStats {
+            run_time: info.run_time(),
+            runs: info.run_count(),
+            verified_instructions: info.verified_instruction_count(),
+        })
     }
+}
+
+/// The sampling program as the kernel sees it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProgramStats {
+    /// Total run time and run count since it was loaded; zero unless
+    /// started with `bpf_stats`.
+    pub run_time: Duration,
+    pub runs: u64,
+    /// Instructions the verifier walked to accept it (Linux 5.16+): what
+    /// its load, paid at every start, costs.
+    pub verified_instructions: Option<u32>,
 }
 
 /// The offset in the running kernel's `task_struct` of the first of `names`

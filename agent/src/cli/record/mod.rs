@@ -171,10 +171,15 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         );
     }
     if args.bpf_stats {
-        let (run_time, runs) = finished.program_stats;
+        let stats = finished.program_stats;
         eprintln!(
-            "hostprof: eBPF program ran {runs} times, {:.0} ns per run",
-            run_time.as_nanos() as f64 / runs.max(1) as f64
+            "hostprof: eBPF program ran {} times, {:.0} ns per run{}",
+            stats.runs,
+            stats.run_time.as_nanos() as f64 / stats.runs.max(1) as f64,
+            match stats.verified_instructions {
+                Some(count) => format!("; the verifier walked {count} instructions to load it"),
+                None => String::new(),
+            }
         );
     }
     if let Some(mut child) = child
