@@ -465,3 +465,27 @@ fn stack_memory_leaves_the_kernel_only_when_asked_or_early() {
     });
     assert!(sizes.iter().all(|size| *size == with_stack), "{sizes:?}");
 }
+
+/// What the table unwinder costs every start: the verifier's walk of the
+/// sampling program. LLVM once turned the branch-free mapping search's
+/// arithmetic into conditional jumps without a sound change in the
+/// source, and the walk grew tenfold (82,000 instructions, 80 ms of
+/// every `record`); the bound catches that kind of silent growth.
+#[test]
+fn the_table_unwinder_loads_without_a_long_verifier_walk() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let sampler = Sampler::load(&SamplerOptions::default()).expect("load the sampler");
+    let stats = sampler.program_stats().expect("the program's info");
+    let Some(walked) = stats.verified_instructions else {
+        // Linux before 5.16 does not report it.
+        return;
+    };
+    // Python's walk and the kernel-stack search included; about 7,600 on
+    // Linux 6.18.
+    assert!(
+        (1_000..20_000).contains(&walked),
+        "the verifier walked {walked} instructions to load sample_cpu"
+    );
+}
