@@ -99,7 +99,76 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
     }
     print_table(&peers);
+    // The same DWARF-mode runs again, shorter: with the long ones, each
+    // profiler's CPU splits into what it pays once and what it pays per
+    // sample.
+    let mut short = vec![
+        busy(&workload, SHORT_SECONDS, || {
+            hostprof_run(hostprof, dir, SHORT_SECONDS, "hostprof record (dwarf)", &[])
+        })?,
+        busy(&workload, SHORT_SECONDS, || {
+            perf_run(
+                dir,
+                SHORT_SECONDS,
+                "perf --call-graph dwarf + script",
+                &["--call-graph", "dwarf"],
+            )
+        })?,
+    ];
+    if has_probee() {
+        short.push(busy(&workload, SHORT_SECONDS, || {
+            probee_run(dir, SHORT_SECONDS, "probee --dwarf", &["--dwarf"])
+        })?);
+    }
+    print_split(&peers, &short, seconds);
     Ok(())
+}
+
+/// Seconds of the short runs that split CPU into fixed and per-sample
+/// parts.
+const SHORT_SECONDS: u64 = 2;
+
+/// CPU as (fixed ms, ms per 1000 workload samples): the line through a
+/// long and a short run of the same profiler on the same workload.
+fn split_cost(long: &Peer, short: &Peer) -> Option<(f64, f64)> {
+    let samples = long.workload as f64 - short.workload as f64;
+    if samples <= 0.0 {
+        return None;
+    }
+    let per_sample = (long.usage.cpu.as_secs_f64() - short.usage.cpu.as_secs_f64()) / samples;
+    let fixed = short.usage.cpu.as_secs_f64() - per_sample * short.workload as f64;
+    Some((fixed * 1e3, per_sample * 1e6))
+}
+
+fn print_split(long: &[Peer], short: &[Peer], seconds: u64) {
+    println!(
+        "\nCPU split into a fixed part (start, exit) and a part per sample, from the {seconds} s runs \
+         and {SHORT_SECONDS} s ones"
+    );
+    println!(
+        "{:<34} {:>10} {:>13} {:>22}",
+        "profiler", "fixed ms", "ms/1k samples", "hostprof ms/1k ratio"
+    );
+    let costs: Vec<(&str, (f64, f64))> = short
+        .iter()
+        .filter_map(|short| {
+            let long = long.iter().find(|long| long.name == short.name)?;
+            Some((short.name, split_cost(long, short)?))
+        })
+        .collect();
+    let ours = costs
+        .iter()
+        .find(|(name, _)| name.starts_with("hostprof"))
+        .map(|(_, (_, per_1k))| *per_1k);
+    for (name, (fixed, per_1k)) in &costs {
+        let ratio = match ours {
+            Some(ours) if *per_1k > 0.0 && !name.starts_with("hostprof") => {
+                format!("{:.2}", ours / per_1k)
+            }
+            _ => "".into(),
+        };
+        println!("{name:<34} {fixed:>10.0} {per_1k:>13.1} {ratio:>22}");
+    }
 }
 
 fn print_table(peers: &[Peer]) {
@@ -127,7 +196,8 @@ fn print_table(peers: &[Peer]) {
                 "{:.2}%",
                 own as f64 * 100.0 / peer.host.max(1) as f64
             )),
-            peer.processes.map_or("n/a".into(), |count| count.to_string()),
+            peer.processes
+                .map_or("n/a".into(), |count| count.to_string()),
         );
     }
     println!("\nhostprof as a ratio to each peer (< 1: hostprof is cheaper)");
@@ -363,4 +433,35 @@ fn perf_event_prog_ns(pid: u32) -> Option<f64> {
         }
     }
     (count > 0).then(|| time as f64 / count as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(cpu_ms: u64, workload: u64) -> Peer {
+        Peer {
+            name: "p",
+            usage: Usage {
+                cpu: Duration::from_millis(cpu_ms),
+                max_rss_kib: 0,
+            },
+            workload,
+            reaching_main: 0,
+            host: 0,
+            own: None,
+            processes: None,
+            kernel_ns: None,
+        }
+    }
+
+    #[test]
+    fn cost_splits_into_the_line_through_two_runs() {
+        // 200 ms once, then 10 ms per 1000 samples.
+        let (fixed, per_1k) = split_cost(&run(360, 16_000), &run(240, 4_000)).unwrap();
+        assert!((fixed - 200.0).abs() < 1e-6, "{fixed}");
+        assert!((per_1k - 10.0).abs() < 1e-6, "{per_1k}");
+        // No more samples in the long run: no line.
+        assert!(split_cost(&run(300, 4_000), &run(240, 4_000)).is_none());
+    }
 }
