@@ -482,7 +482,7 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
         // Linux before 5.16 does not report it.
         return;
     };
-    // Python's walk and the kernel-stack search included; about 7,600 on
+    // Python's walk and the kernel-stack search included; about 7,400 on
     // Linux 6.18.
     assert!(
         (1_000..20_000).contains(&walked),

@@ -580,8 +580,9 @@ impl Search {
     }
 }
 
-/// `value`, hidden from the optimizer, for [`Search::probe_branchless`].
-/// Knowing its operands' ranges, LLVM sees that the sign of a difference
+/// `value`, hidden from the optimizer: what it computes from it, it must
+/// compute. In [`Search::probe_branchless`]: knowing its operands' ranges,
+/// LLVM sees that the sign of a difference
 /// is a comparison, and a multiply by it a select; BPF has no instruction
 /// that sets a register from a comparison, so both became conditional
 /// jumps. The verifier split its state at each, and the paths multiplied
@@ -589,9 +590,12 @@ impl Search {
 /// instructions, 80 ms of every start. In BPF, one register move the
 /// optimizer cannot see through (`black_box` would go through the stack;
 /// an empty `asm!` leaves two line-info records on one instruction, which
-/// the kernel rejects); elsewhere the value is used as is.
+/// the kernel rejects); elsewhere the value is used as is. Also for an
+/// index's mask that older verifiers must see: LLVM drops a mask that a
+/// comparison with another register already implies, and verifiers before
+/// 6.x do not learn bounds from such a comparison.
 #[inline(always)]
-fn opaque(value: u64) -> u64 {
+pub fn opaque(value: u64) -> u64 {
     #[cfg(target_arch = "bpf")]
     {
         let mut value = value;
@@ -766,8 +770,10 @@ pub fn lookup_in(
     if index as usize >= MAX_PROCESS_MAPPINGS {
         return Lookup::NoMapping;
     }
-    // The mask, not just the check, is what the BPF verifier sees.
-    let mapping = &mappings.mappings[index as usize & (MAX_PROCESS_MAPPINGS - 1)];
+    // The mask, not just the check, is what the BPF verifier sees; through
+    // `opaque`, or LLVM drops it when the search's own checks imply it.
+    let mapping =
+        &mappings.mappings[opaque(u64::from(index)) as usize & (MAX_PROCESS_MAPPINGS - 1)];
     if pc >= mapping.end {
         return Lookup::NoMapping;
     }

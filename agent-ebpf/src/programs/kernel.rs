@@ -66,14 +66,30 @@ impl Kernel for Modern {
         super::python::walk(tgid, unsafe { &mut *dst });
     }
 
-    /// Mappings: branch-free probes in line (the process's mappings are
-    /// one map value already in hand: a few loads and compares, no helper
-    /// call). Rows: the CPU's hint for this address, checked with two
-    /// reads, else one `bpf_loop` call per probe.
+    /// Mappings: the CPU's last mapping, checked with two reads, else
+    /// branch-free probes in line (the process's mappings are one map
+    /// value already in hand: a few loads and compares, no helper call).
+    /// Rows: the CPU's hint for this address, checked the same way, else
+    /// one `bpf_loop` call per probe.
     #[inline(always)]
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
         let start = match what {
-            Sorted::Mappings => return search_mappings(process.mappings, len, target),
+            Sorted::Mappings => {
+                let mappings = process.mappings;
+                let hint = MAPPING_HINTS.get_ptr_mut(0);
+                if let Some(hint) = hint {
+                    let hint = unsafe { read_volatile(hint) };
+                    if unwind::hint_holds(len, target, hint, |index| mapping_start(mappings, index))
+                    {
+                        return Some(hint);
+                    }
+                }
+                let found = search_mappings(mappings, len, target);
+                if let (Some(found), Some(hint)) = (found, hint) {
+                    unsafe { write_volatile(hint, found) };
+                }
+                return found;
+            }
             Sorted::Rows { start } => start,
         };
         let slot = unwind::hint_slot(start, target);
@@ -196,11 +212,17 @@ impl Kernel for Legacy {
 /// variants.
 #[inline(always)]
 pub(super) fn search_mappings(mappings: &ProcessMappings, len: u32, target: u64) -> Option<u32> {
-    let key = |index: u32| {
-        let index = index as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
-        Some(mappings.mappings[index].start)
-    };
+    let key = |index: u32| mapping_start(mappings, index);
     unwind::search_last_le_branchless(len, target, LEGACY_MAPPING_PROBES, key)
+}
+
+/// Where mapping `index` starts (masked for the verifier: through
+/// `opaque`, or LLVM drops the mask after the hint's `hint < len` check,
+/// which Linux 6.1's verifier does not take as a bound).
+#[inline(always)]
+fn mapping_start(mappings: &ProcessMappings, index: u32) -> Option<u64> {
+    let index = unwind::opaque(u64::from(index)) as usize & (unwind::MAX_PROCESS_MAPPINGS - 1);
+    Some(mappings.mappings[index].start)
 }
 
 /// The current task's user pc, sp, frame pointer and link register.

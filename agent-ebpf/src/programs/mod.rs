@@ -144,6 +144,13 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
 #[map(name = "ROW_HINTS")]
 static ROW_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(unwind::ROW_HINT_SLOTS, 0);
 
+/// Per CPU, the mapping its last search of a process's mappings found
+/// (checked the same way): a stack's frames, and the next samples' stacks,
+/// mostly stay in one binary, and checking the hint is two reads where
+/// the branch-free search is nine probes.
+#[map(name = "MAPPING_HINTS")]
+static MAPPING_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 #[map(name = "UNWIND_STATE")]
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
 
