@@ -62,10 +62,29 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         "peers: 2 x {WORKLOAD} split (-O2 -fomit-frame-pointer), host-wide, {seconds} s at 999 Hz; \
          CPU includes post-processing (perf script)"
     );
-    let mut peers = vec![
+    // The DWARF-mode runs, also run shorter below.
+    let hostprof_dwarf = |seconds| {
         busy(&workload, seconds, || {
             hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[])
-        })?,
+        })
+    };
+    let perf_dwarf = |seconds| {
+        busy(&workload, seconds, || {
+            perf_run(
+                dir,
+                seconds,
+                "perf --call-graph dwarf + script",
+                &["--call-graph", "dwarf"],
+            )
+        })
+    };
+    let probee_dwarf = |seconds| {
+        busy(&workload, seconds, || {
+            probee_run(dir, seconds, "probee --dwarf", &["--dwarf"])
+        })
+    };
+    let mut peers = vec![
+        hostprof_dwarf(seconds)?,
         busy(&workload, seconds, || {
             hostprof_run(
                 hostprof,
@@ -75,23 +94,15 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
                 &["--unwind", "fp"],
             )
         })?,
-        busy(&workload, seconds, || {
-            perf_run(
-                dir,
-                seconds,
-                "perf --call-graph dwarf + script",
-                &["--call-graph", "dwarf"],
-            )
-        })?,
+        perf_dwarf(seconds)?,
         busy(&workload, seconds, || {
             perf_run(dir, seconds, "perf -g + script", &["-g"])
         })?,
     ];
-    if has_probee() {
+    let probee = has_probee();
+    if probee {
         mount_tracefs();
-        peers.push(busy(&workload, seconds, || {
-            probee_run(dir, seconds, "probee --dwarf", &["--dwarf"])
-        })?);
+        peers.push(probee_dwarf(seconds)?);
         peers.push(busy(&workload, seconds, || {
             probee_run(dir, seconds, "probee", &[])
         })?);
@@ -102,23 +113,9 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
     // The same DWARF-mode runs again, shorter: with the long ones, each
     // profiler's CPU splits into what it pays once and what it pays per
     // sample.
-    let mut short = vec![
-        busy(&workload, SHORT_SECONDS, || {
-            hostprof_run(hostprof, dir, SHORT_SECONDS, "hostprof record (dwarf)", &[])
-        })?,
-        busy(&workload, SHORT_SECONDS, || {
-            perf_run(
-                dir,
-                SHORT_SECONDS,
-                "perf --call-graph dwarf + script",
-                &["--call-graph", "dwarf"],
-            )
-        })?,
-    ];
-    if has_probee() {
-        short.push(busy(&workload, SHORT_SECONDS, || {
-            probee_run(dir, SHORT_SECONDS, "probee --dwarf", &["--dwarf"])
-        })?);
+    let mut short = vec![hostprof_dwarf(SHORT_SECONDS)?, perf_dwarf(SHORT_SECONDS)?];
+    if probee {
+        short.push(probee_dwarf(SHORT_SECONDS)?);
     }
     print_split(&peers, &short, seconds);
     Ok(())
