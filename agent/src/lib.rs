@@ -20,6 +20,7 @@ pub mod privileges;
 pub mod procs;
 pub mod profile;
 pub mod python;
+pub mod runtime;
 pub mod sampler;
 pub mod status;
 pub mod symbolize;

@@ -2,10 +2,8 @@
 //! line and location table, and the line of an instruction.
 use std::sync::Arc;
 
-use super::{
-    layout::{BYTES_DATA, CodeLayout, OB_TYPE, UNICODE_LENGTH, UNICODE_STATE, VAR_SIZE},
-    memory,
-};
+use super::layout::{BYTES_DATA, CodeLayout, OB_TYPE, UNICODE_LENGTH, UNICODE_STATE, VAR_SIZE};
+use crate::runtime::memory;
 
 /// Longest string read (names, paths).
 const MAX_STRING_BYTES: u64 = 4096;

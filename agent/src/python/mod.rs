@@ -5,14 +5,12 @@
 //! - `layout`: per-version offsets (3.11, 3.12 measured; 3.13+ from
 //!   `_Py_DebugOffsets`);
 //! - `code`: code objects read from the process, lines from location tables;
-//! - `memory`: `process_vm_readv`.
 //!
 //! A process is Python when one of its executable mappings named like
 //! `python3.X` or `libpython3.X.so` defines `_PyRuntime`; the version comes
 //! from `Py_Version` in its memory.
 mod code;
 mod layout;
-mod memory;
 
 use std::{
     collections::HashMap,
@@ -29,6 +27,7 @@ pub use layout::{CodeLayout, Layout};
 use crate::{
     files::{self, Kind, MappedRange},
     model::{Frame, FrameKind, Line, Mapping},
+    runtime::memory,
 };
 
 /// The kernel map of Python processes.
