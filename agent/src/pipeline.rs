@@ -373,7 +373,7 @@ impl Attributor {
         };
         let groups = self
             .python
-            .frames(sample.tgid, &interpreter, &sample.python);
+            .frames(sample.tgid, &interpreter, &sample.runtime);
         self.python.merge(sample.tgid, &interpreter, frames, groups);
     }
 }

@@ -13,7 +13,9 @@
 //! them from maps.
 #![no_std]
 
+pub mod hotspot;
 pub mod python;
+pub mod runtime;
 pub use hostprof_unwind as unwind;
 
 /// Frames kept per kernel stack; the kernel's `bpf_get_stack` limit for the
@@ -148,6 +150,9 @@ pub const DEFAULT_THREAD_SIZE: u32 = 16 << 10;
 /// tgid -> [`python::Process`]: the Python processes and where their
 /// interpreter's structures are.
 pub const MAP_PYTHON_PROCESSES: &str = "PYTHON_PROCS";
+/// tgid -> [`hotspot::Process`]: the JVMs and where their code heaps and
+/// fields are.
+pub const MAP_HOTSPOT_PROCESSES: &str = "HOTSPOT_PROCS";
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
@@ -299,8 +304,9 @@ pub struct Sample {
     pub user_stack_len: u32,
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_USER_STACK_DEPTH],
-    /// CPU samples of Python processes: the interpreter frames.
-    pub python: python::Stack,
+    /// Frames of language runtimes (CPython, HotSpot): only the used
+    /// ones are in the record, which ends with them.
+    pub runtime: runtime::Stack,
 }
 
 /// Bytes of a [`Sample`] before its frames (everything up to
@@ -391,11 +397,23 @@ pub enum Counter {
     PythonThreadLimit = 27,
     /// Walks that could not read the thread's id in its pid namespace.
     PythonNoNamespace = 28,
+    /// Java frames walked in the code cache of a JVM.
+    HotspotFrames = 29,
+    /// Java walks of processes without a HotSpot record.
+    HotspotNoProcess = 30,
+    /// Java walks stopped at a pc in no code blob.
+    HotspotNoBlob = 31,
+    /// Java walks stopped when reading the process's memory failed.
+    HotspotReadFault = 32,
+    /// Java walks stopped at an implausible frame.
+    HotspotBadFrame = 33,
+    /// Java walks stopped at `runtime::MAX_FRAMES` runtime frames.
+    HotspotDepthLimit = 34,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 35] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -425,6 +443,12 @@ impl Counter {
         Counter::PythonDepthLimit,
         Counter::PythonThreadLimit,
         Counter::PythonNoNamespace,
+        Counter::HotspotFrames,
+        Counter::HotspotNoProcess,
+        Counter::HotspotNoBlob,
+        Counter::HotspotReadFault,
+        Counter::HotspotBadFrame,
+        Counter::HotspotDepthLimit,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -472,6 +496,12 @@ impl Counter {
             Counter::PythonDepthLimit => "python_depth_limit",
             Counter::PythonThreadLimit => "python_thread_limit",
             Counter::PythonNoNamespace => "python_no_namespace",
+            Counter::HotspotFrames => "hotspot_frames",
+            Counter::HotspotNoProcess => "hotspot_no_process",
+            Counter::HotspotNoBlob => "hotspot_no_blob",
+            Counter::HotspotReadFault => "hotspot_read_fault",
+            Counter::HotspotBadFrame => "hotspot_bad_frame",
+            Counter::HotspotDepthLimit => "hotspot_depth_limit",
         }
     }
 
@@ -502,6 +532,19 @@ impl Counter {
             _ => return None,
         })
     }
+
+    /// The counter of a `hotspot::reason` that ends a Java walk (`None`
+    /// for `NATIVE`, where the native walk goes on).
+    pub const fn for_hotspot_reason(reason: u32) -> Option<Counter> {
+        Some(match reason {
+            hotspot::reason::NO_PROCESS => Counter::HotspotNoProcess,
+            hotspot::reason::NO_BLOB => Counter::HotspotNoBlob,
+            hotspot::reason::READ_FAULT => Counter::HotspotReadFault,
+            hotspot::reason::BAD_FRAME => Counter::HotspotBadFrame,
+            hotspot::reason::DEPTH_LIMIT => Counter::HotspotDepthLimit,
+            _ => return None,
+        })
+    }
 }
 
 #[cfg(feature = "user")]
@@ -513,6 +556,8 @@ mod user {
     unsafe impl aya::Pod for super::StackSample {}
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::python::Process {}
+    // SAFETY: as above, integers only, no padding (asserted below).
+    unsafe impl aya::Pod for super::hotspot::Process {}
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 
@@ -525,7 +570,10 @@ mod user {
                 + 4 * 2
                 + 8 * (super::MAX_STACK_DEPTH + super::MAX_USER_STACK_DEPTH)
                 + 4 * 2
-                + 16 * super::python::MAX_FRAMES
+                + 16 * super::runtime::MAX_FRAMES
+    );
+    const _: () = assert!(
+        core::mem::size_of::<super::hotspot::Process>() == 32 * super::hotspot::MAX_HEAPS + 4 * 12
     );
     const _: () = assert!(core::mem::size_of::<super::python::Process>() == 8 * 3 + 4 * 12);
     const _: () = assert!(

@@ -10,9 +10,8 @@
 //! names them later from the process's memory. Every offset comes from the
 //! agent, so one program serves every CPython version.
 
-/// Interpreter frames kept per sample.
-pub const MAX_FRAMES: usize = 64;
-const _: () = assert!(MAX_FRAMES.is_power_of_two());
+pub use crate::runtime::{Frame, MAX_FRAMES, Stack};
+
 /// Thread states looked at to find the sampled thread's.
 pub const MAX_THREADS: u32 = 32;
 /// Capacity of the processes map (48 bytes each).
@@ -85,24 +84,4 @@ pub struct Process {
     /// Another `owner` of frames that are not Python code
     /// (`FRAME_OWNED_BY_CSTACK`, 4, in 3.14); `u16::MAX` when none.
     pub owner_skip: u16,
-}
-
-/// One interpreter frame: its code object (with [`FRAME_ENTRY`]) and its
-/// instruction pointer; innermost first in [`Stack::frames`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Frame {
-    pub code: u64,
-    pub instr: u64,
-}
-
-/// The interpreter frames of one sample.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Stack {
-    /// Valid entries of `frames`.
-    pub len: u32,
-    /// A [`reason`].
-    pub reason: u32,
-    pub frames: [Frame; MAX_FRAMES],
 }

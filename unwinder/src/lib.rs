@@ -182,6 +182,9 @@ pub enum Lookup {
     NotCovered,
     /// No mapping holds it.
     NoMapping,
+    /// The mapping is a language runtime's code (a JIT code cache, marked
+    /// [`RUNTIME_TABLE`]): that runtime's walker takes the frame.
+    Runtime,
 }
 
 /// The unwinder's view of a process: memory and tables.
@@ -200,6 +203,9 @@ pub enum Step {
     Caller,
     /// The stack ended with this reason (see [`reason`]).
     Stop(u32),
+    /// `regs.pc` is in a language runtime's code ([`Lookup::Runtime`]):
+    /// `regs` are unchanged, for the runtime's walker to step.
+    Runtime,
 }
 
 /// Address bits of a user pointer on aarch64: the rest holds pointer
@@ -229,6 +235,7 @@ pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
                 Rules::Stop(why) => return Step::Stop(why),
                 Rules::Fallback(fallback) => fallback,
             },
+            Lookup::Runtime => return Step::Runtime,
             // Signal trampolines may sit on a page of their own.
             Lookup::NoMapping => Fallback::SIGRETURN_OR_STOP | reason::NO_MAPPING,
             Lookup::NoTable => Fallback::FRAME_POINTERS | reason::NO_TABLE,
@@ -701,6 +708,9 @@ pub struct ExecMapping {
 /// `ExecMapping::table_start` of a table-less mapping whose code keeps frame
 /// pointers.
 pub const FRAME_POINTER_TABLE: u32 = u32::MAX;
+/// `ExecMapping::table_start` of a table-less mapping of a language
+/// runtime's code (a JVM's code cache), which that runtime's walker steps.
+pub const RUNTIME_TABLE: u32 = u32::MAX - 1;
 
 /// Executable mappings kept per process (a power of two: indices are masked
 /// for the verifier). Real processes map hundreds of executable regions (a
@@ -780,6 +790,9 @@ pub fn lookup_in(
     if mapping.table_len == 0 {
         if mapping.table_start == FRAME_POINTER_TABLE {
             return Lookup::FramePointers;
+        }
+        if mapping.table_start == RUNTIME_TABLE {
+            return Lookup::Runtime;
         }
         return Lookup::NoTable;
     }

@@ -45,7 +45,7 @@ use hostprof_common::{
     PROCESS_EVENTS_BYTES, ProcessEvent, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
     SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
     SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
-    SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState,
+    SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState, runtime,
     unwind::{
         self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
     },
@@ -291,8 +291,8 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // (`sample::emit_cpu_sample`), once; a second inlined copy of the
         // walk (the stack-copy path) took the program past the verifier's
         // million instructions.
-        (*sample).python.len = 0;
-        (*sample).python.reason = hostprof_common::python::reason::NONE;
+        (*sample).runtime.len = 0;
+        (*sample).runtime.reason = hostprof_common::python::reason::NONE;
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
         (*sample).flags = kernel_flags | user_flags;
@@ -321,26 +321,37 @@ fn read_user<T: Default>(address: u64) -> Option<T> {
     (read == 0).then_some(value)
 }
 
-/// Copies the used part of a filled `sample` (compact layout: header,
-/// kernel frames, user frames; all of it when it has Python frames) to the ring, batching wakeups: the reader
-/// also drains on a timer, so a quiet ring never strands samples. A
-/// record of a few hundred bytes instead of a fixed 2 KiB: less to copy
+/// Copies the used part of a filled `sample` to the ring (compact layout:
+/// header, kernel frames, user frames; with runtime frames, every native
+/// slot and then only the runtime frames it has), batching wakeups: the
+/// reader also drains on a timer, so a quiet ring never strands samples.
+/// A record of a few hundred bytes instead of a fixed 2 KiB: less to copy
 /// here, to read there, and the ring holds more samples.
 #[inline(always)]
 fn output(sample: *const Sample) {
-    let (kernel, user, flags, python) = unsafe {
+    let (kernel, user, flags, runtime) = unsafe {
         (
             (*sample).kernel_stack_len as usize,
             (*sample).user_stack_len as usize,
             (*sample).flags,
-            (*sample).python.len,
+            (*sample).runtime.len as usize,
         )
     };
     let frames = (kernel & KERNEL_FRAMES_MASK) + (user & (2 * MAX_USER_STACK_DEPTH - 1));
     let mut len = SAMPLE_HEADER_BYTES + frames * size_of::<u64>();
-    // Interpreter frames sit after the native ones, at a fixed place: a
-    // Python sample goes whole (the same compact layout, as long as a Sample).
-    if len > size_of::<Sample>() || python != 0 {
+    if len > RUNTIME_FRAMES_AT {
+        len = RUNTIME_FRAMES_AT;
+    }
+    // Runtime frames sit after the native slots, at a fixed place.
+    if runtime != 0 {
+        let runtime = if runtime > runtime::MAX_FRAMES {
+            runtime::MAX_FRAMES
+        } else {
+            runtime
+        };
+        len = RUNTIME_FRAMES_AT + runtime * size_of::<runtime::Frame>();
+    }
+    if len > size_of::<Sample>() {
         len = size_of::<Sample>();
     }
     // SAFETY: `sample` is a whole `Sample` (a map value) and len fits in it.
@@ -350,6 +361,10 @@ fn output(sample: *const Sample) {
         Err(_) => bump(Counter::RingFull),
     }
 }
+
+/// Where a record's runtime frames start.
+const RUNTIME_FRAMES_AT: usize =
+    core::mem::offset_of!(Sample, runtime) + core::mem::offset_of!(runtime::Stack, frames);
 
 /// The ring's wakeup flag for a sample with these `flags`.
 #[inline(always)]

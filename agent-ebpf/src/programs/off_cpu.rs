@@ -137,7 +137,7 @@ pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, st
         // The Python function a thread waits in (`time.sleep`, a lock, a
         // socket): `prev` is the current task here, its memory readable.
         if read_volatile(&PYTHON_WALK) != 0 {
-            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).python);
+            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
         }
     };
     if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {

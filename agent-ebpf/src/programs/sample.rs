@@ -102,7 +102,7 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
     }
     unsafe {
         if read_volatile(&PYTHON_WALK) != 0 {
-            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).python);
+            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
         }
     };
     output(scratch);

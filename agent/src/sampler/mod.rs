@@ -701,6 +701,21 @@ pub fn decode_sample(record: &[u8]) -> Option<Sample> {
     }
     sample.user_stack[user..].fill(0);
     sample.kernel_stack[kernel..].fill(0);
+    // Runtime frames end the record: only as many as it holds count.
+    let runtime = std::mem::offset_of!(Sample, runtime);
+    let runtime_frames = runtime + std::mem::offset_of!(hostprof_common::runtime::Stack, frames);
+    if record.len() <= runtime {
+        sample.runtime.len = 0;
+        sample.runtime.reason = 0;
+    } else {
+        let len = sample.runtime.len as usize;
+        let frame = std::mem::size_of::<hostprof_common::runtime::Frame>();
+        if len > hostprof_common::runtime::MAX_FRAMES || runtime_frames + frame * len > record.len()
+        {
+            return None;
+        }
+        sample.runtime.frames[len..].fill(Default::default());
+    }
     Some(sample)
 }
 

@@ -29,25 +29,30 @@ fn compact_records_decode_to_whole_samples() {
     assert_eq!(&sample.kernel_stack[..3], &[0xffff_0001, 0xffff_0002, 0]);
     assert_eq!(&sample.user_stack[..4], &[0x401000, 0x402000, 0x403000, 0]);
 
-    // Full stacks: every frame slot, up to the Python frames.
+    // Full stacks: every frame slot, up to the runtime frames.
     let kernel: Vec<u64> = (0..hostprof_common::MAX_STACK_DEPTH as u64).collect();
     let user: Vec<u64> = (1000..1000 + hostprof_common::MAX_USER_STACK_DEPTH as u64).collect();
     let record = compact_record(&kernel, &user);
-    assert_eq!(record.len(), std::mem::offset_of!(Sample, python));
+    assert_eq!(record.len(), std::mem::offset_of!(Sample, runtime));
     let sample = decode_sample(&record).expect("decodes");
     assert_eq!(sample.kernel_stack.to_vec(), kernel);
     assert_eq!(sample.user_stack.to_vec(), user);
-    assert_eq!(sample.python.len, 0);
+    assert_eq!(sample.runtime.len, 0);
 
-    // A Python sample goes whole: the same compact frames, then its
-    // interpreter frames in place.
+    // A sample with runtime frames: the native slots whole, then its
+    // runtime frames, and only those.
     let mut record = compact_record(&[0xffff_0001], &[0x401000, 0x402000]);
-    record.resize(std::mem::size_of::<Sample>(), 0);
-    let python = std::mem::offset_of!(Sample, python);
-    record[python..python + 4].copy_from_slice(&3u32.to_ne_bytes());
+    let runtime = std::mem::offset_of!(Sample, runtime);
+    let frames = runtime + std::mem::offset_of!(hostprof_common::runtime::Stack, frames);
+    record.resize(frames + 3 * 16, 0);
+    record[runtime..runtime + 4].copy_from_slice(&3u32.to_ne_bytes());
+    record[frames + 32..frames + 40].copy_from_slice(&0x7777u64.to_ne_bytes());
     let sample = decode_sample(&record).expect("decodes");
     assert_eq!(&sample.user_stack[..3], &[0x401000, 0x402000, 0]);
-    assert_eq!(sample.python.len, 3);
+    assert_eq!(sample.runtime.len, 3);
+    assert_eq!(sample.runtime.frames[2].code, 0x7777);
+    // A count past the frames the record holds is malformed.
+    assert!(decode_sample(&record[..record.len() - 16]).is_none());
 }
 
 #[test]

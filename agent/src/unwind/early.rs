@@ -234,6 +234,8 @@ fn unwound(mirror: &Mirror, mappings: &ProcessMappings, held: &Held) -> Sample {
                 frames += 1;
             }
             Step::Stop(reason) => break reason,
+            // Runtime frames are walked in the kernel only.
+            Step::Runtime => break unwind::reason::NO_TABLE,
         }
     };
     sample.user_stack_len = frames as u32;
