@@ -1,0 +1,426 @@
+//! One JVM process's layout, derived from its VMStructs: the field offsets
+//! the kernel's walk and the host's naming read (with the names they had
+//! across JDK 11 to 21), its code heaps and its version.
+use std::collections::HashMap;
+
+use hostprof_common::hotspot::{Heap, MAX_HEAPS, Process};
+use object::{Object, ObjectSymbol};
+
+use super::{
+    HotspotError,
+    names::Caches,
+    vmstructs::{self, Memory, TableSymbols, VmStructs},
+};
+use crate::{model::Mapping, runtime::elf};
+
+/// Largest field offset or type size believed (real ones are below 1 KiB,
+/// but for `InstanceKlass` and `Thread`): the kernel keeps them as `u32`
+/// and the host reads whole headers of this size.
+const MAX_OFFSET: u64 = 1 << 16;
+
+/// Offsets and sizes, in bytes, of what the kernel walk and the naming
+/// read. Field names follow HotSpot's.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Layout {
+    pub blob_name: u64,
+    pub blob_frame_size: u64,
+    pub blob_frame_complete: u64,
+    pub blob_code_begin: u64,
+    pub code_begin_is_offset: bool,
+    pub nmethod_compile_id: u64,
+    pub nmethod_method: u64,
+    /// Debug info (JDK 9 to 22): metadata, scopes data and PcDescs lie
+    /// one after the other in the nmethod. `None` on layouts not read.
+    pub debug: Option<DebugLayout>,
+    pub method_const_method: u64,
+    pub const_method_size: u64,
+    pub const_method_constants: u64,
+    pub const_method_code_size: u64,
+    pub const_method_flags: u64,
+    pub const_method_name_index: u64,
+    /// `ConstMethod`'s flag that a line number table follows the bytecodes.
+    pub has_linenumber_table: u32,
+    pub pool_size: u64,
+    pub pool_holder: u64,
+    /// `ConstantPool::_source_file_name_index` (JDK 15+) or
+    /// `InstanceKlass::_source_file_name_index` (older): (in the pool?, offset).
+    pub source_file_index: Option<(bool, u64)>,
+    pub klass_name: u64,
+    pub symbol_length: u64,
+    pub symbol_body: u64,
+    pub heap_block_size: u64,
+    /// Bytes of a compressed stream's lowest values excluded (JDK 20+'s
+    /// UNSIGNED5 never writes a 0 byte).
+    pub unsigned5_exclusion: u8,
+}
+
+/// Where an nmethod keeps its debug info, JDK 9 to 22.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DebugLayout {
+    /// `nmethod::_metadata_offset` (`int`, from the nmethod).
+    pub metadata_offset: u64,
+    /// `CompiledMethod::_scopes_data_begin` (a pointer).
+    pub scopes_data_begin: u64,
+    /// `nmethod::_scopes_pcs_offset` and `_dependencies_offset` (`int`s).
+    pub scopes_pcs_offset: u64,
+    pub dependencies_offset: u64,
+    pub pc_desc_size: u64,
+    pub pc_desc_pc_offset: u64,
+    pub pc_desc_scope_decode_offset: u64,
+}
+
+/// A JVM process: its layout, code heaps and naming caches.
+pub struct Jvm {
+    pub(super) pid: u32,
+    pub(super) layout: Layout,
+    heaps: Vec<Heap>,
+    version: Option<String>,
+    pub(super) caches: Caches,
+}
+
+/// The libjvm symbols that locate the four tables.
+const TABLES: [(&str, &[&str]); 4] = [
+    (
+        "gHotSpotVMStructs",
+        &[
+            "gHotSpotVMStructEntryArrayStride",
+            "gHotSpotVMStructEntryTypeNameOffset",
+            "gHotSpotVMStructEntryFieldNameOffset",
+            "gHotSpotVMStructEntryTypeStringOffset",
+            "gHotSpotVMStructEntryIsStaticOffset",
+            "gHotSpotVMStructEntryOffsetOffset",
+            "gHotSpotVMStructEntryAddressOffset",
+        ],
+    ),
+    (
+        "gHotSpotVMTypes",
+        &[
+            "gHotSpotVMTypeEntryArrayStride",
+            "gHotSpotVMTypeEntryTypeNameOffset",
+            "gHotSpotVMTypeEntrySizeOffset",
+        ],
+    ),
+    (
+        "gHotSpotVMIntConstants",
+        &[
+            "gHotSpotVMIntConstantEntryArrayStride",
+            "gHotSpotVMIntConstantEntryNameOffset",
+            "gHotSpotVMIntConstantEntryValueOffset",
+        ],
+    ),
+    (
+        "gHotSpotVMLongConstants",
+        &[
+            "gHotSpotVMLongConstantEntryArrayStride",
+            "gHotSpotVMLongConstantEntryNameOffset",
+            "gHotSpotVMLongConstantEntryValueOffset",
+        ],
+    ),
+];
+
+impl Jvm {
+    /// `libjvm` is the process's executable mapping of libjvm.so.
+    pub fn attach(pid: u32, libjvm: &Mapping) -> Result<Jvm, HotspotError> {
+        let data = elf::read(pid, libjvm).map_err(|err| HotspotError::Elf(err.to_string()))?;
+        let file = object::File::parse(&*data).map_err(|err| HotspotError::Elf(err.to_string()))?;
+        let bias = elf::load_bias(&elf::segments(&file), libjvm)
+            .ok_or_else(|| HotspotError::Elf("no segment holds the mapping".into()))?;
+        let wanted: Vec<&'static str> = TABLES
+            .iter()
+            .flat_map(|(table, members)| std::iter::once(*table).chain(members.iter().copied()))
+            .collect();
+        let mut symbols = HashMap::new();
+        for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            if let Ok(name) = symbol.name()
+                && let Some(name) = wanted.iter().find(|wanted| **wanted == name)
+            {
+                symbols
+                    .entry(*name)
+                    .or_insert(symbol.address().wrapping_add(bias));
+            }
+        }
+        let table = |index: usize| -> Result<TableSymbols, HotspotError> {
+            let (name, members) = TABLES[index];
+            let find = |name: &'static str| {
+                symbols
+                    .get(name)
+                    .copied()
+                    .ok_or(HotspotError::MissingSymbol(name))
+            };
+            let mut out = TableSymbols {
+                table: find(name)?,
+                stride: find(members[0])?,
+                members: [0; 6],
+            };
+            for (slot, name) in out.members.iter_mut().zip(&members[1..]) {
+                *slot = find(name)?;
+            }
+            Ok(out)
+        };
+        let (structs, types) = (table(0)?, table(1)?);
+        let (ints, longs) = (table(2).ok(), table(3).ok());
+        let memory = vmstructs::Process(pid);
+        let vm = VmStructs::read(&memory, &structs, &types, ints.as_ref(), longs.as_ref())?;
+        let (version, major) = version(&memory, &vm);
+        let layout = Layout::new(&vm, major)?;
+        let heaps = heaps(&memory, &vm)?;
+        Ok(Jvm {
+            pid,
+            layout,
+            heaps,
+            version,
+            caches: Caches::default(),
+        })
+    }
+
+    /// Everything the kernel walk needs.
+    pub fn kernel_process(&self) -> Process {
+        let layout = &self.layout;
+        let mut heaps = [Heap::default(); MAX_HEAPS];
+        for (slot, heap) in heaps.iter_mut().zip(&self.heaps) {
+            *slot = *heap;
+        }
+        // Offsets were checked below `MAX_OFFSET` when read: they fit.
+        let small = |value: u64| value as u32;
+        Process {
+            heaps,
+            heap_count: self.heaps.len() as u32,
+            heap_block_size: small(layout.heap_block_size),
+            blob_name: small(layout.blob_name),
+            blob_frame_size: small(layout.blob_frame_size),
+            blob_frame_complete: small(layout.blob_frame_complete),
+            blob_code_begin: small(layout.blob_code_begin),
+            code_begin_is_offset: u32::from(layout.code_begin_is_offset),
+            nmethod_compile_id: small(layout.nmethod_compile_id),
+            method_const_method: small(layout.method_const_method),
+            const_method_size: small(layout.const_method_size),
+            interp_bcp_slot: if cfg!(target_arch = "aarch64") { 9 } else { 8 },
+            _pad: 0,
+        }
+    }
+
+    /// [low, high) of each code heap.
+    pub fn code_ranges(&self) -> Vec<(u64, u64)> {
+        self.heaps
+            .iter()
+            .map(|heap| (heap.low, heap.high))
+            .collect()
+    }
+
+    /// e.g. "17.0.15" — best effort.
+    pub fn version(&self) -> Option<String> {
+        self.version.clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+/// The first of `fields` in the first of `types` having it, checked to be
+/// a plausible offset.
+fn offset(vm: &VmStructs, types: &[&str], fields: &[&str]) -> Result<u64, HotspotError> {
+    let (offset, _) = vm
+        .offset(types, fields)
+        .ok_or_else(|| HotspotError::Missing(format!("{}::{}", types[0], fields[0])))?;
+    plausible(offset, "field offset")
+}
+
+fn size(vm: &VmStructs, type_name: &str) -> Result<u64, HotspotError> {
+    let size = vm
+        .size(type_name)
+        .ok_or_else(|| HotspotError::Missing(format!("sizeof({type_name})")))?;
+    plausible(size, "type size")
+}
+
+fn plausible(value: u64, what: &'static str) -> Result<u64, HotspotError> {
+    if value < MAX_OFFSET {
+        Ok(value)
+    } else {
+        Err(HotspotError::Implausible { what, value })
+    }
+}
+
+/// Whether a VMStructs type string names a pointer (`address`, `Foo*`)
+/// rather than an integer.
+fn is_pointer(type_string: &str) -> bool {
+    type_string == "address" || type_string.ends_with('*')
+}
+
+/// nmethod's fields sit in `nmethod`, or its base `CompiledMethod`
+/// (JDK 9 to 22) or `CodeBlob`.
+const NMETHOD: &[&str] = &["nmethod", "CompiledMethod", "CodeBlob"];
+
+impl Layout {
+    fn new(vm: &VmStructs, major: Option<u32>) -> Result<Layout, HotspotError> {
+        let blob = &["CodeBlob"];
+        let (blob_code_begin, code_begin) = vm
+            .offset(blob, &["_code_begin", "_code_offset"])
+            .ok_or_else(|| HotspotError::Missing("CodeBlob::_code_begin".into()))?;
+        let code_begin_is_offset = !is_pointer(&code_begin.type_string);
+        let (const_method_flags, _) = vm
+            .offset(&["ConstMethod"], &["_flags", "_flags._flags"])
+            .ok_or_else(|| HotspotError::Missing("ConstMethod::_flags".into()))?;
+        let source_file_index = match vm.offset(&["ConstantPool"], &["_source_file_name_index"]) {
+            Some((at, _)) => Some((true, plausible(at, "field offset")?)),
+            None => vm
+                .offset(&["InstanceKlass"], &["_source_file_name_index"])
+                .map(|(at, _)| plausible(at, "field offset").map(|at| (false, at)))
+                .transpose()?,
+        };
+        // JDK 12+ keeps the length in the high half of a 32-bit word.
+        let symbol_length = match vm.offset(&["Symbol"], &["_length"]) {
+            Some((at, _)) => at,
+            None => offset(vm, &["Symbol"], &["_length_and_refcount"])? + 2,
+        };
+        Ok(Layout {
+            blob_name: offset(vm, blob, &["_name"])?,
+            blob_frame_size: offset(vm, blob, &["_frame_size"])?,
+            blob_frame_complete: offset(vm, blob, &["_frame_complete_offset"])?,
+            blob_code_begin: plausible(blob_code_begin, "field offset")?,
+            code_begin_is_offset,
+            nmethod_compile_id: offset(vm, NMETHOD, &["_compile_id"])?,
+            nmethod_method: offset(vm, NMETHOD, &["_method"])?,
+            debug: debug_layout(vm),
+            method_const_method: offset(vm, &["Method"], &["_constMethod"])?,
+            const_method_size: size(vm, "ConstMethod")?,
+            const_method_constants: offset(vm, &["ConstMethod"], &["_constants"])?,
+            const_method_code_size: offset(vm, &["ConstMethod"], &["_code_size"])?,
+            const_method_flags: plausible(const_method_flags, "field offset")?,
+            const_method_name_index: offset(vm, &["ConstMethod"], &["_name_index"])?,
+            // Bit 0 in every JDK since 8; taken from the JVM when it says.
+            has_linenumber_table: vm
+                .int("ConstMethod::_has_linenumber_table")
+                .and_then(|flag| u32::try_from(flag).ok())
+                .filter(|flag| flag.is_power_of_two())
+                .unwrap_or(1),
+            pool_size: size(vm, "ConstantPool")?,
+            pool_holder: offset(vm, &["ConstantPool"], &["_pool_holder"])?,
+            source_file_index,
+            klass_name: offset(vm, &["Klass"], &["_name"])?,
+            symbol_length: plausible(symbol_length, "field offset")?,
+            symbol_body: offset(vm, &["Symbol"], &["_body"])?,
+            heap_block_size: size(vm, "HeapBlock")?,
+            unsigned5_exclusion: u8::from(major.is_some_and(|major| major >= 20)),
+        })
+    }
+}
+
+/// The JDK 9 to 22 debug info layout, when the JVM describes it (newer
+/// ones keep it in a separate immutable block: not read, their compiled
+/// frames are named without inlining or lines).
+fn debug_layout(vm: &VmStructs) -> Option<DebugLayout> {
+    let (scopes_data_begin, scopes) = vm.offset(NMETHOD, &["_scopes_data_begin"])?;
+    if !is_pointer(&scopes.type_string) || vm.field("nmethod", "_immutable_data").is_some() {
+        return None;
+    }
+    let get = |types: &[&str], field: &str| {
+        vm.offset(types, &[field])
+            .map(|(at, _)| at)
+            .filter(|at| *at < MAX_OFFSET)
+    };
+    Some(DebugLayout {
+        metadata_offset: get(NMETHOD, "_metadata_offset")?,
+        scopes_data_begin: (scopes_data_begin < MAX_OFFSET).then_some(scopes_data_begin)?,
+        scopes_pcs_offset: get(NMETHOD, "_scopes_pcs_offset")?,
+        dependencies_offset: get(NMETHOD, "_dependencies_offset")?,
+        pc_desc_size: vm.size("PcDesc").filter(|size| (8..=64).contains(size))?,
+        pc_desc_pc_offset: get(&["PcDesc"], "_pc_offset")?,
+        pc_desc_scope_decode_offset: get(&["PcDesc"], "_scope_decode_offset")?,
+    })
+}
+
+/// The version string ("17.0.15") and the major version, from
+/// `Abstract_VM_Version`'s statics (JDK 9+).
+fn version(memory: &impl Memory, vm: &VmStructs) -> (Option<String>, Option<u32>) {
+    let number = |field: &str| {
+        vm.static_address("Abstract_VM_Version", field)
+            .and_then(|address| memory.read_u32(address))
+            .filter(|value| *value < 1000)
+    };
+    if let (Some(major), Some(minor), Some(security)) = (
+        number("_vm_major_version"),
+        number("_vm_minor_version"),
+        number("_vm_security_version"),
+    ) && major > 0
+    {
+        return (Some(format!("{major}.{minor}.{security}")), Some(major));
+    }
+    // The release string, e.g. "17.0.15+6-Debian-1deb12u1": its numbers.
+    let release = vm
+        .static_address("Abstract_VM_Version", "_s_vm_release")
+        .and_then(|address| memory.read_u64(address))
+        .and_then(|string| memory.read_cstr(string, 128));
+    let Some(release) = release else {
+        return (None, None);
+    };
+    let numbers = release
+        .split(['+', '-'])
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let major = numbers
+        .split('.')
+        .next()
+        .and_then(|major| major.parse().ok());
+    (Some(numbers).filter(|numbers| !numbers.is_empty()), major)
+}
+
+/// The code heaps, from `CodeCache::_heaps` (a `GrowableArray<CodeHeap*>*`).
+fn heaps(memory: &impl Memory, vm: &VmStructs) -> Result<Vec<Heap>, HotspotError> {
+    let read = |what: &'static str, address: u64| {
+        memory
+            .read_u64(address)
+            .ok_or(HotspotError::Read { what, address })
+    };
+    let read_u32 = |what: &'static str, address: u64| {
+        memory
+            .read_u32(address)
+            .ok_or(HotspotError::Read { what, address })
+    };
+    let heaps_static = vm
+        .static_address("CodeCache", "_heaps")
+        .ok_or_else(|| HotspotError::Missing("CodeCache::_heaps".into()))?;
+    let array = read("CodeCache::_heaps", heaps_static)?;
+    let len_at = offset(
+        vm,
+        &["GrowableArrayBase", "GenericGrowableArray"],
+        &["_len"],
+    )?;
+    let data_at = offset(vm, &["GrowableArray<int>"], &["_data"])?;
+    let count = read_u32("GrowableArray::_len", array.wrapping_add(len_at))?;
+    if count == 0 || count as usize > MAX_HEAPS {
+        return Err(HotspotError::Implausible {
+            what: "code heap count",
+            value: count.into(),
+        });
+    }
+    let data = read("GrowableArray::_data", array.wrapping_add(data_at))?;
+    let memory_at = offset(vm, &["CodeHeap"], &["_memory"])?;
+    let segmap_at = offset(vm, &["CodeHeap"], &["_segmap"])?;
+    let log2_at = offset(vm, &["CodeHeap"], &["_log2_segment_size"])?;
+    let low_at = offset(vm, &["VirtualSpace"], &["_low_boundary"])?;
+    let high_at = offset(vm, &["VirtualSpace"], &["_high_boundary"])?;
+    let mut heaps = Vec::new();
+    for index in 0..u64::from(count) {
+        let heap = read("CodeHeap*", data.wrapping_add(8 * index))?;
+        let low = read("CodeHeap::_memory", heap.wrapping_add(memory_at + low_at))?;
+        let high = read("CodeHeap::_memory", heap.wrapping_add(memory_at + high_at))?;
+        let segmap = read("CodeHeap::_segmap", heap.wrapping_add(segmap_at + low_at))?;
+        let log2_segment = read_u32("CodeHeap::_log2_segment_size", heap.wrapping_add(log2_at))?;
+        if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment) {
+            return Err(HotspotError::Implausible {
+                what: "code heap",
+                value: heap,
+            });
+        }
+        heaps.push(Heap {
+            low,
+            high,
+            segmap,
+            log2_segment,
+            _pad: 0,
+        });
+    }
+    Ok(heaps)
+}
