@@ -25,9 +25,8 @@ pub use code::{Code, line_at};
 pub use layout::{CodeLayout, Layout};
 
 use crate::{
-    files::{self, Kind, MappedRange},
     model::{Frame, FrameKind, Line, Mapping},
-    runtime::memory,
+    runtime::{elf, memory},
 };
 
 /// The kernel map of Python processes.
@@ -167,16 +166,7 @@ impl Python {
                 }
             };
             let Some(elf) = elf else { continue };
-            let Some(bias) = elf
-                .segments
-                .iter()
-                .find(|(offset, size, _)| (*offset..offset + size).contains(&mapping.file_offset))
-                .map(|(offset, _, address)| {
-                    mapping
-                        .start
-                        .wrapping_sub(address + (mapping.file_offset - offset))
-                })
-            else {
+            let Some(bias) = elf::load_bias(&elf.segments, mapping) else {
                 continue;
             };
             return interpreter_at(pid, &elf, bias);
@@ -363,19 +353,8 @@ fn fingerprint(pid: u32, address: u64, layout: &CodeLayout) -> Option<[u8; 8]> {
 
 /// Reads a Python binary's symbols; `None` when it has no `_PyRuntime`.
 fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let range = MappedRange {
-        start: mapping.start,
-        end: mapping.end,
-        path: &mapping.path,
-        dev: mapping.dev,
-        inode: mapping.inode,
-    };
-    let data = match files::open_mapping(pid, &range, Kind::Binary).and_then(|file| {
-        file.read_parts(files::Parts::Names {
-            dwarf: files::DwarfLimit::SKIP,
-        })
-    }) {
+    use object::{Object, ObjectSymbol};
+    let data = match elf::read(pid, mapping) {
         Ok(data) => data,
         Err(err) => {
             tracing::debug!("pid {pid}: cannot read {}: {err}", mapping.path);
@@ -402,13 +381,7 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
             _ => {}
         }
     }
-    let segments = file
-        .segments()
-        .map(|segment| {
-            let (offset, size) = segment.file_range();
-            (offset, size, segment.address())
-        })
-        .collect();
+    let segments = elf::segments(&file);
     Some(PythonElf {
         functions: Arc::new(function_ranges(&file)),
         runtime: runtime?,

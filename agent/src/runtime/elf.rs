@@ -36,15 +36,91 @@ pub fn segments(file: &object::File) -> Vec<(u64, u64, u64)> {
 /// What to add to a link-time address of the file to get its address in
 /// the process, from the segment `mapping` maps; `None` when no segment
 /// holds the mapping's offset.
+///
+/// The kernel maps a segment from its page-aligned file offset to its
+/// page-aligned address, so the first page of a mapping may also lie in
+/// the previous segment's file range (lld leaves segments sharing a page
+/// at different address deltas): the segment starting last at or before
+/// the mapping's offset is the one mapped.
 pub fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|page| page.is_power_of_two())
+        .unwrap_or(4096);
     segments
         .iter()
-        .find(|(offset, size, _)| {
-            (*offset..offset.saturating_add(*size)).contains(&mapping.file_offset)
+        .filter_map(|&(offset, size, address)| {
+            let start = offset & !(page - 1);
+            let end = offset.saturating_add(size).max(start + 1);
+            (start..end)
+                .contains(&mapping.file_offset)
+                .then_some((start, address & !(page - 1)))
         })
-        .map(|(offset, _, address)| {
+        .max_by_key(|(start, _)| *start)
+        .map(|(start, address)| {
             mapping
                 .start
-                .wrapping_sub(address.wrapping_add(mapping.file_offset - offset))
+                .wrapping_sub(address.wrapping_add(mapping.file_offset - start))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSymbol};
+
+    /// A symbol of this test binary, to find by name.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn hostprof_elf_probe() -> u32 {
+        7
+    }
+
+    #[test]
+    fn picks_the_segment_a_shared_page_starts() {
+        // lld: the text segment starts in the read-only one's last page,
+        // one page further in the address space.
+        let segments = [(0, 0x2c4abc, 0), (0x2c4ac0, 0x10_0000, 0x2c5ac0)];
+        let mapping = crate::model::Mapping {
+            start: 0x5555_0000_0000,
+            end: 0x5555_0010_0000,
+            file_offset: 0x2c4000,
+            path: "/bin/x".into(),
+            dev: 0,
+            inode: 0,
+            build_ids: Default::default(),
+        };
+        assert_eq!(
+            super::load_bias(&segments, &mapping),
+            Some(0x5555_0000_0000 - 0x2c5000)
+        );
+        let first = crate::model::Mapping {
+            file_offset: 0,
+            ..mapping.clone()
+        };
+        assert_eq!(super::load_bias(&segments, &first), Some(0x5555_0000_0000));
+        let beyond = crate::model::Mapping {
+            file_offset: 0x50_0000,
+            ..mapping
+        };
+        assert_eq!(super::load_bias(&segments, &beyond), None);
+    }
+
+    #[test]
+    fn biases_symbols_to_where_they_run() {
+        let pid = std::process::id();
+        let here = hostprof_elf_probe as *const () as u64;
+        let maps = std::fs::read(format!("/proc/{pid}/maps")).expect("maps");
+        let maps = crate::procs::parse_maps(&maps).expect("parses");
+        let (mapping, _) = maps.find(here).expect("mapped");
+        let data = super::read(pid, &mapping).expect("reads the test binary");
+        let file = object::File::parse(&*data).expect("an ELF file");
+        let bias = super::load_bias(&super::segments(&file), &mapping).expect("a bias");
+        let symbol = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .find(|symbol| symbol.name() == Ok("hostprof_elf_probe"))
+            .expect("the probe's symbol");
+        assert_eq!(symbol.address().wrapping_add(bias), here);
+        assert_eq!(hostprof_elf_probe(), 7);
+    }
 }
