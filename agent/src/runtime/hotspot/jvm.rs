@@ -1,6 +1,7 @@
 //! One JVM process's layout, derived from its VMStructs: the field offsets
 //! the kernel's walk and the host's naming read (with the names they had
-//! across JDK 11 to 21), its code heaps and its version.
+//! across JDK 11 to 25; tested on 17 and 25), its code heaps and its
+//! version.
 use std::collections::HashMap;
 
 use hostprof_common::hotspot::{Heap, MAX_HEAPS, Process};
@@ -29,8 +30,7 @@ pub(super) struct Layout {
     pub code_begin_is_offset: bool,
     pub nmethod_compile_id: u64,
     pub nmethod_method: u64,
-    /// Debug info (JDK 9 to 22): metadata, scopes data and PcDescs lie
-    /// one after the other in the nmethod. `None` on layouts not read.
+    /// Where nmethods keep their debug info; `None` on layouts not known.
     pub debug: Option<DebugLayout>,
     pub method_const_method: u64,
     pub const_method_size: u64,
@@ -49,24 +49,73 @@ pub(super) struct Layout {
     pub symbol_length: u64,
     pub symbol_body: u64,
     pub heap_block_size: u64,
+    /// `HeapBlock::Header::_length` (in segments: `size_t` up to JDK 24,
+    /// `uint32_t` since) as (offset, width), and `_used`: what a walk of
+    /// the heap's blocks on the host reads (the kernel uses the segment
+    /// map instead).
+    pub heap_block_length: Option<(u64, u8)>,
+    pub heap_block_used: Option<u64>,
     /// Bytes of a compressed stream's lowest values excluded (JDK 20+'s
     /// UNSIGNED5 never writes a 0 byte).
     pub unsigned5_exclusion: u8,
 }
 
-/// Where an nmethod keeps its debug info, JDK 9 to 22.
+/// An integer field: its offset and width in bytes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Int {
+    pub at: u64,
+    pub width: u8,
+}
+
+/// Where an nmethod keeps its debug info: its metadata (the `Method*`s
+/// scopes refer to), its scopes data and its PcDescs.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct DebugLayout {
-    /// `nmethod::_metadata_offset` (`int`, from the nmethod).
-    pub metadata_offset: u64,
-    /// `CompiledMethod::_scopes_data_begin` (a pointer).
-    pub scopes_data_begin: u64,
-    /// `nmethod::_scopes_pcs_offset` and `_dependencies_offset` (`int`s).
-    pub scopes_pcs_offset: u64,
-    pub dependencies_offset: u64,
     pub pc_desc_size: u64,
     pub pc_desc_pc_offset: u64,
     pub pc_desc_scope_decode_offset: u64,
+    pub regions: Regions,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Regions {
+    /// JDK 9 to 22: one after the other in the nmethod, from
+    /// `_metadata_offset` (from the nmethod) to `_scopes_data_begin` (a
+    /// pointer), `_scopes_pcs_offset` and `_dependencies_offset`.
+    Inline {
+        metadata_offset: Int,
+        scopes_data_begin: u64,
+        scopes_pcs_offset: Int,
+        dependencies_offset: Int,
+    },
+    /// JDK 23+: PcDescs then scopes in a block of their own
+    /// (`_immutable_data`, offsets into it, `_immutable_data_size` bytes);
+    /// the metadata after the code (`CodeBlob::_data_offset` +
+    /// `nmethod::_metadata_offset`, up to `CodeBlob::_size`), or (JDK 25+)
+    /// in the mutable data, after the relocations.
+    Immutable {
+        immutable_data: u64,
+        immutable_data_size: Int,
+        /// JDK 26+: the block ends with a reference count from here.
+        ref_count_offset: Option<Int>,
+        scopes_pcs_offset: Int,
+        scopes_data_offset: Int,
+        metadata: Metadata,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Metadata {
+    AfterCode {
+        data_offset: Int,
+        metadata_offset: Int,
+        size: Int,
+    },
+    Mutable {
+        mutable_data: u64,
+        relocation_size: Int,
+        mutable_data_size: Int,
+    },
 }
 
 /// A JVM process: its layout, code heaps and naming caches.
@@ -215,6 +264,62 @@ impl Jvm {
     pub fn pid(&self) -> u32 {
         self.pid
     }
+
+    /// (address, name) of every code blob in use, walking each heap block
+    /// by block (a block's header holds its length in segments and
+    /// whether it is used; the blob follows the header). A system call or
+    /// three per block: for diagnostics and tests, not per sample.
+    pub fn blobs(&self) -> Vec<(u64, String)> {
+        /// Blocks walked at most (a 240 MiB cache of 128-byte segments
+        /// has under two million).
+        const MAX_BLOCKS: usize = 1 << 21;
+        let memory = vmstructs::Process(self.pid);
+        let layout = &self.layout;
+        let (Some((length_at, width)), Some(used_at)) =
+            (layout.heap_block_length, layout.heap_block_used)
+        else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut blocks = 0;
+        for heap in &self.heaps {
+            let mut block = heap.low;
+            while block < heap.high && blocks < MAX_BLOCKS {
+                blocks += 1;
+                let length = match width {
+                    8 => memory.read_u64(block.wrapping_add(length_at)),
+                    4 => memory
+                        .read_u32(block.wrapping_add(length_at))
+                        .map(u64::from),
+                    _ => None,
+                };
+                let used = memory
+                    .read_vec(block.wrapping_add(used_at), 1)
+                    .map(|byte| byte[0] != 0);
+                // Past the committed part, or a length that would not move on.
+                let (Some(length), Some(used)) = (length, used) else {
+                    break;
+                };
+                let Some(next) = length
+                    .checked_shl(heap.log2_segment)
+                    .filter(|step| *step != 0 && length < 1 << 32)
+                    .and_then(|step| block.checked_add(step))
+                else {
+                    break;
+                };
+                let blob = block.wrapping_add(layout.heap_block_size);
+                if used
+                    && let Some(name) = memory
+                        .read_u64(blob.wrapping_add(layout.blob_name))
+                        .and_then(|name| memory.read_cstr(name, 256))
+                {
+                    out.push((blob, name));
+                }
+                block = next;
+            }
+        }
+        out
+    }
 }
 
 /// The first of `fields` in the first of `types` having it, checked to be
@@ -245,6 +350,17 @@ fn plausible(value: u64, what: &'static str) -> Result<u64, HotspotError> {
 /// rather than an integer.
 fn is_pointer(type_string: &str) -> bool {
     type_string == "address" || type_string.ends_with('*')
+}
+
+/// Bytes of an integer of a VMStructs type string, when known.
+fn width(type_string: &str) -> Option<u8> {
+    match type_string {
+        "size_t" | "uintptr_t" | "intptr_t" | "uint64_t" | "u8" | "jlong" => Some(8),
+        "uint32_t" | "int32_t" | "u4" | "int" | "unsigned int" | "uint" | "jint" => Some(4),
+        "uint16_t" | "u2" | "unsigned short" => Some(2),
+        "uint8_t" | "u1" | "bool" | "char" => Some(1),
+        _ => None,
+    }
 }
 
 /// nmethod's fields sit in `nmethod`, or its base `CompiledMethod`
@@ -301,32 +417,65 @@ impl Layout {
             symbol_length: plausible(symbol_length, "field offset")?,
             symbol_body: offset(vm, &["Symbol"], &["_body"])?,
             heap_block_size: size(vm, "HeapBlock")?,
+            heap_block_length: vm
+                .offset(&["HeapBlock::Header"], &["_length"])
+                .filter(|(at, _)| *at < MAX_OFFSET)
+                .and_then(|(at, field)| Some((at, width(&field.type_string)?))),
+            heap_block_used: vm
+                .offset(&["HeapBlock::Header"], &["_used"])
+                .map(|(at, _)| at)
+                .filter(|at| *at < MAX_OFFSET),
             unsigned5_exclusion: u8::from(major.is_some_and(|major| major >= 20)),
         })
     }
 }
 
-/// The JDK 9 to 22 debug info layout, when the JVM describes it (newer
-/// ones keep it in a separate immutable block: not read, their compiled
-/// frames are named without inlining or lines).
+/// The debug info layout, when the JVM describes one we know (without
+/// it, compiled frames are named without inlining or lines).
 fn debug_layout(vm: &VmStructs) -> Option<DebugLayout> {
-    let (scopes_data_begin, scopes) = vm.offset(NMETHOD, &["_scopes_data_begin"])?;
-    if !is_pointer(&scopes.type_string) || vm.field("nmethod", "_immutable_data").is_some() {
-        return None;
-    }
-    let get = |types: &[&str], field: &str| {
-        vm.offset(types, &[field])
-            .map(|(at, _)| at)
-            .filter(|at| *at < MAX_OFFSET)
+    let int = |types: &[&str], field: &str| {
+        let (at, entry) = vm.offset(types, &[field])?;
+        let width = width(&entry.type_string)?;
+        (at < MAX_OFFSET).then_some(Int { at, width })
+    };
+    let pointer = |types: &[&str], field: &str| {
+        let (at, entry) = vm.offset(types, &[field])?;
+        (at < MAX_OFFSET && is_pointer(&entry.type_string)).then_some(at)
+    };
+    let regions = if let Some(immutable_data) = pointer(NMETHOD, "_immutable_data") {
+        let metadata = match pointer(NMETHOD, "_mutable_data") {
+            Some(mutable_data) => Metadata::Mutable {
+                mutable_data,
+                relocation_size: int(NMETHOD, "_relocation_size")?,
+                mutable_data_size: int(NMETHOD, "_mutable_data_size")?,
+            },
+            None => Metadata::AfterCode {
+                data_offset: int(NMETHOD, "_data_offset")?,
+                metadata_offset: int(NMETHOD, "_metadata_offset")?,
+                size: int(NMETHOD, "_size")?,
+            },
+        };
+        Regions::Immutable {
+            immutable_data,
+            immutable_data_size: int(NMETHOD, "_immutable_data_size")?,
+            ref_count_offset: int(NMETHOD, "_immutable_data_ref_count_offset"),
+            scopes_pcs_offset: int(NMETHOD, "_scopes_pcs_offset")?,
+            scopes_data_offset: int(NMETHOD, "_scopes_data_offset")?,
+            metadata,
+        }
+    } else {
+        Regions::Inline {
+            metadata_offset: int(NMETHOD, "_metadata_offset")?,
+            scopes_data_begin: pointer(NMETHOD, "_scopes_data_begin")?,
+            scopes_pcs_offset: int(NMETHOD, "_scopes_pcs_offset")?,
+            dependencies_offset: int(NMETHOD, "_dependencies_offset")?,
+        }
     };
     Some(DebugLayout {
-        metadata_offset: get(NMETHOD, "_metadata_offset")?,
-        scopes_data_begin: (scopes_data_begin < MAX_OFFSET).then_some(scopes_data_begin)?,
-        scopes_pcs_offset: get(NMETHOD, "_scopes_pcs_offset")?,
-        dependencies_offset: get(NMETHOD, "_dependencies_offset")?,
         pc_desc_size: vm.size("PcDesc").filter(|size| (8..=64).contains(size))?,
-        pc_desc_pc_offset: get(&["PcDesc"], "_pc_offset")?,
-        pc_desc_scope_decode_offset: get(&["PcDesc"], "_scope_decode_offset")?,
+        pc_desc_pc_offset: int(&["PcDesc"], "_pc_offset")?.at,
+        pc_desc_scope_decode_offset: int(&["PcDesc"], "_scope_decode_offset")?.at,
+        regions,
     })
 }
 

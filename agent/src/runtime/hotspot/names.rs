@@ -15,7 +15,7 @@ use hostprof_common::{
 
 use super::{
     JavaFrame, JavaFrameKind, Jvm,
-    jvm::DebugLayout,
+    jvm::{DebugLayout, Int, Metadata, Regions},
     vmstructs::{Memory, Process},
 };
 
@@ -446,34 +446,111 @@ impl Jvm {
     }
 }
 
-/// Reads an nmethod's metadata, scopes data and PcDescs (JDK 9 to 22:
-/// one after the other, located by offsets and a pointer in its header).
+/// An unsigned integer field of `width` bytes at `address` (negative
+/// `int`s are refused: every field read this way is a size or offset).
+fn read_int(memory: &impl Memory, address: u64, field: Int) -> Option<u64> {
+    let address = address.checked_add(field.at)?;
+    match field.width {
+        1 => memory.read_vec(address, 1).map(|byte| u64::from(byte[0])),
+        2 => memory.read_u16(address).map(u64::from),
+        4 => u64::try_from(memory.read_u32(address)? as i32).ok(),
+        8 => memory.read_u64(address).filter(|value| *value < 1 << 48),
+        _ => None,
+    }
+}
+
+/// Reads an nmethod's metadata, scopes data and PcDescs.
 fn read_debug_info(
     memory: &impl Memory,
     address: u64,
     debug: &DebugLayout,
     nmethod: &mut Nmethod,
 ) -> Option<()> {
-    let int_at = |at: u64| -> Option<u64> {
-        let value = memory.read_u32(address.checked_add(at)?)? as i32;
-        u64::try_from(value).ok()
+    let int = |field: Int| read_int(memory, address, field);
+    let pointer = |at: u64| memory.read_u64(address.checked_add(at)?);
+    let (metadata, scopes, pcs) = match debug.regions {
+        Regions::Inline {
+            metadata_offset,
+            scopes_data_begin,
+            scopes_pcs_offset,
+            dependencies_offset,
+        } => {
+            let metadata = int(metadata_offset)?;
+            let scopes = pointer(scopes_data_begin)?.checked_sub(address)?;
+            let pcs = int(scopes_pcs_offset)?;
+            let end = int(dependencies_offset)?;
+            if !(metadata <= scopes
+                && scopes <= pcs
+                && pcs <= end
+                && end - metadata <= MAX_DEBUG_INFO)
+            {
+                return None;
+            }
+            let bytes =
+                memory.read_vec(address.checked_add(metadata)?, (end - metadata) as usize)?;
+            let (scopes, pcs) = ((scopes - metadata) as usize, (pcs - metadata) as usize);
+            (
+                bytes[..scopes].to_vec(),
+                bytes[scopes..pcs].to_vec(),
+                bytes[pcs..].to_vec(),
+            )
+        }
+        Regions::Immutable {
+            immutable_data,
+            immutable_data_size,
+            ref_count_offset,
+            scopes_pcs_offset,
+            scopes_data_offset,
+            metadata,
+        } => {
+            let block = pointer(immutable_data)?;
+            let mut size = int(immutable_data_size)?;
+            if let Some(ref_count) = ref_count_offset.and_then(int) {
+                size = size.min(ref_count);
+            }
+            let pcs = int(scopes_pcs_offset)?;
+            let scopes = int(scopes_data_offset)?;
+            if !(pcs <= scopes && scopes <= size && size - pcs <= MAX_DEBUG_INFO) {
+                return None;
+            }
+            let bytes = memory.read_vec(block.checked_add(pcs)?, (size - pcs) as usize)?;
+            let (start, len) = match metadata {
+                Metadata::AfterCode {
+                    data_offset,
+                    metadata_offset,
+                    size,
+                } => {
+                    let start = int(data_offset)?.checked_add(int(metadata_offset)?)?;
+                    (address.checked_add(start)?, int(size)?.checked_sub(start)?)
+                }
+                Metadata::Mutable {
+                    mutable_data,
+                    relocation_size,
+                    mutable_data_size,
+                } => {
+                    let relocations = int(relocation_size)?;
+                    (
+                        pointer(mutable_data)?.checked_add(relocations)?,
+                        int(mutable_data_size)?.checked_sub(relocations)?,
+                    )
+                }
+            };
+            if len > MAX_DEBUG_INFO {
+                return None;
+            }
+            let split = (scopes - pcs) as usize;
+            (
+                memory.read_vec(start, len as usize)?,
+                bytes[split..].to_vec(),
+                bytes[..split].to_vec(),
+            )
+        }
     };
-    let metadata = int_at(debug.metadata_offset)?;
-    let scopes = memory
-        .read_u64(address.checked_add(debug.scopes_data_begin)?)?
-        .checked_sub(address)?;
-    let pcs = int_at(debug.scopes_pcs_offset)?;
-    let end = int_at(debug.dependencies_offset)?;
-    if !(metadata <= scopes && scopes <= pcs && pcs <= end && end - metadata <= MAX_DEBUG_INFO) {
-        return None;
-    }
-    let bytes = memory.read_vec(address.checked_add(metadata)?, (end - metadata) as usize)?;
-    let (scopes, pcs) = ((scopes - metadata) as usize, (pcs - metadata) as usize);
-    nmethod.metadata = bytes[..scopes]
+    nmethod.metadata = metadata
         .chunks_exact(8)
         .filter_map(|word| word.try_into().ok().map(u64::from_le_bytes))
         .collect();
-    nmethod.scopes = bytes[scopes..pcs].to_vec();
+    nmethod.scopes = scopes;
     let size = debug.pc_desc_size as usize;
     let field = |desc: &[u8], at: u64| {
         let at = at as usize;
@@ -481,7 +558,7 @@ fn read_debug_info(
             .and_then(|bytes| bytes.try_into().ok())
             .map(u32::from_le_bytes)
     };
-    nmethod.pcs = bytes[pcs..]
+    nmethod.pcs = pcs
         .chunks_exact(size)
         .filter_map(|desc| {
             Some((

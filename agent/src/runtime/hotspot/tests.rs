@@ -3,7 +3,7 @@
 //! heaps walked on the host and its nmethods named.
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
 
@@ -72,35 +72,43 @@ impl Drop for Java {
     }
 }
 
-/// Compiles and starts `Hot`, returning once it printed that it is warm;
-/// `None` (the test skips) when there is no JDK, unless `CI` is set.
-fn start_java() -> Option<Java> {
-    let have = |tool: &str| {
-        Command::new(tool)
-            .arg("-version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-    };
-    if !have("javac") || !have("java") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "javac and java are needed in CI"
-        );
-        eprintln!("skipped: no javac/java");
-        return None;
+/// The `bin` directories of the JDKs at hand: the one on `PATH` and any
+/// under /usr/lib/jvm, each once.
+fn jdks() -> Vec<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let installed = std::fs::read_dir("/usr/lib/jvm")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("bin"));
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for dir in on_path.into_iter().chain(installed) {
+        if dir.join("javac").is_file()
+            && let Ok(java) = dir.join("java").canonicalize()
+            && seen.insert(java)
+        {
+            out.push(dir);
+        }
     }
-    let dir = std::env::temp_dir().join(format!("hostprof-hotspot-{}", std::process::id()));
+    out
+}
+
+/// Compiles `Hot` with the JDK in `bin` and starts it, returning once it
+/// printed that it is warm.
+fn start_java(bin: &Path, index: usize) -> Java {
+    let dir = std::env::temp_dir().join(format!("hostprof-hotspot-{}-{index}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::write(dir.join("Hot.java"), SOURCE).expect("write source");
-    let status = Command::new("javac")
+    let status = Command::new(bin.join("javac"))
         .arg("Hot.java")
         .current_dir(&dir)
         .status()
         .expect("javac runs");
     assert!(status.success(), "javac failed");
-    let child = Command::new("java")
+    let child = Command::new(bin.join("java"))
         // Compiles in the thread that asked: once the loop ran long enough,
         // its code is compiled, not queued.
         .args(["-XX:-BackgroundCompilation", "-Xss1m", "-cp"])
@@ -116,45 +124,28 @@ fn start_java() -> Option<Java> {
         .read_line(&mut line)
         .expect("reads java's output");
     assert!(line.starts_with("warm"), "java said {line:?}");
-    Some(java)
+    java
 }
 
-/// (address, name) of every used code blob, walking each heap block by
-/// block (a block's first word is its length in segments, then a used
-/// flag; the blob follows the block header).
-fn blobs(jvm: &Jvm) -> Vec<(u64, String)> {
-    let memory = Process(jvm.pid());
-    let process = jvm.kernel_process();
-    let mut out = Vec::new();
-    for heap in &process.heaps[..process.heap_count as usize] {
-        let mut block = heap.low;
-        while block < heap.high {
-            let (Some(length), Some(used)) = (
-                memory.read_u64(block),
-                memory.read_vec(block + 8, 1).map(|byte| byte[0] != 0),
-            ) else {
-                break;
-            };
-            if length == 0 {
-                break;
-            }
-            let blob = block + u64::from(process.heap_block_size);
-            if used
-                && let Some(name) = memory
-                    .read_u64(blob + u64::from(process.blob_name))
-                    .and_then(|name| memory.read_cstr(name, 256))
-            {
-                out.push((blob, name));
-            }
-            block += length << heap.log2_segment;
-        }
-    }
-    out
-}
-
+/// Every JDK at hand (the test skips without one, unless `CI` is set).
 #[test]
-fn names_frames_of_a_live_jvm() {
-    let Some(java) = start_java() else { return };
+fn names_frames_of_live_jvms() {
+    let jdks = jdks();
+    if jdks.is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "javac and java are needed in CI"
+        );
+        eprintln!("skipped: no javac/java");
+        return;
+    }
+    for (index, bin) in jdks.iter().enumerate() {
+        eprintln!("JDK in {}", bin.display());
+        names_frames_of_a_live_jvm(&start_java(bin, index));
+    }
+}
+
+fn names_frames_of_a_live_jvm(java: &Java) {
     let pid = java.child.id();
     let maps = std::fs::read(format!("/proc/{pid}/maps")).expect("maps");
     let maps = crate::procs::parse_maps(&maps).expect("parses maps");
@@ -200,7 +191,7 @@ fn names_frames_of_a_live_jvm() {
     let first_line = line_of("long sum = 0;");
     let square_lines = line_of("static int square")..line_of("return x * x + 1;") + 1;
     let memory = Process(pid);
-    let blobs = blobs(&jvm);
+    let blobs = jvm.blobs();
     let (mut hot_nmethods, mut inlined_seen, mut stub_named) = (0, false, false);
     let mut lines_seen = 0;
     for (blob, name) in &blobs {
