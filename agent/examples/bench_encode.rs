@@ -106,7 +106,7 @@ async fn record(duration: Duration, frequency: u64) -> anyhow::Result<Vec<Resolv
             None,
             Some(events),
             None,
-            hostprof::python::Python::default(),
+            Vec::new(),
             Default::default(),
         ) else {
             return resolved;

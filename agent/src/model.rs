@@ -53,6 +53,8 @@ pub enum FrameKind {
     Go,
     /// Python code run by CPython's interpreter.
     Python,
+    /// Java code run by HotSpot (interpreted or compiled).
+    Java,
 }
 
 impl FrameKind {
@@ -63,6 +65,7 @@ impl FrameKind {
             FrameKind::Native => "native",
             FrameKind::Go => "go",
             FrameKind::Python => "cpython",
+            FrameKind::Java => "jvm",
         }
     }
 }

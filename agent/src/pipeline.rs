@@ -14,13 +14,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hostprof_common::Sample;
+use hostprof_common::{Sample, runtime::FRAME_MARK};
 
 use crate::{sampler::StackCopy, unwind::early::EarlyStacks};
 
 use crate::{
-    model::{Frame, FrameKind, Mapping, OffCpu, ResolvedSample, ThreadState},
+    model::{Frame, FrameKind, Line, Mapping, OffCpu, ResolvedSample, ThreadState},
     procs::{EventSource, ProcessTable},
+    runtime::Runtime,
     symbolize::Symbolizer,
     unwind,
 };
@@ -81,7 +82,7 @@ pub fn spawn(
     unwind: Option<unwind::Requests>,
     events: Option<EventSource>,
     early: Option<(Receiver<StackCopy>, EarlyStacks)>,
-    python: crate::python::Python,
+    runtimes: Vec<Box<dyn Runtime>>,
     state: Arc<PipelineState>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
     let symbols_state = state.clone();
@@ -92,7 +93,7 @@ pub fn spawn(
         .spawn(move || {
             let mut attributor = Attributor::new();
             attributor.unwind = unwind;
-            attributor.python = python;
+            attributor.runtimes = runtimes;
             if let Some(events) = events {
                 attributor.follow_events(events);
             }
@@ -216,8 +217,8 @@ pub struct Attributor {
     /// Stack copies of samples taken before their tables were loaded, and
     /// the samples waiting for them.
     early: Option<(Receiver<StackCopy>, EarlyStacks)>,
-    /// Python processes: their interpreter frames.
-    python: crate::python::Python,
+    /// Language runtimes (CPython, Java): their frames.
+    runtimes: Vec<Box<dyn Runtime>>,
 }
 
 impl Default for Attributor {
@@ -237,7 +238,7 @@ impl Attributor {
             unwind: None,
             events: None,
             early: None,
-            python: crate::python::Python::default(),
+            runtimes: Vec::new(),
         }
     }
 
@@ -321,6 +322,17 @@ impl Attributor {
             lines: Vec::new(),
         }));
         for &address in user {
+            // A runtime frame's place: the runtime names it below.
+            if address & FRAME_MARK == FRAME_MARK {
+                frames.push(Frame {
+                    kind: FrameKind::Native,
+                    address,
+                    mapping: None,
+                    file_offset: 0,
+                    lines: Vec::new(),
+                });
+                continue;
+            }
             let (mapping, file_offset) =
                 match self
                     .procs
@@ -339,10 +351,12 @@ impl Attributor {
         }
         // CPU and off-CPU samples alike: a thread waiting in `time.sleep`
         // or on a lock shows the Python function that waits.
-        self.add_python_frames(sample, &comm, &mut frames);
+        self.add_runtime_frames(sample, &comm, &mut frames);
         if self.last_sweep.elapsed() >= self.sweep_interval {
             self.procs.forget_exited();
-            self.python.retain(crate::procs::is_alive);
+            for runtime in &mut self.runtimes {
+                runtime.retain(&mut crate::procs::is_alive);
+            }
             self.last_sweep = Instant::now();
             self.sweeps += 1;
         }
@@ -362,21 +376,35 @@ impl Attributor {
 }
 
 impl Attributor {
-    /// Puts the sample's interpreter frames, named, in place of the native
-    /// frames of CPython's evaluation loop.
-    fn add_python_frames(&mut self, sample: &Sample, comm: &str, frames: &mut Vec<Frame>) {
+    /// Lets each runtime find itself in the sample's process and put its
+    /// frames, named, among the native ones; a runtime found just now has
+    /// the process's unwind mappings loaded again, for the kernel's walk.
+    fn add_runtime_frames(&mut self, sample: &Sample, comm: &str, frames: &mut Vec<Frame>) {
         let maps = self
             .procs
             .executable_maps(sample.tgid, comm, sample.ktime_ns);
-        let Some(interpreter) = self.python.interpreter(sample.tgid, maps.iter()) else {
-            return;
-        };
-        let groups = self
-            .python
-            .frames(sample.tgid, &interpreter, &sample.runtime);
-        self.python.merge(sample.tgid, &interpreter, frames, groups);
+        for runtime in &mut self.runtimes {
+            if runtime.attach(sample.tgid, maps.as_slice())
+                && let Some(requests) = &self.unwind
+            {
+                requests.request(sample.tgid);
+            }
+            runtime.add_frames(sample.tgid, &sample.runtime, frames);
+        }
+        // A runtime frame none of them could name (its runtime forgotten).
+        for frame in frames.iter_mut() {
+            if frame.kind == FrameKind::Native && frame.address & FRAME_MARK == FRAME_MARK {
+                frame.lines = vec![Line::named(
+                    UNNAMED_RUNTIME_FRAME.into(),
+                    UNNAMED_RUNTIME_FRAME.into(),
+                )];
+            }
+        }
     }
 }
+
+/// How a runtime frame shows that no runtime could name.
+const UNNAMED_RUNTIME_FRAME: &str = "[unknown runtime frame]";
 
 /// How often exited processes leave the process cache: 10 s, or what
 /// `HOSTPROF_SWEEP_INTERVAL_MS` says. That variable is for tests, which

@@ -209,7 +209,13 @@ pub struct UnwindState {
     pub reason: u32,
     /// Legacy programs: tail calls made so far for this unwind.
     pub tail_calls: u32,
+    /// Valid entries of `runtime`.
+    pub runtime_len: u32,
+    pub _pad: u32,
     pub frames: [u64; MAX_USER_STACK_DEPTH],
+    /// Runtime frames found in place of native ones (JIT code), which
+    /// `frames` refers to by `runtime::FRAME_MARK` entries.
+    pub runtime: [runtime::Frame; runtime::MAX_FRAMES],
 }
 
 /// Global `u32`: byte offset of `tgid` in the running kernel's `task_struct`
@@ -242,6 +248,10 @@ pub const GLOBAL_EARLY_COPY_BYTES: &str = "EARLY_COPY_BYTES";
 /// registered Python processes; 0 leaves the walk out of the program (the
 /// verifier prunes it), for kernels whose verifier rejects it.
 pub const GLOBAL_PYTHON_WALK: &str = "PYTHON_WALK";
+/// Global (u32, set at load): 1 walks HotSpot's Java frames of the
+/// registered JVMs; 0 leaves the walk out of the program (the verifier
+/// prunes it), for kernels whose verifier it was not checked on.
+pub const GLOBAL_HOTSPOT_WALK: &str = "HOTSPOT_WALK";
 /// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
 pub const MAX_STACK_COPY: usize = 16384;
 const _: () = assert!(MAX_STACK_COPY.is_power_of_two());
@@ -460,6 +470,14 @@ impl Counter {
         Counter::UnwindDepthLimit,
         Counter::UnwindBadFrame,
         Counter::UnwindNoMapping,
+    ];
+    /// Every reason a walk of Java frames stops short of native code.
+    pub const HOTSPOT_STOPS: [Counter; 5] = [
+        Counter::HotspotNoProcess,
+        Counter::HotspotNoBlob,
+        Counter::HotspotReadFault,
+        Counter::HotspotBadFrame,
+        Counter::HotspotDepthLimit,
     ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;

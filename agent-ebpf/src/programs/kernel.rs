@@ -17,9 +17,17 @@ pub(super) trait Kernel {
     /// kernel entry: right whether the sample hit user or kernel code),
     /// or null.
     fn user_regs() -> *const u8;
-    /// The current task's user stack, unwound with the tables into `dst`
-    /// (see [`unwind_user`]).
-    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)>;
+    /// Whether the unwinder walks language runtimes' frames (HotSpot's):
+    /// only with `bpf_loop`, whose callbacks the verifier checks once.
+    const RUNTIME_WALKS: bool;
+    /// The current task's user stack, unwound with the tables into `dst`,
+    /// its runtime frames into `runtime` (see [`unwind_user`]).
+    fn unwind_user(
+        slot: u32,
+        tgid: u32,
+        dst: *mut u64,
+        runtime: *mut hostprof_common::runtime::Stack,
+    ) -> Option<(u32, u32)>;
     /// The current thread's interpreter frames (CPU samples of Python
     /// processes; see `python`) into `dst`.
     fn python(tgid: u32, dst: *mut hostprof_common::python::Stack);
@@ -39,9 +47,16 @@ impl Kernel for Modern {
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
     }
 
+    const RUNTIME_WALKS: bool = true;
+
     /// Unwinds right here, one `bpf_loop` call per frame.
     #[inline(always)]
-    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+    fn unwind_user(
+        slot: u32,
+        tgid: u32,
+        dst: *mut u64,
+        runtime: *mut hostprof_common::runtime::Stack,
+    ) -> Option<(u32, u32)> {
         let mappings = PROCESS_MAPPINGS.get_ptr(&tgid)?;
         let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
         start_unwind::<Modern>(state, tgid)?;
@@ -58,7 +73,7 @@ impl Kernel for Modern {
                 0,
             )
         };
-        Some(finish_unwind(state, dst))
+        Some(finish_unwind(state, dst, runtime))
     }
 
     #[inline(always)]
@@ -151,15 +166,24 @@ impl Kernel for Legacy {
         }
     }
 
+    /// No Java frames before 5.17 (walks of their own, in tail calls,
+    /// are still to come): code-cache frames end the walk.
+    const RUNTIME_WALKS: bool = false;
+
     /// Hands over the unwind that [`legacy_start`] and the tail calls
     /// of [`legacy_continue`] did before this program run reached here.
     #[inline(always)]
-    fn unwind_user(slot: u32, tgid: u32, dst: *mut u64) -> Option<(u32, u32)> {
+    fn unwind_user(
+        slot: u32,
+        tgid: u32,
+        dst: *mut u64,
+        runtime: *mut hostprof_common::runtime::Stack,
+    ) -> Option<(u32, u32)> {
         let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
         if state.reason == IDLE || state.tgid != tgid {
             return None;
         }
-        let unwound = finish_unwind(state, dst);
+        let unwound = finish_unwind(state, dst, runtime);
         state.reason = IDLE;
         Some(unwound)
     }

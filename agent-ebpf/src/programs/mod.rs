@@ -10,7 +10,10 @@
 //!   5.10 to 5.16) and the user registers;
 //! - `unwinder`: the table-driven unwinder's kernel side, in `bpf_loop`
 //!   callbacks or in chains of tail calls;
-//! - `python`: CPython's interpreter frames.
+//! - `python`: CPython's interpreter frames;
+//! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
+//!   cache.
+mod hotspot;
 mod kernel;
 mod off_cpu;
 mod process;
@@ -129,6 +132,10 @@ static EARLY_COPY_BYTES: u32 = 0;
 /// Set by the agent at load time (`hostprof_common::GLOBAL_PYTHON_WALK`).
 #[unsafe(no_mangle)]
 static PYTHON_WALK: u32 = 0;
+
+/// Set by the agent at load time (`hostprof_common::GLOBAL_HOTSPOT_WALK`).
+#[unsafe(no_mangle)]
+static HOTSPOT_WALK: u32 = 0;
 
 #[map(name = "UNWIND_ROWS")]
 static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
@@ -268,8 +275,11 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         } else {
             SLOT_OFF_CPU
         };
+        // Runtime frames: the unwinder's (Java) now, CPython's after it.
+        (*sample).runtime.len = 0;
+        (*sample).runtime.reason = hostprof_common::python::reason::NONE;
         let tables = if dwarf {
-            K::unwind_user(slot, tgid, user)
+            K::unwind_user(slot, tgid, user, &raw mut (*sample).runtime)
         } else {
             None
         };
@@ -291,8 +301,6 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // (`sample::emit_cpu_sample`), once; a second inlined copy of the
         // walk (the stack-copy path) took the program past the verifier's
         // million instructions.
-        (*sample).runtime.len = 0;
-        (*sample).runtime.reason = hostprof_common::python::reason::NONE;
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
         (*sample).flags = kernel_flags | user_flags;

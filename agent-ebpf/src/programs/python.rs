@@ -19,11 +19,11 @@ static PYTHON_PROCS: HashMap<u32, py::Process> = HashMap::with_max_entries(py::M
 /// process is a registered Python process; counts how the walk ended.
 #[inline(always)]
 pub(super) fn walk(tgid: u32, stack: &mut py::Stack) {
-    stack.len = 0;
-    stack.reason = py::reason::NONE;
     let Some(process) = (unsafe { PYTHON_PROCS.get(&tgid) }) else {
         return;
     };
+    stack.len = 0;
+    stack.reason = py::reason::NONE;
     bump(Counter::PythonStacks);
     let reason = walk_frames(process, stack);
     stack.reason = reason;

@@ -148,6 +148,13 @@ pub(super) fn frame<K: Kernel>(
             unsafe { write_volatile(&mut state.reason, reason) };
             true
         }
+        Step::Runtime if K::RUNTIME_WALKS && unsafe { read_volatile(&HOTSPOT_WALK) } != 0 => {
+            super::hotspot::step(state)
+        }
+        Step::Runtime => {
+            unsafe { write_volatile(&mut state.reason, unwind::reason::NO_TABLE) };
+            true
+        }
     }
 }
 
@@ -160,14 +167,19 @@ pub(super) fn start_unwind<K: Kernel>(state: &mut UnwindState, tgid: u32) -> Opt
     state.tgid = tgid;
     state.frames[0] = pc;
     state.len = 1;
+    state.runtime_len = 0;
     state.reason = RUNNING;
     Some(())
 }
 
-/// Copies a finished unwind into `dst`, counts why it stopped; returns
-/// (frames, sample flags).
+/// Copies a finished unwind into `dst` (its runtime frames into
+/// `runtime`), counts why it stopped; returns (frames, sample flags).
 #[inline(always)]
-pub(super) fn finish_unwind(state: &mut UnwindState, dst: *mut u64) -> (u32, u32) {
+pub(super) fn finish_unwind(
+    state: &mut UnwindState,
+    dst: *mut u64,
+    runtime: *mut runtime::Stack,
+) -> (u32, u32) {
     if state.reason == RUNNING {
         state.reason = unwind::reason::DEPTH_LIMIT;
     }
@@ -180,6 +192,18 @@ pub(super) fn finish_unwind(state: &mut UnwindState, dst: *mut u64) -> (u32, u32
             state.frames.as_ptr().cast(),
         )
     };
+    let runtime_len = state.runtime_len;
+    if runtime_len != 0 {
+        // SAFETY: both hold runtime::MAX_FRAMES frames.
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                (*runtime).frames.as_mut_ptr().cast(),
+                size_of::<[runtime::Frame; runtime::MAX_FRAMES]>() as u32,
+                state.runtime.as_ptr().cast(),
+            );
+            (*runtime).len = runtime_len;
+        }
+    }
     bump(Counter::UnwindTables);
     bump(Counter::for_unwind_reason(reason));
     let mut flags = SAMPLE_FLAG_USER_TABLES | ((reason & 0xff) << SAMPLE_UNWIND_SHIFT);
@@ -234,6 +258,7 @@ pub(super) fn legacy_start<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: 
     let state = unsafe { &mut *state };
     state.reason = IDLE;
     state.tail_calls = 0;
+    state.runtime_len = 0;
     let dwarf = unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF;
     if !dwarf || unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none() {
         return;

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::{
     model::ResolvedSample,
     pipeline::{self, PipelineState},
+    runtime::Runtime,
     sampler::{
         Counters, ReaderStats, Sampler, SamplerOptions, StackCopy, UnwindMode,
         read_ring_with_copies,
@@ -118,6 +119,26 @@ impl<T: Send + 'static> Session<T> {
         }
         let ring = sampler.take_ring()?;
         let events = crate::procs::EventSource::new(sampler.take_process_events()?);
+        // Language runtimes, before the named processes' tables load: a
+        // JVM found now has its code cache handed to the kernel's walk
+        // from the first load on.
+        let runtime_code = crate::runtime::RuntimeCode::default();
+        let mut runtimes: Vec<Box<dyn Runtime>> = vec![
+            Box::new(crate::python::Python::new(Some(sampler.take_python_map()?))),
+            Box::new(crate::runtime::java::Java::new(
+                Some(sampler.take_hotspot_map()?),
+                runtime_code.clone(),
+            )),
+        ];
+        {
+            let mut procs = crate::procs::ProcessTable::new();
+            for &pid in options.pids.iter().flatten() {
+                let maps = procs.executable_maps(pid, "", u64::MAX);
+                for runtime in &mut runtimes {
+                    runtime.attach(pid, maps.as_slice());
+                }
+            }
+        }
         let (requests, unwind, mirror) = match options.unwind {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;
@@ -128,6 +149,7 @@ impl<T: Send + 'static> Session<T> {
                     preload,
                     mode == Mode::Agent,
                     options.pids.is_some(),
+                    runtime_code,
                 )
                 .context("cannot start the unwind table thread")?;
                 // The named processes' tables before their first sample, so
@@ -154,12 +176,6 @@ impl<T: Send + 'static> Session<T> {
             }
             _ => (None, None),
         };
-        let mut python = crate::python::Python::new(Some(sampler.take_python_map()?));
-        // Named Python processes are walked from their first sample.
-        let mut procs = crate::procs::ProcessTable::new();
-        for &pid in options.pids.iter().flatten() {
-            python.interpreter(pid, procs.executable_maps(pid, "", u64::MAX).iter());
-        }
         // Before sampling starts, so that reading kallsyms (tens of ms, most
         // of it the kernel printing) is not in the profile; every program
         // of ours is loaded by now, so kallsyms lists them.
@@ -196,7 +212,7 @@ impl<T: Send + 'static> Session<T> {
             requests,
             Some(events),
             early,
-            python,
+            runtimes,
             pipeline_state.clone(),
         )
         .context("cannot start the pipeline threads")?;

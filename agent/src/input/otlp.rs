@@ -161,6 +161,7 @@ impl<'a> Tables<'a> {
                     Some("kernel") => FrameKind::Kernel,
                     Some("go") => FrameKind::Go,
                     Some("cpython") => FrameKind::Python,
+                    Some("jvm") => FrameKind::Java,
                     _ => FrameKind::Native,
                 };
             }

@@ -99,6 +99,7 @@ pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
     let named = frame.lines.iter().rev().map(move |line| match frame.kind {
         FrameKind::Kernel => format!("{}_[k]", line.function),
         FrameKind::Python => python_label(line),
+        FrameKind::Java => java_label(line),
         _ => line.function.to_string(),
     });
     unsymbolized.into_iter().chain(named)
@@ -108,6 +109,16 @@ pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
 fn python_label(line: &crate::model::Line) -> String {
     let file = line.file.as_deref().unwrap_or("?");
     format!("{} ({file}:{})", line.function, line.line)
+}
+
+/// `Class.method (File.java:line)`, as a Java stack trace shows a frame;
+/// without a line `(File.java)`, without a file (a stub) the name alone.
+fn java_label(line: &crate::model::Line) -> String {
+    match line.file.as_deref() {
+        Some(file) if line.line != 0 => format!("{} ({file}:{})", line.function, line.line),
+        Some(file) => format!("{} ({file})", line.function),
+        None => line.function.to_string(),
+    }
 }
 
 /// Every frame label of a sample, root first.

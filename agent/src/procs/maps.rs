@@ -43,6 +43,11 @@ impl ExecutableMaps {
         self.mappings.iter()
     }
 
+    /// Every executable mapping, by start address.
+    pub fn as_slice(&self) -> &[Arc<Mapping>] {
+        &self.mappings
+    }
+
     pub fn len(&self) -> usize {
         self.mappings.len()
     }

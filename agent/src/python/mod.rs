@@ -56,6 +56,29 @@ impl Interpreter {
     }
 }
 
+impl crate::runtime::Runtime for Python {
+    /// Registers a Python process; its mappings need no reload (the walk
+    /// starts from `_PyRuntime`, not from code the unwinder meets).
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
+        self.interpreter(pid, mappings.iter());
+        false
+    }
+
+    /// Puts each call of the evaluation loop's interpreter frames in place
+    /// of its native frame.
+    fn add_frames(&mut self, pid: u32, stack: &py::Stack, frames: &mut Vec<Frame>) {
+        let Some(Ok(interpreter)) = self.processes.get(&pid).cloned() else {
+            return;
+        };
+        let groups = self.frames(pid, &interpreter, stack);
+        self.merge(pid, &interpreter, frames, groups);
+    }
+
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        Python::retain(self, alive);
+    }
+}
+
 /// Symbols of a Python binary, as link-time addresses.
 #[derive(Clone, Debug)]
 struct PythonElf {

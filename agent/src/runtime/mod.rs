@@ -1,7 +1,69 @@
 //! Language runtimes whose frames the kernel walks and the host names:
-//! what they share. Each runtime has a folder of its own (`crate::python`,
-//! [`hotspot`]), reads the process's memory through [`memory`] and the
-//! runtime's library through [`elf`].
+//! the [`Runtime`] seam each plugs into, and what they share: the process
+//! memory reader ([`memory`]), the runtime library's ELF ([`elf`]) and
+//! where their code is ([`RuntimeCode`]).
+//!
+//! - `crate::python`: CPython (interpreter frames merged in place of the
+//!   evaluation loop's native frames);
+//! - [`java`]: JVMs, their frames named by [`hotspot`] (JIT and
+//!   interpreted code, found by the kernel's walk in the code cache).
 pub mod elf;
 pub mod hotspot;
+pub mod java;
 pub mod memory;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use crate::model::{Frame, Mapping};
+
+/// Per process, the address ranges of a runtime's code that the kernel's
+/// walker steps (a JVM's code heaps): written by the attribution thread
+/// when it finds the runtime, read by the unwind service at each load of
+/// the process, which marks the mappings there for the kernel.
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeCode(Arc<Mutex<HashMap<u32, Vec<(u64, u64)>>>>);
+
+impl RuntimeCode {
+    /// Says where `pid`'s runtime code is (none: `ranges` empty).
+    pub fn set(&self, pid: u32, ranges: Vec<(u64, u64)>) {
+        let mut code = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if ranges.is_empty() {
+            code.remove(&pid);
+        } else {
+            code.insert(pid, ranges);
+        }
+    }
+
+    /// Where `pid`'s runtime code is; empty when it has none.
+    pub fn get(&self, pid: u32) -> Vec<(u64, u64)> {
+        let code = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        code.get(&pid).cloned().unwrap_or_default()
+    }
+}
+
+/// One language runtime on the host: finds it in a process, tells the
+/// kernel where its structures are, and names the frames the kernel
+/// recorded. The attribution thread owns one of each and calls them for
+/// every sample; each keeps its processes and caches, and forgets them
+/// when the process exits.
+pub trait Runtime: Send {
+    /// Looks for the runtime in `pid` (its executable `mappings`) the first
+    /// time the pid is seen, and now and then while not found; registers
+    /// it with the kernel when found. Cheap once known. True when it was
+    /// found just now and the process's unwind mappings must be loaded
+    /// again (the kernel hands the runtime's code to its walker).
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool;
+    /// Puts the sample's runtime frames, named, among its native `frames`
+    /// (leaf first).
+    fn add_frames(
+        &mut self,
+        pid: u32,
+        stack: &hostprof_common::runtime::Stack,
+        frames: &mut Vec<Frame>,
+    );
+    /// Forgets processes for which `alive` is false.
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool);
+}

@@ -96,8 +96,15 @@ impl Default for SamplerOptions {
 }
 
 /// Totals of the per-CPU counters, indexed like [`Counter::ALL`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counters(pub [u64; Counter::ALL.len()]);
+
+// By hand: arrays of more than 32 elements have no derived `Default`.
+impl Default for Counters {
+    fn default() -> Self {
+        Counters([0; Counter::ALL.len()])
+    }
+}
 
 impl Counters {
     pub fn get(&self, counter: Counter) -> u64 {
@@ -209,11 +216,13 @@ impl Sampler {
         let python_walk = u32::from(verified_since(PYTHON_WALK_SINCE));
         if !verified_since(PYTHON_WALK_SINCE) {
             tracing::info!(
-                "no Python frames on this kernel (they need Linux {}.{} or later)",
+                "no Python or Java frames on this kernel (they need Linux {}.{} or later)",
                 PYTHON_WALK_SINCE.0,
                 PYTHON_WALK_SINCE.1
             );
         }
+        // The same kernels for Java's walk (the same `bpf_loop` callbacks).
+        let hotspot_walk = python_walk;
         // No CO-RE: every kernel offset the programs use is a global set
         // above from our own read of the BTF. Without a target BTF, aya
         // skips parsing all of vmlinux's (~20 ms and several MB at every
@@ -230,6 +239,7 @@ impl Sampler {
             .override_global(hostprof_common::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
             .override_global(hostprof_common::GLOBAL_EARLY_COPY_BYTES, &early_copy, true)
             .override_global(hostprof_common::GLOBAL_PYTHON_WALK, &python_walk, true)
+            .override_global(hostprof_common::GLOBAL_HOTSPOT_WALK, &hotspot_walk, true)
             .override_global(
                 hostprof_common::GLOBAL_FILTER_BY_TGID,
                 &filter_by_tgid,
@@ -526,6 +536,17 @@ impl Sampler {
             .take_map(hostprof_common::MAP_PYTHON_PROCESSES)
             .ok_or(SamplerError::MissingObject(
                 hostprof_common::MAP_PYTHON_PROCESSES,
+            ))?;
+        HashMap::try_from(map).map_err(SamplerError::map)
+    }
+
+    /// Takes the map of Java processes (see [`crate::runtime::java`]); call once.
+    pub fn take_hotspot_map(&mut self) -> Result<crate::runtime::java::ProcessMap, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(hostprof_common::MAP_HOTSPOT_PROCESSES)
+            .ok_or(SamplerError::MissingObject(
+                hostprof_common::MAP_HOTSPOT_PROCESSES,
             ))?;
         HashMap::try_from(map).map_err(SamplerError::map)
     }

@@ -335,12 +335,15 @@ pub type SharedStats = Arc<Mutex<LoaderStats>>;
 /// work to build tables; the thread then runs at a lower priority. `record`
 /// and `top` want their tables at once. `eager`: ask for a process's
 /// tables at its exec (a targeted session, where every exec is wanted).
+/// `runtime_code`: where processes' runtime code is (see
+/// [`crate::runtime::RuntimeCode`]).
 pub fn spawn_service(
     maps: KernelMaps,
     capacity_chunks: u32,
     preload: Vec<u32>,
     background: bool,
     eager: bool,
+    runtime_code: crate::runtime::RuntimeCode,
 ) -> std::io::Result<(
     Requests,
     SharedStats,
@@ -385,6 +388,7 @@ pub fn spawn_service(
                     // Our libraries, not our own (large) executable.
                     mappings.retain(|mapping| own_exe.as_path() != Path::new(&*mapping.path));
                 }
+                loader.set_runtime_code(pid, runtime_code.get(pid));
                 if loader.recently_loaded(pid, &mappings) {
                     return;
                 }

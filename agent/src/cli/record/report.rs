@@ -88,7 +88,30 @@ pub(in crate::cli) fn unwind_report(
         })
         .collect();
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-    format!(
+    let java_stops: Vec<String> = Counter::HOTSPOT_STOPS
+        .iter()
+        .map(|counter| {
+            let name = counter
+                .name()
+                .trim_start_matches("hotspot_")
+                .replace('_', " ");
+            format!("{name} {}", counters.get(*counter))
+        })
+        .collect();
+    let java_stopped: u64 = Counter::HOTSPOT_STOPS
+        .iter()
+        .map(|counter| counters.get(*counter))
+        .sum();
+    let java = if counters.get(Counter::HotspotFrames) + java_stopped > 0 {
+        format!(
+            "hostprof: Java frames: {} walked in the kernel; walks stopped: {}\n",
+            counters.get(Counter::HotspotFrames),
+            java_stops.join(", ")
+        )
+    } else {
+        String::new()
+    };
+    java + &format!(
         "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
          {} with frame pointers before their tables were loaded\n\
          hostprof: unwind tables: {} files ({} idle), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \

@@ -28,7 +28,7 @@ use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
         ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings, ROW_CHUNK,
-        UnwindRow,
+        RUNTIME_TABLE, UnwindRow,
     },
 };
 
@@ -184,6 +184,10 @@ pub struct TableLoader<M: TableMaps> {
     process_capacity: usize,
     /// Processes waiting before their next load (see [`Backoff`]).
     backoff: HashMap<u32, Backoff>,
+    /// Per process: the address ranges of a language runtime's code (a
+    /// JVM's code heaps), whose anonymous mappings the kernel hands to
+    /// that runtime's walker.
+    runtime_code: HashMap<u32, Vec<(u64, u64)>>,
     stats: LoaderStats,
 }
 
@@ -211,6 +215,7 @@ impl<M: TableMaps> TableLoader<M> {
             processes: HashMap::new(),
             process_capacity: MAX_UNWIND_PROCESSES as usize,
             backoff: HashMap::new(),
+            runtime_code: HashMap::new(),
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -281,12 +286,30 @@ impl<M: TableMaps> TableLoader<M> {
         self.back_off(pid);
     }
 
-    /// True when `pid` was loaded with these very mappings less than the
-    /// reload interval ago (an exec or dlopen changes them: reload at once).
+    /// True when `pid` was loaded with these very mappings (and runtime
+    /// code) less than the reload interval ago (an exec or dlopen changes
+    /// them, a runtime found since too: reload at once).
     pub fn recently_loaded(&self, pid: u32, mappings: &[Mapping]) -> bool {
         self.processes.get(&pid).is_some_and(|(_, digest, at)| {
-            *digest == digest_of(mappings) && at.elapsed() < MIN_RELOAD_INTERVAL
+            *digest == self.digest(pid, mappings) && at.elapsed() < MIN_RELOAD_INTERVAL
         })
+    }
+
+    /// Says where `pid`'s runtime code is (none: `ranges` empty), for its
+    /// next load.
+    pub fn set_runtime_code(&mut self, pid: u32, ranges: Vec<(u64, u64)>) {
+        if ranges.is_empty() {
+            self.runtime_code.remove(&pid);
+        } else {
+            self.runtime_code.insert(pid, ranges);
+        }
+    }
+
+    fn digest(&self, pid: u32, mappings: &[Mapping]) -> u64 {
+        digest_of(
+            mappings,
+            self.runtime_code.get(&pid).map_or(&[], Vec::as_slice),
+        )
     }
 
     /// Loads the tables of every mapping of `pid` and tells the kernel where
@@ -311,14 +334,22 @@ impl<M: TableMaps> TableLoader<M> {
         let mut entries = ProcessMappings::default();
         let mut keys = Vec::new();
         let mut sorted: Vec<&Mapping> = mappings.iter().collect();
+        let runtime_code = self.runtime_code.get(&pid).cloned().unwrap_or_default();
+        let is_runtime = |mapping: &Mapping| {
+            mapping.inode == 0
+                && runtime_code
+                    .iter()
+                    .any(|&(low, high)| mapping.start < high && low < mapping.end)
+        };
         let truncated = sorted.len() > MAX_PROCESS_MAPPINGS;
         if truncated {
-            // File-backed code first: anonymous code (JIT) has no table
-            // anyway. The rest's addresses read as "no mapping"; their
-            // samples asking again wait out a backoff.
+            // File-backed code and a runtime's code first: other anonymous
+            // code (JIT without a walker) has no table anyway. The rest's
+            // addresses read as "no mapping"; their samples asking again
+            // wait out a backoff.
             sorted.sort_by_key(|mapping| {
                 (
-                    mapping.inode == 0 && &*mapping.path != "[vdso]",
+                    mapping.inode == 0 && &*mapping.path != "[vdso]" && !is_runtime(mapping),
                     mapping.start,
                 )
             });
@@ -332,8 +363,15 @@ impl<M: TableMaps> TableLoader<M> {
                 end: mapping.end,
                 ..Default::default()
             };
-            let known = files.identify(pid, mapping);
-            if let Some(key) = &known
+            let runtime = is_runtime(mapping);
+            let known = if runtime {
+                None
+            } else {
+                files.identify(pid, mapping)
+            };
+            if runtime {
+                entry.table_start = RUNTIME_TABLE;
+            } else if let Some(key) = &known
                 && self.failed.contains_key(key)
             {
                 // Known to have no usable table: frame pointers.
@@ -344,7 +382,8 @@ impl<M: TableMaps> TableLoader<M> {
                 entry.table_start = loaded.0;
                 entry.table_len = loaded.1;
                 keys.push(key);
-            } else if let Some((key, data)) = files.open(pid, mapping)
+            } else if !runtime
+                && let Some((key, data)) = files.open(pid, mapping)
                 && let Some(vaddr) = table::vaddr_of_offset((*data).as_ref(), mapping.file_offset)
                 && let Some(loaded) = self.acquire(&key, (*data).as_ref())
             {
@@ -361,7 +400,7 @@ impl<M: TableMaps> TableLoader<M> {
             entries.mappings[slot] = entry;
             entries.len = slot as u32 + 1;
         }
-        let digest = digest_of(mappings);
+        let digest = self.digest(pid, mappings);
         let previous = self.processes.insert(pid, (keys, digest, Instant::now()));
         if let Some((old_keys, _, _)) = previous {
             for key in old_keys {
@@ -389,6 +428,7 @@ impl<M: TableMaps> TableLoader<M> {
     /// Forgets a process (exited): its tables go when no other process uses them.
     pub fn forget_process(&mut self, pid: u32) {
         self.backoff.remove(&pid);
+        self.runtime_code.remove(&pid);
         self.unload(pid);
     }
 
@@ -595,9 +635,10 @@ impl<M: TableMaps> TableLoader<M> {
 }
 
 /// Identifies a set of mappings (which files, where).
-fn digest_of(mappings: &[Mapping]) -> u64 {
+fn digest_of(mappings: &[Mapping], runtime_code: &[(u64, u64)]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    runtime_code.hash(&mut hasher);
     for mapping in mappings {
         (
             mapping.start,

@@ -130,6 +130,34 @@ fn processes_beyond_capacity_fall_back_and_back_off() {
 }
 
 #[test]
+fn runtime_code_is_marked_for_its_walker_and_reloads() {
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 16);
+    let mut jit = mapping(0, 0x7000_0000);
+    jit.path = "".into();
+    let other = mapping(0, 0x7100_0000);
+    let file = mapping(10, 0x10000);
+    let all = [file.clone(), jit.clone(), other.clone()];
+    loader.load_process(1, &all, &mut NoFiles).unwrap();
+    assert!(loader.recently_loaded(1, &all));
+    // A runtime found since: the same mappings load again, at once.
+    loader.set_runtime_code(1, vec![(0x7000_0800, 0x7000_1000)]);
+    assert!(!loader.recently_loaded(1, &all));
+    loader.load_process(1, &all, &mut NoFiles).unwrap();
+    drop(loader);
+    let entries = &maps.processes[&1];
+    let table_of = |start: u64| {
+        entries.mappings[..entries.len as usize]
+            .iter()
+            .find(|entry| entry.start == start)
+            .map(|entry| (entry.table_start, entry.table_len))
+    };
+    assert_eq!(table_of(jit.start), Some((RUNTIME_TABLE, 0)));
+    assert_eq!(table_of(other.start), Some((0, 0)), "other anonymous code");
+    assert_eq!(table_of(file.start), Some((0, 0)), "a file (with no table)");
+}
+
+#[test]
 fn tables_are_shared_kept_idle_and_evicted_for_room() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
     let rows = table::build(&exe).unwrap().rows().len() as u32;

@@ -1,0 +1,161 @@
+//! Java processes: finds the JVM (HotSpot's `libjvm.so`) in a process,
+//! tells the kernel where its code heaps and fields are (the
+//! `HOTSPOT_PROCS` map, and the code ranges the unwind service marks), and
+//! names the Java frames the kernel recorded, through [`super::hotspot`].
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use hostprof_common::{
+    hotspot,
+    runtime::{self, FRAME_INDEX_MASK, FRAME_MARK, tag},
+};
+
+use super::{
+    Runtime, RuntimeCode,
+    hotspot::{JavaFrame, Jvm},
+};
+use crate::model::{Frame, FrameKind, Line, Mapping};
+
+/// The kernel map of Java processes.
+pub type ProcessMap = BpfHashMap<MapData, u32, hotspot::Process>;
+
+/// How often a process without a (ready) JVM is looked at again: a JVM
+/// being started has `libjvm.so` mapped before its code cache exists.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A frame the kernel recorded that no JVM could name (code freed since,
+/// or its process gone).
+const UNNAMED: &str = "[unknown Java frame]";
+
+/// The JVMs of the processes seen (the attribution thread owns it).
+pub struct Java {
+    map: Option<ProcessMap>,
+    code: RuntimeCode,
+    /// pid -> its JVM, or when it was last found to have none (yet).
+    processes: HashMap<u32, Result<Box<Jvm>, Instant>>,
+}
+
+impl Java {
+    /// With the kernel's map (none: nothing is registered, e.g. tests) and
+    /// where to publish the JVMs' code ranges for the unwind service.
+    pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
+        Java {
+            map,
+            code,
+            processes: HashMap::new(),
+        }
+    }
+}
+
+impl Runtime for Java {
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
+        match self.processes.get(&pid) {
+            Some(Ok(_)) => return false,
+            Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            _ => {}
+        }
+        let Some(libjvm) = mappings
+            .iter()
+            .find(|mapping| mapping.file_name() == "libjvm.so")
+        else {
+            self.processes.insert(pid, Err(Instant::now()));
+            return false;
+        };
+        let jvm = match Jvm::attach(pid, libjvm) {
+            Ok(jvm) => jvm,
+            Err(err) => {
+                tracing::debug!("pid {pid}: no Java frames yet: {err}");
+                self.processes.insert(pid, Err(Instant::now()));
+                return false;
+            }
+        };
+        if let Some(map) = &mut self.map
+            && let Err(err) = map.insert(pid, jvm.kernel_process(), 0)
+        {
+            tracing::info!("pid {pid}: cannot register its JVM with the kernel: {err}");
+        }
+        self.code.set(pid, jvm.code_ranges());
+        tracing::debug!(
+            "pid {pid}: Java {}: its frames are walked",
+            jvm.version().as_deref().unwrap_or("(unknown version)")
+        );
+        self.processes.insert(pid, Ok(Box::new(jvm)));
+        true
+    }
+
+    fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
+        let jvm = match self.processes.get_mut(&pid) {
+            Some(Ok(jvm)) => Some(jvm),
+            _ => None,
+        };
+        let Some(jvm) = jvm else {
+            return;
+        };
+        let len = (stack.len as usize).min(stack.frames.len());
+        for frame in frames.iter_mut() {
+            if frame.kind != FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK {
+                continue;
+            }
+            let index = (frame.address & FRAME_INDEX_MASK) as usize;
+            let Some(&recorded) = stack.frames[..len].get(index) else {
+                continue;
+            };
+            if tag::of(recorded.code) & tag::RUNTIME_MASK != tag::HOTSPOT {
+                continue;
+            }
+            let named = jvm.name_frame(recorded);
+            *frame = java_frame(recorded, &named);
+        }
+    }
+
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        let gone: Vec<u32> = self
+            .processes
+            .keys()
+            .copied()
+            .filter(|&pid| !alive(pid))
+            .collect();
+        for pid in gone {
+            if let (Some(Ok(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+                let _ = map.remove(&pid);
+            }
+            self.code.set(pid, Vec::new());
+        }
+    }
+}
+
+/// The frame of a recorded HotSpot frame: its methods (innermost inlined
+/// one first) as lines, like a native frame's inlined functions.
+fn java_frame(recorded: runtime::Frame, named: &[JavaFrame]) -> Frame {
+    let mut lines: Vec<Line> = named.iter().map(java_line).collect();
+    if lines.is_empty() {
+        lines.push(Line::named(UNNAMED.into(), UNNAMED.into()));
+    }
+    Frame {
+        kind: FrameKind::Java,
+        address: recorded.code & tag::ADDRESS_MASK,
+        mapping: None,
+        file_offset: recorded.instr,
+        lines,
+    }
+}
+
+fn java_line(frame: &JavaFrame) -> Line {
+    let function: Arc<str> = if frame.class.is_empty() {
+        frame.method.as_str().into()
+    } else {
+        format!("{}.{}", frame.class, frame.method).into()
+    };
+    Line {
+        system_name: function.clone(),
+        function,
+        file: frame.file.as_deref().map(Arc::from),
+        line: frame.line.unwrap_or(0),
+        column: 0,
+        start_line: 0,
+    }
+}
