@@ -169,6 +169,8 @@ const TABLES: [(&str, &[&str]); 4] = [
 
 impl Jvm {
     /// `libjvm` is the process's executable mapping of libjvm.so.
+    /// [`HotspotError::NotReady`] while the JVM is starting (try again
+    /// later); other errors will not go away for this process.
     pub fn attach(pid: u32, libjvm: &Mapping) -> Result<Jvm, HotspotError> {
         let data = elf::read(pid, libjvm).map_err(|err| HotspotError::Elf(err.to_string()))?;
         let file = object::File::parse(&*data).map_err(|err| HotspotError::Elf(err.to_string()))?;
@@ -537,8 +539,14 @@ fn heaps(memory: &impl Memory, vm: &VmStructs) -> Result<Vec<Heap>, HotspotError
         &["_len"],
     )?;
     let data_at = offset(vm, &["GrowableArray<int>"], &["_data"])?;
+    if array == 0 {
+        return Err(HotspotError::NotReady);
+    }
     let count = read_u32("GrowableArray::_len", array.wrapping_add(len_at))?;
-    if count == 0 || count as usize > MAX_HEAPS {
+    if count == 0 {
+        return Err(HotspotError::NotReady);
+    }
+    if count as usize > MAX_HEAPS {
         return Err(HotspotError::Implausible {
             what: "code heap count",
             value: count.into(),
@@ -553,6 +561,9 @@ fn heaps(memory: &impl Memory, vm: &VmStructs) -> Result<Vec<Heap>, HotspotError
     let mut heaps = Vec::new();
     for index in 0..u64::from(count) {
         let heap = read("CodeHeap*", data.wrapping_add(8 * index))?;
+        if heap == 0 {
+            return Err(HotspotError::NotReady);
+        }
         let low = read("CodeHeap::_memory", heap.wrapping_add(memory_at + low_at))?;
         let high = read("CodeHeap::_memory", heap.wrapping_add(memory_at + high_at))?;
         let segmap = read("CodeHeap::_segmap", heap.wrapping_add(segmap_at + low_at))?;
