@@ -267,6 +267,18 @@ impl Jvm {
         self.pid
     }
 
+    /// A JVM of `layout` without heaps, for tests of the naming.
+    #[cfg(test)]
+    pub(super) fn for_tests(pid: u32, layout: Layout) -> Jvm {
+        Jvm {
+            pid,
+            layout,
+            heaps: Vec::new(),
+            version: None,
+            caches: Caches::default(),
+        }
+    }
+
     /// (address, name) of every code blob in use, walking each heap block
     /// by block (a block's header holds its length in segments and
     /// whether it is used; the blob follows the header). A system call or

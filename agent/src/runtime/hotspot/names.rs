@@ -583,6 +583,15 @@ fn read_debug_info(
 
 #[cfg(test)]
 impl Jvm {
+    /// Makes `method` name `named` without reading the process.
+    pub(super) fn cache_method(&mut self, method: u64, named: Method) {
+        self.caches.methods.insert(method, Arc::new(named));
+    }
+
+    pub(super) fn scopes_at(&mut self, nmethod: &Nmethod, pc_offset: u32) -> Vec<JavaFrame> {
+        self.scopes(nmethod, pc_offset)
+    }
+
     /// The pc offsets with debug info of a cached nmethod (tests walk them).
     pub(super) fn pc_offsets(&self, nmethod: u64) -> Vec<i32> {
         self.caches
