@@ -6,7 +6,7 @@ mod jvm;
 mod names;
 pub mod vmstructs;
 
-pub use jvm::Jvm;
+pub use jvm::{Jvm, LibjvmCache};
 
 /// Why a JVM could not be attached to.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use hostprof_common::{
 };
 
 use super::{
-    JavaFrameKind, Jvm,
+    JavaFrameKind, Jvm, LibjvmCache,
     jvm::Layout,
     names::{Method, Nmethod, Stream, decode_lines},
     vmstructs::{Memory, Process},
@@ -154,7 +154,18 @@ fn names_frames_of_a_live_jvm(java: &Java) {
         .iter()
         .find(|mapping| mapping.path.ends_with("/libjvm.so"))
         .expect("libjvm mapped");
+    let started = std::time::Instant::now();
     let mut jvm = Jvm::attach(pid, libjvm).expect("attaches");
+    eprintln!("attached in {:?}", started.elapsed());
+    // Through the cache of libjvm files: the same JVM, read once.
+    let mut cache = LibjvmCache::default();
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let again = Jvm::attach_cached(pid, libjvm, &mut cache).expect("attaches again");
+        eprintln!("attached (cache) in {:?}", started.elapsed());
+        assert_eq!(again.kernel_process(), jvm.kernel_process());
+        assert_eq!(again.version(), jvm.version());
+    }
 
     let version = jvm.version().expect("a version");
     assert!(
