@@ -2,7 +2,7 @@
 //! the kernel's walk and the host's naming read (with the names they had
 //! across JDK 11 to 25; tested on 17 and 25), its code heaps and its
 //! version.
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use hostprof_common::hotspot::{Heap, MAX_HEAPS, Process};
 use object::{Object, ObjectSymbol};
@@ -167,27 +167,84 @@ const TABLES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-impl Jvm {
-    /// `libjvm` is the process's executable mapping of libjvm.so.
-    pub fn attach(pid: u32, libjvm: &Mapping) -> Result<Jvm, HotspotError> {
+/// libjvm files read, by device and inode, before starting over.
+const MAX_LIBJVMS: usize = 16;
+
+/// What a libjvm file tells: its segments and the link-time addresses of
+/// the table symbols it has.
+#[derive(Debug)]
+struct LibjvmFile {
+    segments: Vec<(u64, u64, u64)>,
+    symbols: Vec<(&'static str, u64)>,
+}
+
+impl LibjvmFile {
+    fn read(pid: u32, libjvm: &Mapping) -> Result<LibjvmFile, HotspotError> {
         let data = elf::read(pid, libjvm).map_err(|err| HotspotError::Elf(err.to_string()))?;
         let file = object::File::parse(&*data).map_err(|err| HotspotError::Elf(err.to_string()))?;
-        let bias = elf::load_bias(&elf::segments(&file), libjvm)
-            .ok_or_else(|| HotspotError::Elf("no segment holds the mapping".into()))?;
-        let wanted: Vec<&'static str> = TABLES
+        let wanted: HashMap<&str, &'static str> = TABLES
             .iter()
             .flat_map(|(table, members)| std::iter::once(*table).chain(members.iter().copied()))
+            .map(|name| (name, name))
             .collect();
-        let mut symbols = HashMap::new();
+        let mut symbols = Vec::new();
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
             if let Ok(name) = symbol.name()
-                && let Some(name) = wanted.iter().find(|wanted| **wanted == name)
+                && let Some(name) = wanted.get(name)
+                && !symbols.iter().any(|(found, _)| found == name)
             {
-                symbols
-                    .entry(*name)
-                    .or_insert(symbol.address().wrapping_add(bias));
+                symbols.push((*name, symbol.address()));
             }
         }
+        Ok(LibjvmFile {
+            segments: elf::segments(&file),
+            symbols,
+        })
+    }
+}
+
+/// libjvm files already read (their symbols), for [`Jvm::attach_cached`].
+#[derive(Debug, Default)]
+pub struct LibjvmCache {
+    files: HashMap<(u64, u64), Arc<LibjvmFile>>,
+}
+
+impl Jvm {
+    /// `libjvm` is the process's executable mapping of libjvm.so.
+    /// [`HotspotError::NotReady`] while the JVM is starting (try again
+    /// later); other errors will not go away for this process.
+    pub fn attach(pid: u32, libjvm: &Mapping) -> Result<Jvm, HotspotError> {
+        Jvm::attach_cached(pid, libjvm, &mut LibjvmCache::default())
+    }
+
+    /// [`Jvm::attach`], reading each libjvm file once for all the JVMs
+    /// (and attempts) that map it: reading its symbols takes a good part
+    /// of a second.
+    pub fn attach_cached(
+        pid: u32,
+        libjvm: &Mapping,
+        cache: &mut LibjvmCache,
+    ) -> Result<Jvm, HotspotError> {
+        let key = (libjvm.dev, libjvm.inode);
+        let file = match cache.files.get(&key) {
+            Some(file) => file.clone(),
+            None => {
+                // Not cached when it fails: the file may be readable later.
+                let file = Arc::new(LibjvmFile::read(pid, libjvm)?);
+                if cache.files.len() >= MAX_LIBJVMS {
+                    cache.files.clear();
+                }
+                cache.files.insert(key, file.clone());
+                file
+            }
+        };
+        let bias = elf::load_bias(&file.segments, libjvm)
+            .ok_or_else(|| HotspotError::Elf("no segment holds the mapping".into()))?;
+        let symbols: HashMap<&str, u64> = file
+            .symbols
+            .iter()
+            .map(|(name, address)| (*name, address.wrapping_add(bias)))
+            .collect();
         let table = |index: usize| -> Result<TableSymbols, HotspotError> {
             let (name, members) = TABLES[index];
             let find = |name: &'static str| {
@@ -263,6 +320,18 @@ impl Jvm {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// A JVM of `layout` without heaps, for tests of the naming.
+    #[cfg(test)]
+    pub(super) fn for_tests(pid: u32, layout: Layout) -> Jvm {
+        Jvm {
+            pid,
+            layout,
+            heaps: Vec::new(),
+            version: None,
+            caches: Caches::default(),
+        }
     }
 
     /// (address, name) of every code blob in use, walking each heap block
@@ -537,8 +606,14 @@ fn heaps(memory: &impl Memory, vm: &VmStructs) -> Result<Vec<Heap>, HotspotError
         &["_len"],
     )?;
     let data_at = offset(vm, &["GrowableArray<int>"], &["_data"])?;
+    if array == 0 {
+        return Err(HotspotError::NotReady);
+    }
     let count = read_u32("GrowableArray::_len", array.wrapping_add(len_at))?;
-    if count == 0 || count as usize > MAX_HEAPS {
+    if count == 0 {
+        return Err(HotspotError::NotReady);
+    }
+    if count as usize > MAX_HEAPS {
         return Err(HotspotError::Implausible {
             what: "code heap count",
             value: count.into(),
@@ -553,6 +628,9 @@ fn heaps(memory: &impl Memory, vm: &VmStructs) -> Result<Vec<Heap>, HotspotError
     let mut heaps = Vec::new();
     for index in 0..u64::from(count) {
         let heap = read("CodeHeap*", data.wrapping_add(8 * index))?;
+        if heap == 0 {
+            return Err(HotspotError::NotReady);
+        }
         let low = read("CodeHeap::_memory", heap.wrapping_add(memory_at + low_at))?;
         let high = read("CodeHeap::_memory", heap.wrapping_add(memory_at + high_at))?;
         let segmap = read("CodeHeap::_segmap", heap.wrapping_add(segmap_at + low_at))?;

@@ -6,7 +6,7 @@ mod jvm;
 mod names;
 pub mod vmstructs;
 
-pub use jvm::Jvm;
+pub use jvm::{Jvm, LibjvmCache};
 
 /// Why a JVM could not be attached to.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +21,9 @@ pub enum HotspotError {
     Missing(String),
     #[error("cannot read {what} at {address:#x}")]
     Read { what: &'static str, address: u64 },
+    /// A JVM still starting: try again later.
+    #[error("the JVM has not set up its code cache yet")]
+    NotReady,
     #[error("implausible {what}: {value:#x}")]
     Implausible { what: &'static str, value: u64 },
 }

@@ -165,8 +165,12 @@ pub(super) fn decode_lines(bytes: &[u8], exclusion: u8) -> Result<Vec<(u32, u32)
 }
 
 impl Jvm {
-    /// Names one recorded HotSpot frame, innermost first; empty when it
-    /// cannot be named.
+    /// Names one recorded HotSpot frame (tag `HOTSPOT | kind`), innermost
+    /// first: a compiled frame expands to the methods inlined at its pc,
+    /// the outermost with `inlined: false`. Empty when it cannot be named:
+    /// the nmethod's compile id or the method's `ConstMethod*` (compared
+    /// as the low 32 bits of `ConstMethod* >> 3`) no longer match, or the
+    /// memory cannot be read.
     pub fn name_frame(&mut self, frame: Frame) -> Vec<JavaFrame> {
         let frame_tag = tag::of(frame.code);
         if frame_tag & tag::RUNTIME_MASK != tag::HOTSPOT {
@@ -221,19 +225,24 @@ impl Jvm {
     }
 
     fn name_compiled(&mut self, address: u64, pc_offset: u32, compile_id: u32) -> Vec<JavaFrame> {
-        let memory = Process(self.pid);
-        // The compile id is read each time: the nmethod may have been
-        // freed and its memory reused since the sample (or the cache).
-        let id_at = address.wrapping_add(self.layout.nmethod_compile_id);
-        if memory.read_u32(id_at) != Some(compile_id) {
-            return Vec::new();
-        }
+        // Compile ids are unique over a JVM's life: a cached nmethod with
+        // the sampled one is the nmethod sampled, even if freed since.
         let nmethod = match self.caches.nmethods.get(&address) {
             Some(nmethod) if nmethod.compile_id == compile_id => nmethod.clone(),
             _ => {
+                // Otherwise the memory must still hold it, before and
+                // after reading it (it may be freed and reused meanwhile).
+                let memory = Process(self.pid);
+                let id_at = address.wrapping_add(self.layout.nmethod_compile_id);
+                if memory.read_u32(id_at) != Some(compile_id) {
+                    return Vec::new();
+                }
                 let Some(nmethod) = self.nmethod(address, compile_id) else {
                     return Vec::new();
                 };
+                if memory.read_u32(id_at) != Some(compile_id) {
+                    return Vec::new();
+                }
                 let nmethod = Arc::new(nmethod);
                 bounded(&mut self.caches.nmethods, MAX_NMETHODS).insert(address, nmethod.clone());
                 nmethod
@@ -574,6 +583,15 @@ fn read_debug_info(
 
 #[cfg(test)]
 impl Jvm {
+    /// Makes `method` name `named` without reading the process.
+    pub(super) fn cache_method(&mut self, method: u64, named: Method) {
+        self.caches.methods.insert(method, Arc::new(named));
+    }
+
+    pub(super) fn scopes_at(&mut self, nmethod: &Nmethod, pc_offset: u32) -> Vec<JavaFrame> {
+        self.scopes(nmethod, pc_offset)
+    }
+
     /// The pc offsets with debug info of a cached nmethod (tests walk them).
     pub(super) fn pc_offsets(&self, nmethod: u64) -> Vec<i32> {
         self.caches

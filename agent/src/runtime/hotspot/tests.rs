@@ -13,8 +13,9 @@ use hostprof_common::{
 };
 
 use super::{
-    JavaFrameKind, Jvm,
-    names::{Stream, decode_lines},
+    JavaFrameKind, Jvm, LibjvmCache,
+    jvm::Layout,
+    names::{Method, Nmethod, Stream, decode_lines},
     vmstructs::{Memory, Process},
 };
 
@@ -153,7 +154,18 @@ fn names_frames_of_a_live_jvm(java: &Java) {
         .iter()
         .find(|mapping| mapping.path.ends_with("/libjvm.so"))
         .expect("libjvm mapped");
+    let started = std::time::Instant::now();
     let mut jvm = Jvm::attach(pid, libjvm).expect("attaches");
+    eprintln!("attached in {:?}", started.elapsed());
+    // Through the cache of libjvm files: the same JVM, read once.
+    let mut cache = LibjvmCache::default();
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let again = Jvm::attach_cached(pid, libjvm, &mut cache).expect("attaches again");
+        eprintln!("attached (cache) in {:?}", started.elapsed());
+        assert_eq!(again.kernel_process(), jvm.kernel_process());
+        assert_eq!(again.version(), jvm.version());
+    }
 
     let version = jvm.version().expect("a version");
     assert!(
@@ -308,4 +320,69 @@ fn decodes_compressed_streams() {
     assert_eq!(lines, vec![(2, 3), (12, 5)]);
     assert_eq!(decode_lines(&[(2 << 3) | 3], 0), Err(true));
     assert_eq!(decode_lines(&[0xff, 192], 0), Err(true));
+}
+
+/// The scope chain of a made-up nmethod: the PcDesc at or after the pc,
+/// inlined methods innermost first, and hostile chains cut short.
+#[test]
+fn expands_scope_chains() {
+    let mut jvm = Jvm::for_tests(std::process::id(), Layout::default());
+    let method = |name: &str, lines: Vec<(u32, u32)>| Method {
+        const_method: 0,
+        class: "Hot".into(),
+        name: name.into(),
+        file: Some("Hot.java".into()),
+        lines,
+    };
+    jvm.cache_method(0x1000, method("hotLoop", vec![(0, 10), (4, 11)]));
+    jvm.cache_method(0x2000, method("square", vec![(0, 3)]));
+    // Offset 0 is "no scope". At 1: hotLoop at bci 4 (stored + 1), no
+    // sender. At 4: square at bci 0, called from 1. At 7: its own sender.
+    // At 10: a method index past the metadata. At 13: cut short.
+    let scopes = vec![0, 0, 1, 5, 1, 2, 1, 7, 1, 1, 1, 100, 1, 4, 2];
+    let nmethod = Nmethod {
+        compile_id: 1,
+        method: 0x1000,
+        metadata: vec![0x1000, 0x2000],
+        scopes,
+        pcs: vec![
+            (-1, 0),
+            (10, 4),
+            (20, 1),
+            (30, 7),
+            (40, 10),
+            (50, 13),
+            (60, 99),
+        ],
+    };
+    let names = |frames: Vec<super::JavaFrame>| {
+        frames
+            .into_iter()
+            .map(|frame| (frame.method, frame.line, frame.inlined))
+            .collect::<Vec<_>>()
+    };
+    let inlined = vec![
+        ("square".to_string(), Some(3), true),
+        ("hotLoop".to_string(), Some(11), false),
+    ];
+    assert_eq!(names(jvm.scopes_at(&nmethod, 0)), inlined);
+    assert_eq!(names(jvm.scopes_at(&nmethod, 10)), inlined);
+    assert_eq!(
+        names(jvm.scopes_at(&nmethod, 11)),
+        vec![("hotLoop".to_string(), Some(11), false)]
+    );
+    // A scope naming itself its sender is read once.
+    assert_eq!(
+        names(jvm.scopes_at(&nmethod, 30)),
+        vec![("hotLoop".to_string(), Some(10), false)]
+    );
+    // An unknown method is skipped, its sender still named.
+    assert_eq!(
+        names(jvm.scopes_at(&nmethod, 40)),
+        vec![("hotLoop".to_string(), Some(11), false)]
+    );
+    // A scope cut short, one past the data, none after the last PcDesc.
+    assert!(jvm.scopes_at(&nmethod, 50).is_empty());
+    assert!(jvm.scopes_at(&nmethod, 60).is_empty());
+    assert!(jvm.scopes_at(&nmethod, 61).is_empty());
 }

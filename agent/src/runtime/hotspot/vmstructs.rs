@@ -157,8 +157,9 @@ impl Table {
         };
         let base = read(symbols.table)?;
         let stride = read(symbols.stride)?;
+        // Set by libjvm's static initialisers: not yet when it is loading.
         if base == 0 {
-            return Err(bad("null table".into()));
+            return Err(HotspotError::NotReady);
         }
         if !(8..=MAX_STRIDE).contains(&stride) {
             return Err(bad(format!("stride {stride}")));
