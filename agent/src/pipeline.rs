@@ -285,11 +285,20 @@ impl Attributor {
         let Some(events) = &mut self.events else {
             return;
         };
-        let (procs, unwind) = (&mut self.procs, &self.unwind);
+        let (procs, unwind, runtimes) = (&mut self.procs, &self.unwind, &mut self.runtimes);
         events.drain(|event| {
             procs.apply(event);
             if let Some(requests) = unwind {
                 requests.on_event(event);
+            }
+            // A new image, or none: what a runtime knew of the pid is void.
+            if matches!(
+                event.kind,
+                hostprof_common::PROCESS_EVENT_EXEC | hostprof_common::PROCESS_EVENT_EXIT
+            ) {
+                for runtime in runtimes.iter_mut() {
+                    runtime.forget(event.tgid);
+                }
             }
         });
     }

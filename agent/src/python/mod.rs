@@ -77,6 +77,10 @@ impl crate::runtime::Runtime for Python {
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
         Python::retain(self, alive);
     }
+
+    fn forget(&mut self, pid: u32) {
+        Python::retain(self, |other| other != pid);
+    }
 }
 
 /// Symbols of a Python binary, as link-time addresses.

@@ -16,7 +16,7 @@ use hostprof_common::{
 
 use super::{
     Runtime, RuntimeCode,
-    hotspot::{JavaFrame, Jvm},
+    hotspot::{HotspotError, JavaFrame, Jvm, LibjvmCache},
 };
 use crate::model::{Frame, FrameKind, Line, Mapping};
 
@@ -31,12 +31,24 @@ const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// or its process gone).
 const UNNAMED: &str = "[unknown Java frame]";
 
+/// What is known of a process.
+enum State {
+    Jvm(Box<Jvm>),
+    /// No JVM (yet) when last looked at: no `libjvm.so`, or a JVM still
+    /// starting.
+    NotYet(Instant),
+    /// A JVM that cannot be walked (said once); looked at again after an
+    /// exec.
+    Unsupported,
+}
+
 /// The JVMs of the processes seen (the attribution thread owns it).
 pub struct Java {
     map: Option<ProcessMap>,
     code: RuntimeCode,
-    /// pid -> its JVM, or when it was last found to have none (yet).
-    processes: HashMap<u32, Result<Box<Jvm>, Instant>>,
+    processes: HashMap<u32, State>,
+    /// Each `libjvm.so`'s symbols, read once however many JVMs map it.
+    libjvm: LibjvmCache,
 }
 
 impl Java {
@@ -47,6 +59,7 @@ impl Java {
             map,
             code,
             processes: HashMap::new(),
+            libjvm: LibjvmCache::default(),
         }
     }
 }
@@ -54,22 +67,26 @@ impl Java {
 impl Runtime for Java {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
         match self.processes.get(&pid) {
-            Some(Ok(_)) => return false,
-            Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            Some(State::Jvm(_) | State::Unsupported) => return false,
+            Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             _ => {}
         }
         let Some(libjvm) = mappings
             .iter()
             .find(|mapping| mapping.file_name() == "libjvm.so")
         else {
-            self.processes.insert(pid, Err(Instant::now()));
+            self.processes.insert(pid, State::NotYet(Instant::now()));
             return false;
         };
-        let jvm = match Jvm::attach(pid, libjvm) {
+        let jvm = match Jvm::attach_cached(pid, libjvm, &mut self.libjvm) {
             Ok(jvm) => jvm,
+            Err(HotspotError::NotReady) => {
+                self.processes.insert(pid, State::NotYet(Instant::now()));
+                return false;
+            }
             Err(err) => {
-                tracing::debug!("pid {pid}: no Java frames yet: {err}");
-                self.processes.insert(pid, Err(Instant::now()));
+                tracing::info!("pid {pid}: its Java frames cannot be walked: {err}");
+                self.processes.insert(pid, State::Unsupported);
                 return false;
             }
         };
@@ -83,16 +100,12 @@ impl Runtime for Java {
             "pid {pid}: Java {}: its frames are walked",
             jvm.version().as_deref().unwrap_or("(unknown version)")
         );
-        self.processes.insert(pid, Ok(Box::new(jvm)));
+        self.processes.insert(pid, State::Jvm(Box::new(jvm)));
         true
     }
 
     fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
-        let jvm = match self.processes.get_mut(&pid) {
-            Some(Ok(jvm)) => Some(jvm),
-            _ => None,
-        };
-        let Some(jvm) = jvm else {
+        let Some(State::Jvm(jvm)) = self.processes.get_mut(&pid) else {
             return;
         };
         let len = (stack.len as usize).min(stack.frames.len());
@@ -120,11 +133,15 @@ impl Runtime for Java {
             .filter(|&pid| !alive(pid))
             .collect();
         for pid in gone {
-            if let (Some(Ok(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-                let _ = map.remove(&pid);
-            }
-            self.code.set(pid, Vec::new());
+            self.forget(pid);
         }
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let (Some(State::Jvm(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+            let _ = map.remove(&pid);
+        }
+        self.code.set(pid, Vec::new());
     }
 }
 

@@ -66,4 +66,7 @@ pub trait Runtime: Send {
     );
     /// Forgets processes for which `alive` is false.
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool);
+    /// Forgets a process that exec'd or exited (its pid may come back as
+    /// another program).
+    fn forget(&mut self, pid: u32);
 }
