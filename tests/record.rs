@@ -3,7 +3,10 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::*;
+use common::{
+    running::{KillOnDrop, wait_for},
+    *,
+};
 
 /// Copies a built test program under another name, so its comm differs.
 fn renamed(program: &std::path::Path, name: &str) -> std::path::PathBuf {
@@ -352,4 +355,81 @@ fn debug_dir_names_a_stripped_binary() {
         (hot - 0.75).abs() < 0.1,
         "hot_work share {hot:.3} with --debug-dir"
     );
+}
+
+/// The child of `parent` that runs `comm` (after its exec), from a scan of
+/// `/proc/*/stat`.
+fn child_running(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent && head.ends_with(&format!("({comm}"))).then_some(pid)
+        })
+}
+
+/// Kills a process by pid when dropped (a shell's background child).
+struct KillPid(u32);
+
+impl Drop for KillPid {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}
+
+#[test]
+fn pid_of_an_idle_shell_names_its_busy_child() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let busy = renamed(&cpu_split(), "busy_child");
+    // Dropped last: the shell reaps its killed child, then is killed.
+    let shell = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", r#""$0" 30 & wait"#])
+            .arg(&busy)
+            .spawn()
+            .unwrap(),
+    );
+    let sh = shell.0.id();
+    let child = wait_for(Duration::from_secs(10), || child_running(sh, "busy_child"))
+        .expect("the shell started its busy child");
+    let _child = KillPid(child);
+    let record = |args: &[&str]| {
+        let output = run_ok(
+            hostprof()
+                .args(["record", "-F", "499", "-d", "2", "-o", "-"])
+                .args(args),
+        );
+        let stacks = parse_folded(&String::from_utf8_lossy(&output.stdout));
+        (stacks, String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    let (stacks, stderr) = record(&["-p", &sh.to_string()]);
+    assert_eq!(samples_of(&stacks, "busy_child"), 0, "{stderr}");
+    let note = stderr
+        .lines()
+        .find(|line| line.contains("try -p"))
+        .unwrap_or_else(|| panic!("no hint to pass the child:\n{stderr}"));
+    assert!(
+        note.starts_with(&format!(
+            "hostprof: pid {sh} (sh) did not run; its child {child} (busy_child) used "
+        )) && note.contains(&format!(" s of CPU: try -p {child} (or add --children)")),
+        "{note}"
+    );
+
+    // The busy child itself, and the shell with its children: no hint.
+    let (child, sh) = (child.to_string(), sh.to_string());
+    let runs: [&[&str]; 2] = [&["-p", &child], &["-p", &sh, "--children"]];
+    for args in runs {
+        let (stacks, stderr) = record(args);
+        assert!(!stderr.contains("try -p"), "{args:?}:\n{stderr}");
+        let samples = samples_of(&stacks, "busy_child");
+        assert!(samples >= 200, "{args:?}: {samples} samples of the child");
+    }
 }

@@ -104,6 +104,11 @@ pub struct RecordArgs {
         conflicts_with = "command"
     )]
     pub pids: Vec<u32>,
+    /// With -p: also profile the processes' descendants, those running now
+    /// and those they start while recording (for a launcher or a shell
+    /// whose work happens in child processes).
+    #[arg(long, requires = "pids")]
+    pub children: bool,
     /// Stop after this many seconds (fractions allowed); default: until Ctrl-C
     /// or until the profiled processes exit.
     #[arg(short = 'd', long = "duration", value_name = "SECONDS", value_parser = config::parse_seconds)]

@@ -1,7 +1,9 @@
 //! `hostprof record`: sample for a while, then write a profile (folded, SVG,
 //! pprof, OTLP protobuf or JSON) and a summary. `launch.rs` starts a
 //! command to profile, `stack_copies.rs` writes `--stack-copy-dir`
-//! snapshots, `report.rs` the closing lines.
+//! snapshots, `report.rs` the closing lines, `idle.rs` the hint when
+//! `-p` names a launcher whose children did the work.
+mod idle;
 mod launch;
 mod report;
 mod stack_copies;
@@ -45,7 +47,16 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
             bail!("no process with pid {pid}: check it with `ps -p {pid}`");
         }
     }
-    let pids = (!args.pids.is_empty() || !args.command.is_empty()).then(|| args.pids.clone());
+    // A command's children are part of it (as with perf); -p means just
+    // those, or with --children their descendants too.
+    let following = !args.command.is_empty() || args.children;
+    let procfs = idle::ProcFs::new();
+    let targets = if args.children {
+        procfs.snapshot(&args.pids).pids()
+    } else {
+        args.pids.clone()
+    };
+    let pids = (!args.pids.is_empty() || !args.command.is_empty()).then(|| targets.clone());
     let (unwind, unwind_chunks) = settings.unwind_options();
     let options = SamplerOptions {
         unwind,
@@ -53,8 +64,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         frequency_hz: settings.frequency,
         pids,
         bpf_stats: args.bpf_stats,
-        // A command's children are part of it (as with perf); -p means just those.
-        follow_children: !args.command.is_empty(),
+        follow_children: following,
         off_cpu: settings.off_cpu_options(),
         stack_copy_bytes: args.stack_copy.unwrap_or(0),
         early_copy_bytes: settings.early_copy_bytes(),
@@ -104,6 +114,17 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         },
     )?;
     let progress = Progress::on_terminal(live, session.reader_progress.clone(), args.duration);
+    if args.children {
+        // Forked after the scan above, before forks were followed.
+        for pid in procfs.snapshot(&args.pids).pids() {
+            if !targets.contains(&pid) {
+                session.sampler.add_pid(pid)?;
+            }
+        }
+    }
+    // Without following, a launcher's children are not profiled: measure
+    // who works, to say so if the named processes barely ran.
+    let before = (!following && !args.pids.is_empty()).then(|| procfs.snapshot(&args.pids));
 
     let started = Instant::now();
     let mut child = match args.command.as_slice() {
@@ -118,6 +139,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         progress.as_ref(),
     )
     .await?;
+    let after = before.as_ref().map(|_| procfs.snapshot(&args.pids));
     if let Some(progress) = &progress {
         progress.clear();
     }
@@ -182,6 +204,17 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
             }
         );
     }
+    if let (Some(before), Some(after)) = (&before, &after)
+        && let Some(note) = idle::idle_note(
+            before,
+            after,
+            &args.pids,
+            summary.samples(),
+            settings.frequency,
+        )
+    {
+        eprintln!("{note}");
+    }
     if let Some(mut child) = child
         && let Ok(Some(status)) = child.try_wait()
         && !status.success()
@@ -217,8 +250,8 @@ async fn wait_for_end(
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot handle SIGINT")?;
     eprintln!("{RECORDING_LINE} at {frequency} Hz (Ctrl-C to stop)");
-    // A followed command tree adds pids to the filter; drop the exited ones.
-    let following = child.is_some();
+    // A followed tree adds pids to the filter; drop the exited ones.
+    let following = child.is_some() || args.children;
     let duration = async {
         match args.duration {
             Some(duration) => tokio::time::sleep(duration).await,
