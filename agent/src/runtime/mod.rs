@@ -24,7 +24,10 @@ use crate::model::{Frame, Mapping};
 /// when it finds the runtime, read by the unwind service at each load of
 /// the process, which marks the mappings there for the kernel.
 #[derive(Clone, Debug, Default)]
-pub struct RuntimeCode(Arc<Mutex<HashMap<u32, Vec<(u64, u64)>>>>);
+pub struct RuntimeCode(Arc<Mutex<CodeRanges>>);
+
+/// pid -> [low, high) of each range of its runtime code.
+type CodeRanges = HashMap<u32, Vec<(u64, u64)>>;
 
 impl RuntimeCode {
     /// Says where `pid`'s runtime code is (none: `ranges` empty).

@@ -268,6 +268,16 @@ impl Sampler {
                 true,
             )
             .map_max_entries(hostprof_common::MAP_SAMPLES, ring_bytes(options))
+            // Preallocated (an LRU map), a whole Sample each: 4,096 of them
+            // are 17 MiB of kernel memory, wanted only with --off-cpu.
+            .map_max_entries(
+                hostprof_common::MAP_OFF_CPU_START,
+                if options.off_cpu.is_some() {
+                    hostprof_common::MAX_OFF_CPU_THREADS
+                } else {
+                    1
+                },
+            )
             .load(EBPF_OBJECT)
             .map_err(SamplerError::load)?;
         let mut sampler = Sampler {
