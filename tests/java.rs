@@ -248,7 +248,14 @@ impl Program {
             }
             None => (built.to_path_buf(), built.to_path_buf()),
         };
-        let recording = host_dir.join("hot.jfr");
+        // One file per JVM, kept for a look after a failure.
+        let file: String = jvm
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let file = format!("hot-{file}.jfr");
+        let recording = host_dir.join(&file);
         let _ = std::fs::remove_file(&recording);
         // The host's JVM runs as is; others in their own mount namespace,
         // for a /proc in the root that goes away with the JVM, and
@@ -279,7 +286,7 @@ impl Program {
         command
             .arg(format!(
                 "-XX:StartFlightRecording=dumponexit=true,filename={},settings=profile",
-                jvm_dir.join("hot.jfr").display()
+                jvm_dir.join(&file).display()
             ))
             .args(&jvm.flags)
             .arg("-cp")
@@ -327,11 +334,16 @@ impl Program {
 
     /// Waits for the program to exit by itself.
     fn wait(mut self) -> PathBuf {
-        let exited = running::wait_for(Duration::from_secs(60), || {
-            self.child.try_wait().expect("wait for java")
-        });
-        assert!(exited.is_some(), "the JVM did not exit");
+        self.wait_status();
         std::mem::take(&mut self.recording)
+    }
+
+    /// Waits for the program to exit; how it did.
+    fn wait_status(&mut self) -> std::process::ExitStatus {
+        running::wait_for(Duration::from_secs(60), || {
+            self.child.try_wait().expect("wait for java")
+        })
+        .expect("the JVM did not exit")
     }
 }
 
@@ -394,6 +406,8 @@ struct Truth {
     samples: usize,
     hot: f64,
     paths: Vec<f64>,
+    /// The commonest top frames, with their counts.
+    tops: Vec<(String, usize)>,
 }
 
 fn jfr_truth(samples: &[ExecutionSample], window: (i128, i128)) -> Truth {
@@ -406,7 +420,16 @@ fn jfr_truth(samples: &[ExecutionSample], window: (i128, i128)) -> Truth {
     let share = |test: &dyn Fn(&ExecutionSample) -> bool| {
         workers.iter().filter(|s| test(s)).count() as f64 / workers.len().max(1) as f64
     };
+    let mut tops: std::collections::HashMap<String, usize> = Default::default();
+    for sample in &workers {
+        let top = sample.frames.first().map_or("(none)", |f| &f.method);
+        *tops.entry(top.to_string()).or_default() += 1;
+    }
+    let mut tops: Vec<(String, usize)> = tops.into_iter().collect();
+    tops.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    tops.truncate(5);
     Truth {
+        tops,
         samples: workers.len(),
         hot: share(&|s| s.frames.first().is_some_and(|f| HOT.contains(&&*f.method))),
         paths: PATHS
@@ -441,7 +464,7 @@ fn java_frames_match_jfr_on_every_jdk() {
 /// Profiles one JVM with hostprof and JFR; what went wrong, if anything.
 fn profile(jvm: &Jvm) -> Vec<String> {
     let name = &jvm.name;
-    let program = Program::start(jvm, 0);
+    let mut program = Program::start(jvm, 0);
     let folded = work_dir().join(format!("java-{}.folded", program.pid));
     let (mut recording, mut log) = running::start_recording(
         hostprof()
@@ -453,14 +476,22 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     let start = now_nanos();
     // Until the JVM has run enough to give both profilers their samples,
     // however long the machine takes to give it that CPU time.
-    let ran = cpu_seconds(program.pid);
-    let enough = running::wait_for(Duration::from_secs(300), || {
-        (cpu_seconds(program.pid) >= ran + CPU_SECONDS).then_some(())
+    let pid = program.pid;
+    let ran = cpu_seconds(pid);
+    let enough = running::wait_for(Duration::from_secs(300), || match try_cpu_seconds(pid) {
+        Some(now) => (now >= ran + CPU_SECONDS).then_some(true),
+        None => Some(false),
     });
     let end = now_nanos();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
     let status = recording.wait().expect("wait for hostprof");
+    if enough == Some(false) {
+        let status = program.wait_status();
+        return vec![format!(
+            "{name}: the JVM exited during the recording ({status:?}), not by the test"
+        )];
+    }
     let recording = program.stop();
     assert!(enough.is_some(), "{name}: the JVM does not run");
     assert!(
@@ -542,13 +573,13 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     if (truth.samples as f64) < 0.5 * expected {
         failures.push(format!(
             "JFR (the reference, not hostprof) kept {} worker samples of about {expected:.0} \
-             the CPU time gives: its shares are not ground truth",
-            truth.samples
+             the CPU time gives: its shares are not ground truth; its top frames {:?}",
+            truth.samples, truth.tops
         ));
     } else if (hot - truth.hot).abs() > SHARE_TOLERANCE {
         failures.push(format!(
-            "(b) hot share: hostprof {hot:.3} of {worker_total}, JFR {:.3} of {}",
-            truth.hot, truth.samples
+            "(b) hot share: hostprof {hot:.3} of {worker_total}, JFR {:.3} of {} (top frames {:?})",
+            truth.hot, truth.samples, truth.tops
         ));
     }
     for ((path, steps), ours) in PATHS.iter().zip(&paths) {
