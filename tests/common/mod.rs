@@ -8,6 +8,7 @@
 pub mod cgroup;
 pub mod collector;
 pub mod docker;
+pub mod jfr;
 pub mod llvm;
 pub mod running;
 pub mod tmux;
@@ -109,17 +110,17 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 
 /// CPU time (user + system, in seconds) process `pid` has used so far.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    try_cpu_seconds(pid).expect("read /proc/PID/stat")
+}
+
+/// [`cpu_seconds`], or `None` once the process is gone.
+pub fn try_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces), from field 3 on.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .expect("a stat line")
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
     // SAFETY: sysconf has no preconditions.
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    Some(ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
 
 /// Parses folded stacks into (frames root first, count).
