@@ -319,7 +319,7 @@ impl Program {
                 }
             }
         }
-        let pid = java_pid(child.id());
+        let pid = descendant_running(child.id(), "java");
         Program {
             child,
             pid,
@@ -354,28 +354,6 @@ impl Drop for Program {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The JVM: `pid` itself, or its descendant (unshare → chroot'd java).
-fn java_pid(pid: u32) -> u32 {
-    let mut current = pid;
-    for _ in 0..4 {
-        let exe = std::fs::read_link(format!("/proc/{current}/exe")).unwrap_or_default();
-        if exe.file_name().is_some_and(|name| name == "java") {
-            return current;
-        }
-        let children = std::fs::read_to_string(format!("/proc/{current}/task/{current}/children"))
-            .unwrap_or_default();
-        match children
-            .split_whitespace()
-            .next()
-            .and_then(|c| c.parse().ok())
-        {
-            Some(child) => current = child,
-            None => break,
-        }
-    }
-    panic!("no java process under pid {pid}");
 }
 
 /// The method of a Java frame's label, `Class.method (File.java:LINE)`

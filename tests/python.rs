@@ -127,7 +127,7 @@ impl Program {
             "{}: the program did not start",
             interpreter.name
         );
-        let pid = python_pid(child.id());
+        let pid = descendant_running(child.id(), "python");
         Program { child, pid }
     }
 }
@@ -137,34 +137,6 @@ impl Drop for Program {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The process running the program: `pid` itself, or its descendant
-/// (unshare → chroot'd python).
-fn python_pid(pid: u32) -> u32 {
-    let mut current = pid;
-    for _ in 0..4 {
-        let exe = std::fs::read_link(format!("/proc/{current}/exe")).unwrap_or_default();
-        let name = exe
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        if name.starts_with("python") {
-            return current;
-        }
-        let children = std::fs::read_to_string(format!("/proc/{current}/task/{current}/children"))
-            .unwrap_or_default();
-        match children
-            .split_whitespace()
-            .next()
-            .and_then(|c| c.parse().ok())
-        {
-            Some(child) => current = child,
-            None => break,
-        }
-    }
-    panic!("no python process under pid {pid}");
 }
 
 /// A frame label `name (file:line)`: the function's name.

@@ -193,3 +193,28 @@ pub fn split_debug_by_build_id(binary: &Path, debug_root: &Path) {
     run_ok(Command::new("strip").arg("--strip-all").arg(binary));
     assert!(!has_section(binary, ".symtab") && !has_section(binary, ".debug_info"));
 }
+
+/// The process whose executable's name starts with `program`: `pid`
+/// itself, or its first descendant (unshare → chroot'd program).
+#[allow(dead_code)]
+pub fn descendant_running(pid: u32, program: &str) -> u32 {
+    let mut current = pid;
+    for _ in 0..4 {
+        let exe = std::fs::read_link(format!("/proc/{current}/exe")).unwrap_or_default();
+        let name = exe.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with(program) {
+            return current;
+        }
+        let children = std::fs::read_to_string(format!("/proc/{current}/task/{current}/children"))
+            .unwrap_or_default();
+        match children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+        {
+            Some(child) => current = child,
+            None => break,
+        }
+    }
+    panic!("no {program} process under pid {pid}");
+}

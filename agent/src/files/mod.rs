@@ -237,6 +237,18 @@ pub struct MappedRange<'a> {
     pub inode: u64,
 }
 
+impl<'a> From<&'a crate::model::Mapping> for MappedRange<'a> {
+    fn from(mapping: &'a crate::model::Mapping) -> Self {
+        MappedRange {
+            start: mapping.start,
+            end: mapping.end,
+            path: &mapping.path,
+            dev: mapping.dev,
+            inode: mapping.inode,
+        }
+    }
+}
+
 /// Opens `path` as process `pid` sees it, inside its root.
 pub fn open_in_process(pid: u32, path: &str, kind: Kind) -> Result<OpenFile, FileError> {
     Root::of_process(pid)

@@ -156,14 +156,8 @@ impl Python {
     }
 
     /// Forgets processes for which `alive` is false.
-    pub fn retain(&mut self, mut alive: impl FnMut(u32) -> bool) {
-        let gone: Vec<u32> = self
-            .processes
-            .keys()
-            .copied()
-            .filter(|&pid| !alive(pid))
-            .collect();
-        for pid in gone {
+    pub fn retain(&mut self, alive: impl FnMut(u32) -> bool) {
+        for pid in crate::runtime::gone(&self.processes, alive) {
             if let (Some(Ok(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
                 let _ = map.remove(&pid);
             }

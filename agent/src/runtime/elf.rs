@@ -8,13 +8,7 @@ use crate::{
 
 /// Reads the file `mapping` maps, with its symbol tables but no DWARF.
 pub fn read(pid: u32, mapping: &Mapping) -> Result<files::FileData, files::FileError> {
-    let range = MappedRange {
-        start: mapping.start,
-        end: mapping.end,
-        path: &mapping.path,
-        dev: mapping.dev,
-        inode: mapping.inode,
-    };
+    let range = MappedRange::from(mapping);
     files::open_mapping(pid, &range, Kind::Binary).and_then(|file| {
         file.read_parts(files::Parts::Names {
             dwarf: files::DwarfLimit::SKIP,

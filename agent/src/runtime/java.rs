@@ -126,13 +126,7 @@ impl Runtime for Java {
     }
 
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
-        let gone: Vec<u32> = self
-            .processes
-            .keys()
-            .copied()
-            .filter(|&pid| !alive(pid))
-            .collect();
-        for pid in gone {
+        for pid in super::gone(&self.processes, alive) {
             self.forget(pid);
         }
     }

@@ -73,3 +73,12 @@ pub trait Runtime: Send {
     /// another program).
     fn forget(&mut self, pid: u32);
 }
+
+/// The pids among `processes`' keys for which `alive` is false.
+pub fn gone<V>(processes: &HashMap<u32, V>, mut alive: impl FnMut(u32) -> bool) -> Vec<u32> {
+    processes
+        .keys()
+        .copied()
+        .filter(|&pid| !alive(pid))
+        .collect()
+}

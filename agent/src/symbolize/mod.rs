@@ -557,13 +557,7 @@ impl Symbolizer {
                 }
             }
         };
-        let range = MappedRange {
-            start: mapping.start,
-            end: mapping.end,
-            path: &mapping.path,
-            dev: mapping.dev,
-            inode: mapping.inode,
-        };
+        let range = MappedRange::from(&**mapping);
         let file = match files::open_mapping(pid, &range, Kind::Binary) {
             Ok(file) => file,
             Err(err) => {

@@ -101,13 +101,7 @@ impl ProcFiles {
         if mapping.inode == 0 || mapping.path.is_empty() || mapping.path.starts_with('[') {
             return None;
         }
-        let range = files::MappedRange {
-            start: mapping.start,
-            end: mapping.end,
-            path: &mapping.path,
-            dev: mapping.dev,
-            inode: mapping.inode,
-        };
+        let range = files::MappedRange::from(mapping);
         files::open_mapping(pid, &range, files::Kind::Binary)
             .map_err(|err| tracing::debug!("pid {pid}: {err}"))
             .ok()

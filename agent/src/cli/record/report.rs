@@ -77,27 +77,8 @@ pub(in crate::cli) fn unwind_report(
     let Some(tables) = tables else {
         return String::new();
     };
-    let reasons: Vec<String> = Counter::UNWIND_STOPS
-        .iter()
-        .map(|counter| {
-            let name = counter
-                .name()
-                .trim_start_matches("unwind_")
-                .replace('_', " ");
-            format!("{name} {}", counters.get(*counter))
-        })
-        .collect();
+    let reasons = stop_list(counters, &Counter::UNWIND_STOPS, "unwind_");
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-    let java_stops: Vec<String> = Counter::HOTSPOT_STOPS
-        .iter()
-        .map(|counter| {
-            let name = counter
-                .name()
-                .trim_start_matches("hotspot_")
-                .replace('_', " ");
-            format!("{name} {}", counters.get(*counter))
-        })
-        .collect();
     let java_stopped: u64 = Counter::HOTSPOT_STOPS
         .iter()
         .map(|counter| counters.get(*counter))
@@ -106,7 +87,7 @@ pub(in crate::cli) fn unwind_report(
         format!(
             "hostprof: Java frames: {} walked in the kernel; walks stopped: {}\n",
             counters.get(Counter::HotspotFrames),
-            java_stops.join(", ")
+            stop_list(counters, &Counter::HOTSPOT_STOPS, "hotspot_")
         )
     } else {
         String::new()
@@ -120,7 +101,7 @@ pub(in crate::cli) fn unwind_report(
          {} mappings past the per-process limit, {} process loads\n",
         counters.get(Counter::UnwindTables),
         counters.get(Counter::UnwindComplete),
-        reasons.join(", "),
+        reasons,
         counters.get(Counter::UnwindUnknownProcess),
         tables.tables,
         tables.idle_tables,
@@ -134,6 +115,18 @@ pub(in crate::cli) fn unwind_report(
         tables.mappings_dropped,
         tables.loads,
     )
+}
+
+/// `name count, …` of each of `stops`, named without `prefix`.
+fn stop_list(counters: &Counters, stops: &[hostprof_common::Counter], prefix: &str) -> String {
+    let names: Vec<String> = stops
+        .iter()
+        .map(|counter| {
+            let name = counter.name().trim_start_matches(prefix).replace('_', " ");
+            format!("{name} {}", counters.get(*counter))
+        })
+        .collect();
+    names.join(", ")
 }
 
 fn humanize(duration: Duration) -> String {
