@@ -8,6 +8,7 @@
 pub mod cgroup;
 pub mod collector;
 pub mod docker;
+pub mod jfr;
 pub mod llvm;
 pub mod running;
 pub mod tmux;

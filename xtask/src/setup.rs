@@ -53,6 +53,13 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     // tests/golden.rs compares names in libc with its debug file.
     ("libc6-dbg", "/usr/share/doc/libc6-dbg/copyright"),
+    // tests/java.rs: the host's JDK (javac and the JNI headers build the
+    // test program, jfr reads every JDK's recordings), by its own path:
+    // `java` on PATH may be another JDK.
+    (
+        "openjdk-17-jdk-headless",
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/jfr",
+    ),
 ];
 
 /// Python tools from PyPI, each with a shell command that succeeds once it
@@ -97,6 +104,7 @@ pub fn test_tools() -> Result<()> {
     newer_go()?;
     pypi_tools()?;
     python_roots()?;
+    java_roots()?;
     cross_target()?;
     cargo_fuzz()
 }
@@ -205,6 +213,46 @@ fn python_roots() -> Result<()> {
             cmd.arg(script);
         }
         run_cmd(&mut cmd)?;
+    }
+    Ok(())
+}
+
+/// Debian releases whose root file systems tests/java.rs runs HotSpot in,
+/// for the JDKs the host (bookworm: 17) lacks: bullseye's 11 and trixie's 21,
+/// each with the JDK's home in the root (which the test runs it from).
+const JAVA_ROOTS: &[(&str, &str, &str)] = &[
+    (
+        "bullseye",
+        "openjdk-11-jdk-headless",
+        "usr/lib/jvm/java-11-openjdk-amd64",
+    ),
+    (
+        "trixie",
+        "openjdk-21-jdk-headless",
+        "usr/lib/jvm/java-21-openjdk-amd64",
+    ),
+];
+
+/// target/java-roots/RELEASE: a minimal Debian with a headless JDK in each.
+fn java_roots() -> Result<()> {
+    let roots = crate::root().join("target/java-roots");
+    for (release, jdk, home) in JAVA_ROOTS {
+        let root = roots.join(release);
+        // Not usr/bin/java: an absolute alternatives link that, seen from
+        // the host, names the host's java.
+        if root.join(home).join("bin/java").exists() {
+            continue;
+        }
+        if !crate::is_root() {
+            bail!("debootstrap needs root: run `sudo cargo xtask setup`");
+        }
+        std::fs::create_dir_all(&roots)?;
+        run_cmd(
+            Command::new("debootstrap")
+                .args(["--variant=minbase", &format!("--include={jdk}"), release])
+                .arg(&root)
+                .arg("http://deb.debian.org/debian"),
+        )?;
     }
     Ok(())
 }

@@ -1,0 +1,643 @@
+//! Java (HotSpot) frames: `hostprof record -p` on tests/programs/java/Hot.java
+//! (worker threads `Hot$Worker.run → handler → hotLoop → mix` with 3 times
+//! the work of `coldLoop`, which runs directly, through a lambda, through
+//! `Method.invoke` and through JNI: Java → C → Java) under JDK 17 on the host
+//! (G1, and the Parallel GC), and JDK 11 (bullseye) and JDK 21 (trixie) from
+//! roots `cargo xtask setup` makes, each in a chroot with the host's pids and
+//! in a container (chroot, own mount and pid namespaces). JDK Flight Recorder,
+//! recording the same JVM, is the ground truth for the hot method's share.
+//!
+//! What counts, in hostprof's folded stacks (`comm;root;…;leaf COUNT`):
+//! - worker samples: those whose comm (the folded root) is `hot-worker-N`,
+//!   the name each worker gives itself (and its OS thread) once warm;
+//! - Java frames: labels `Class.method (File.java:LINE)` (see
+//!   [`java_method`]); the innermost one is the sample's Java leaf, as JFR's
+//!   top frame is (both show C2's inlined methods as frames of their own);
+//! - (a) a worker sample is rooted when its root-most Java frame is
+//!   `Hot$Worker.run`, the thread's entry: ≥ 0.95 of worker samples must be;
+//! - (b) the hot share: worker samples whose Java leaf is `Hot.hotLoop` or
+//!   `Hot.mix` (inlined into it), within 0.05 of JFR's share of the same
+//!   threads' execution samples over the same seconds;
+//! - (c) the lambda, reflective and JNI paths each show their frames in
+//!   order (`Hot.viaJni`, then the C `Java_Hot_nativeCall`, then
+//!   `Hot.callback`) in ≥ 0.01 of worker samples (each is about 0.06).
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Mutex, OnceLock, mpsc},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use common::{jfr::ExecutionSample, *};
+
+/// The host's JDK (Debian bookworm's), by its path: `java` on PATH may be
+/// another. Its javac builds the program for all JDKs, its jfr reads all
+/// recordings.
+const HOST_JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+const RATE_HZ: &str = "499";
+/// CPU seconds the JVM runs under both profilers: about 8 × 499 = 4,000
+/// hostprof samples and 8 × 100 = 800 JFR ones (`settings=profile`: every
+/// 10 ms of a thread running Java), so the shares' difference has a
+/// standard deviation near 0.017 and the 0.05 allowed is about 3 of them.
+const CPU_SECONDS: f64 = 8.0;
+const SHARE_TOLERANCE: f64 = 0.05;
+/// Hot.hotLoop and what C2 inlines into it.
+const HOT: &[&str] = &["Hot.hotLoop", "Hot.mix"];
+/// Each path to cold work, as frames (Java methods, or the C function)
+/// that must appear in this order, root first, in one stack.
+const PATHS: &[(&str, &[&str])] = &[
+    (
+        "lambda",
+        &["Hot.viaLambda", "Hot.lambda$viaLambda$0", "Hot.coldLoop"],
+    ),
+    (
+        "reflection",
+        &[
+            "Hot.viaReflection",
+            "java.lang.reflect.Method.invoke",
+            "Hot.reflected",
+            "Hot.coldLoop",
+        ],
+    ),
+    (
+        "jni",
+        &[
+            "Hot.viaJni",
+            "Java_Hot_nativeCall",
+            "Hot.callback",
+            "Hot.coldLoop",
+        ],
+    ),
+];
+
+/// The Parallel GC, with the loop safepoint polls G1 gets by default: C2
+/// leaves counted loops without polls under the Parallel GC, and JFR, which
+/// needs debug information near the sampled pc, then drops most samples in
+/// the hot loop (48 of a run's worker samples, against 382 with the polls).
+const PARALLEL_GC: &[&str] = &[
+    "-XX:+UseParallelGC",
+    "-XX:+UseCountedLoopSafepoints",
+    "-XX:LoopStripMiningIter=1000",
+];
+
+/// JFR's execution samples per second of a thread running Java code with
+/// `settings=profile` (one every 10 ms).
+const JFR_HZ: f64 = 100.0;
+
+/// One JVM to profile: a JDK, where it runs, and its flags.
+struct Jvm {
+    name: String,
+    /// The JDK's home as the JVM sees it.
+    home: PathBuf,
+    /// The root it runs in, or `None` for the host's file system.
+    root: Option<PathBuf>,
+    /// Own pid namespace (a container), or the host's pids.
+    container: bool,
+    flags: Vec<&'static str>,
+}
+
+/// A root file system `cargo xtask setup` made (debootstrap), and the home
+/// of its JDK in it.
+fn java_root(release: &str, jdk: u32) -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/java-roots")
+        .join(release);
+    (
+        root,
+        format!("/usr/lib/jvm/java-{jdk}-openjdk-amd64").into(),
+    )
+}
+
+/// Returns false after saying why when the host JDK is missing (a failure
+/// under `CI=true`, where `cargo xtask setup` installs it).
+fn require_host_jdk() -> bool {
+    require_tool(&format!("{HOST_JDK}/bin/javac")) && require_tool(&format!("{HOST_JDK}/bin/jfr"))
+}
+
+/// The JVMs to test; missing roots are skipped with a message (a failure
+/// under `CI=true`).
+fn jvms() -> Vec<Jvm> {
+    let host = |name: &str, container, flags| Jvm {
+        name: name.to_string(),
+        home: HOST_JDK.into(),
+        root: None,
+        container,
+        flags,
+    };
+    let mut found = vec![
+        host("JDK 17 (host, G1)", false, vec![]),
+        host(
+            "JDK 17 (host, Parallel GC)",
+            false,
+            vec!["-XX:+UseParallelGC"],
+        ),
+        host("JDK 17 (own pid namespace)", true, vec![]),
+    ];
+    let mut missing = Vec::new();
+    for (release, jdk, flags) in [
+        ("bullseye", 11, vec![]),
+        ("trixie", 21, vec![]),
+        ("trixie", 21, PARALLEL_GC.to_vec()),
+    ] {
+        let (root, home) = java_root(release, jdk);
+        let java = root.join(home.strip_prefix("/").unwrap()).join("bin/java");
+        if !java.exists() {
+            missing.push(format!("JDK {jdk} ({})", java.display()));
+            continue;
+        }
+        let gc = if flags.is_empty() {
+            ""
+        } else {
+            ", Parallel GC"
+        };
+        for container in [false, true] {
+            // The Parallel GC once, in a container.
+            if !flags.is_empty() && !container {
+                continue;
+            }
+            let place = if container { "container" } else { "chroot" };
+            found.push(Jvm {
+                name: format!("JDK {jdk} ({release} {place}{gc})"),
+                home: home.clone(),
+                root: Some(root.clone()),
+                container,
+                flags: flags.clone(),
+            });
+        }
+    }
+    if !missing.is_empty() {
+        let why = format!("JDK roots missing: {}", missing.join(", "));
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{why}; run `cargo xtask setup`");
+        }
+        eprintln!("skipping {why} (cargo xtask setup makes them)");
+    }
+    found
+}
+
+/// The program's classes and JNI library, built once: javac `--release 11`
+/// so every JDK runs the same bytecode.
+fn program_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = work_dir().join("java-program");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = program_source("java");
+        run_ok(
+            Command::new(format!("{HOST_JDK}/bin/javac"))
+                .args(["--release", "11", "-h"])
+                .arg(&dir)
+                .arg("-d")
+                .arg(&dir)
+                .arg(source.join("Hot.java")),
+        );
+        let include = format!("{HOST_JDK}/include");
+        run_ok(
+            Command::new("cc")
+                // No sibling call: Java_Hot_nativeCall's frame must stay on
+                // the stack while Java runs above it.
+                .args([
+                    "-shared",
+                    "-fPIC",
+                    "-O2",
+                    "-g",
+                    "-fno-optimize-sibling-calls",
+                ])
+                .arg(format!("-I{include}"))
+                .arg(format!("-I{include}/linux"))
+                .arg("-I")
+                .arg(&dir)
+                .arg("-o")
+                .arg(dir.join("libhot.so"))
+                .arg(source.join("hot_jni.c")),
+        );
+        dir
+    })
+}
+
+/// A running JVM, once its workers are warm.
+struct Program {
+    child: Child,
+    /// The JVM's pid as the host sees it.
+    pid: u32,
+    /// The recording JFR writes at exit, on the host.
+    recording: PathBuf,
+}
+
+impl Program {
+    /// Starts `jvm` on the program under JFR, for `seconds` once warm (0:
+    /// until stopped).
+    fn start(jvm: &Jvm, seconds: u32) -> Program {
+        let built = program_dir();
+        // The program and the recording, as the host and the JVM see them.
+        let (host_dir, jvm_dir) = match &jvm.root {
+            Some(root) => {
+                let inside = Path::new("/tmp/hostprof-java");
+                let host_dir = root.join(inside.strip_prefix("/").unwrap());
+                let _ = std::fs::remove_dir_all(&host_dir);
+                std::fs::create_dir_all(&host_dir).unwrap();
+                for entry in std::fs::read_dir(built).unwrap() {
+                    let entry = entry.unwrap();
+                    std::fs::copy(entry.path(), host_dir.join(entry.file_name())).unwrap();
+                }
+                (host_dir, inside.to_path_buf())
+            }
+            None => (built.to_path_buf(), built.to_path_buf()),
+        };
+        let recording = host_dir.join("hot.jfr");
+        let _ = std::fs::remove_file(&recording);
+        // The host's JVM runs as is; others in their own mount namespace,
+        // for a /proc in the root that goes away with the JVM, and
+        // containers in a pid namespace too (--fork: its first process is
+        // a child), whose /proc unshare mounts.
+        let mut command = if jvm.root.is_none() && !jvm.container {
+            Command::new(jvm.home.join("bin/java"))
+        } else {
+            let mut command = Command::new("unshare");
+            command.arg("--mount");
+            if jvm.container {
+                command.args(["--pid", "--fork", "--kill-child"]);
+            }
+            match &jvm.root {
+                Some(root) => {
+                    command
+                        .arg(format!("--mount-proc={}", root.join("proc").display()))
+                        .arg("chroot")
+                        .arg(root);
+                }
+                None => {
+                    command.arg("--mount-proc");
+                }
+            }
+            command.arg(jvm.home.join("bin/java"));
+            command
+        };
+        command
+            .arg(format!(
+                "-XX:StartFlightRecording=dumponexit=true,filename={},settings=profile",
+                jvm_dir.join("hot.jfr").display()
+            ))
+            .args(&jvm.flags)
+            .arg("-cp")
+            .arg(&jvm_dir)
+            .arg("Hot")
+            .arg(jvm_dir.join("libhot.so"))
+            .arg(seconds.to_string())
+            .stdout(Stdio::piped());
+        let mut child = command.spawn().expect("start java");
+        // JFR prints its own lines first; the pipe is read to its end, so
+        // the JVM never blocks on it.
+        let (lines, warm) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match warm.recv_timeout(left) {
+                Ok(line) if line == "warm" => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("{}: the program never printed `warm`", jvm.name);
+                }
+            }
+        }
+        let pid = java_pid(child.id());
+        Program {
+            child,
+            pid,
+            recording,
+        }
+    }
+
+    /// Stops the JVM (SIGTERM, so JFR writes its recording), and waits.
+    fn stop(self) -> PathBuf {
+        // SAFETY: kill(2) on the JVM the test started.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        self.wait()
+    }
+
+    /// Waits for the program to exit by itself.
+    fn wait(mut self) -> PathBuf {
+        let exited = running::wait_for(Duration::from_secs(60), || {
+            self.child.try_wait().expect("wait for java")
+        });
+        assert!(exited.is_some(), "the JVM did not exit");
+        std::mem::take(&mut self.recording)
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The JVM: `pid` itself, or its descendant (unshare → chroot'd java).
+fn java_pid(pid: u32) -> u32 {
+    let mut current = pid;
+    for _ in 0..4 {
+        let exe = std::fs::read_link(format!("/proc/{current}/exe")).unwrap_or_default();
+        if exe.file_name().is_some_and(|name| name == "java") {
+            return current;
+        }
+        let children = std::fs::read_to_string(format!("/proc/{current}/task/{current}/children"))
+            .unwrap_or_default();
+        match children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+        {
+            Some(child) => current = child,
+            None => break,
+        }
+    }
+    panic!("no java process under pid {pid}");
+}
+
+/// The method of a Java frame's label, `Class.method (File.java:LINE)`
+/// (also `(File.java)`, `(?)`: no line, no file); `None` for other frames
+/// (C and C++ names have no ` (`, or `::` and `(` before it).
+fn java_method(label: &str) -> Option<&str> {
+    let (method, location) = label.rsplit_once(" (")?;
+    let location = location.strip_suffix(')')?;
+    let file = location.split(':').next()?;
+    let plausible = method.contains('.')
+        && !method.contains(['(', ' ', ':'])
+        && (file.ends_with(".java") || file == "?");
+    plausible.then_some(method)
+}
+
+/// Whether `frames` (root first, as names) hold `path` in order.
+fn holds_path<'a>(mut frames: impl Iterator<Item = &'a str>, path: &[&str]) -> bool {
+    path.iter().all(|step| frames.any(|frame| frame == *step))
+}
+
+fn now_nanos() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128
+}
+
+/// JFR's numbers for the worker threads between two instants.
+struct Truth {
+    samples: usize,
+    hot: f64,
+    paths: Vec<f64>,
+}
+
+fn jfr_truth(samples: &[ExecutionSample], window: (i128, i128)) -> Truth {
+    // JFR names a thread as it was when first seen: hot-warmup-N.
+    let workers: Vec<&ExecutionSample> = samples
+        .iter()
+        .filter(|s| s.thread.starts_with("hot-"))
+        .filter(|s| (window.0..=window.1).contains(&s.unix_nanos))
+        .collect();
+    let share = |test: &dyn Fn(&ExecutionSample) -> bool| {
+        workers.iter().filter(|s| test(s)).count() as f64 / workers.len().max(1) as f64
+    };
+    Truth {
+        samples: workers.len(),
+        hot: share(&|s| s.frames.first().is_some_and(|f| HOT.contains(&&*f.method))),
+        paths: PATHS
+            .iter()
+            // JFR has Java frames only: the C step is left out.
+            .map(|(_, path)| {
+                let java: Vec<&str> = path.iter().copied().filter(|m| m.contains('.')).collect();
+                share(&|s| holds_path(s.frames.iter().rev().map(|f| &*f.method), &java))
+            })
+            .collect(),
+    }
+}
+
+/// Serialises this file's tests: each runs CPU-bound JVMs on a 2-CPU
+/// machine (the eBPF lock covers only one of them).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[test]
+fn java_frames_match_jfr_on_every_jdk() {
+    let Some(_guard) = require_ebpf() else { return };
+    if !require_host_jdk() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut failures = Vec::new();
+    for jvm in jvms() {
+        failures.extend(profile(&jvm));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Profiles one JVM with hostprof and JFR; what went wrong, if anything.
+fn profile(jvm: &Jvm) -> Vec<String> {
+    let name = &jvm.name;
+    let program = Program::start(jvm, 0);
+    let folded = work_dir().join(format!("java-{}.folded", program.pid));
+    let (mut recording, mut log) = running::start_recording(
+        hostprof()
+            .args(["record", "-F", RATE_HZ, "--pid"])
+            .arg(program.pid.to_string())
+            .arg("--output")
+            .arg(&folded),
+    );
+    let start = now_nanos();
+    // Until the JVM has run enough to give both profilers their samples,
+    // however long the machine takes to give it that CPU time.
+    let ran = cpu_seconds(program.pid);
+    let enough = running::wait_for(Duration::from_secs(300), || {
+        (cpu_seconds(program.pid) >= ran + CPU_SECONDS).then_some(())
+    });
+    let end = now_nanos();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
+    let status = recording.wait().expect("wait for hostprof");
+    let recording = program.stop();
+    assert!(enough.is_some(), "{name}: the JVM does not run");
+    assert!(
+        status.success(),
+        "{name}: hostprof failed:\n{}",
+        log.finish()
+    );
+
+    let truth = jfr_truth(
+        &jfr::execution_samples(&Path::new(HOST_JDK).join("bin/jfr"), &recording),
+        (start, end),
+    );
+    let stacks = parse_folded(&std::fs::read_to_string(&folded).expect("read folded"));
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    let workers: Vec<&(Vec<String>, u64)> = stacks
+        .iter()
+        .filter(|(frames, _)| frames[0].starts_with("hot-worker-"))
+        .collect();
+    let worker_total: u64 = workers.iter().map(|(_, count)| count).sum();
+    let share = |test: &dyn Fn(&[String]) -> bool| {
+        let hits: u64 = workers
+            .iter()
+            .filter(|(frames, _)| test(frames))
+            .map(|(_, count)| count)
+            .sum();
+        hits as f64 / worker_total.max(1) as f64
+    };
+    let java = |frames: &[String]| -> Vec<String> {
+        frames
+            .iter()
+            .filter_map(|label| java_method(label).map(str::to_string))
+            .collect()
+    };
+    let rooted = share(&|frames| java(frames).first().is_some_and(|m| m == "Hot$Worker.run"));
+    let hot = share(&|frames| java(frames).last().is_some_and(|m| HOT.contains(&&**m)));
+    // Java frames by method, native ones by name (the C step).
+    let names = |frames: &[String]| -> Vec<String> {
+        frames
+            .iter()
+            .skip(1)
+            .map(|label| java_method(label).unwrap_or(label).to_string())
+            .collect()
+    };
+    let paths: Vec<f64> = PATHS
+        .iter()
+        .map(|(_, path)| share(&|frames| holds_path(names(frames).iter().map(|n| &**n), path)))
+        .collect();
+    let path_text: Vec<String> = PATHS
+        .iter()
+        .zip(&paths)
+        .zip(&truth.paths)
+        .map(|(((path, _), ours), jfr)| format!("{path} {ours:.3} (JFR {jfr:.3})"))
+        .collect();
+    eprintln!(
+        "{name}: hostprof {total} samples of the JVM, {worker_total} of workers, \
+         {rooted:.3} rooted at Hot$Worker.run; hot share hostprof {hot:.3}, \
+         JFR {:.3} of {} samples; paths {}",
+        truth.hot,
+        truth.samples,
+        path_text.join(", ")
+    );
+
+    let mut failures = Vec::new();
+    if total < 300 || worker_total < 100 || truth.samples < 100 {
+        failures.push(format!(
+            "too few samples: hostprof {total} of the JVM, {worker_total} of workers; JFR {}",
+            truth.samples
+        ));
+    }
+    if rooted < 0.95 {
+        failures.push(format!(
+            "(a) {rooted:.3} of {worker_total} worker samples rooted at Hot$Worker.run"
+        ));
+    }
+    // The reference first: a JFR that saw far fewer samples than the JVM's
+    // CPU time gives dropped some, most likely in one place (see
+    // PARALLEL_GC), and its shares are no ground truth.
+    let expected = CPU_SECONDS * JFR_HZ;
+    if (truth.samples as f64) < 0.5 * expected {
+        failures.push(format!(
+            "JFR (the reference, not hostprof) kept {} worker samples of about {expected:.0} \
+             the CPU time gives: its shares are not ground truth",
+            truth.samples
+        ));
+    } else if (hot - truth.hot).abs() > SHARE_TOLERANCE {
+        failures.push(format!(
+            "(b) hot share: hostprof {hot:.3} of {worker_total}, JFR {:.3} of {}",
+            truth.hot, truth.samples
+        ));
+    }
+    for ((path, steps), ours) in PATHS.iter().zip(&paths) {
+        if *ours < 0.01 {
+            failures.push(format!(
+                "(c) {path}: {ours:.3} of worker samples show {}",
+                steps.join(" → ")
+            ));
+        }
+    }
+    if failures.is_empty() {
+        return failures;
+    }
+    // The commonest worker stacks, to see what hostprof made of them.
+    let mut examples = workers.clone();
+    examples.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    let examples: Vec<String> = examples
+        .iter()
+        .take(5)
+        .map(|(frames, count)| format!("  {count} {}", frames.join(";")))
+        .collect();
+    vec![format!(
+        "{name}:\n{}\ncommonest worker stacks ({}):\n{}",
+        failures.join("\n"),
+        folded.display(),
+        examples.join("\n")
+    )]
+}
+
+/// The ground truth on its own (no eBPF, no root): the program runs under
+/// JDK 17 and JFR, and the recording, read back, has the program's shape.
+#[test]
+fn jfr_sees_the_programs_call_graph() {
+    if !require_host_jdk() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let jvm = Jvm {
+        name: "JDK 17".into(),
+        home: HOST_JDK.into(),
+        root: None,
+        container: false,
+        flags: vec![],
+    };
+    let start = now_nanos();
+    let recording = Program::start(&jvm, 3).wait();
+    let samples = jfr::execution_samples(&Path::new(HOST_JDK).join("bin/jfr"), &recording);
+    let truth = jfr_truth(&samples, (start, i128::MAX));
+    let workers: Vec<&ExecutionSample> = samples
+        .iter()
+        .filter(|s| s.thread.starts_with("hot-"))
+        .collect();
+    let rooted = workers
+        .iter()
+        .filter(|s| {
+            s.frames
+                .last()
+                .is_some_and(|f| f.method == "Hot$Worker.run")
+        })
+        .count() as f64
+        / workers.len().max(1) as f64;
+    eprintln!(
+        "JFR: {} worker samples, {rooted:.3} rooted at Hot$Worker.run, hot share {:.3}, paths {:.3?}",
+        truth.samples, truth.hot, truth.paths
+    );
+    assert!(truth.samples >= 100, "{} JFR samples", truth.samples);
+    assert!(rooted >= 0.99, "{rooted:.3} rooted");
+    // 3 parts hot to 1 cold by iterations; a cold iteration costs about
+    // what a hot one does.
+    assert!(
+        (0.6..0.9).contains(&truth.hot),
+        "hot share {:.3}",
+        truth.hot
+    );
+    for ((path, _), share) in PATHS.iter().zip(&truth.paths) {
+        assert!(*share >= 0.01, "{path}: {share:.3}");
+    }
+}
+
+#[test]
+fn jfr_times_read_as_unix_nanoseconds() {
+    assert_eq!(jfr::unix_nanos("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(
+        jfr::unix_nanos("2026-11-25T13:54:26.193771177Z"),
+        Some(1_795_614_866_193_771_177)
+    );
+    assert_eq!(
+        jfr::unix_nanos("2000-02-29T23:59:59.5Z"),
+        Some(951_868_799_500_000_000)
+    );
+    assert_eq!(jfr::unix_nanos("2026-11-25 13:54:26Z"), None);
+}
