@@ -12,7 +12,15 @@ use anyhow::{Context, Result, bail};
 
 use crate::{build, root, run_cmd};
 
+mod java;
 mod python;
+
+/// One part of the bench to run alone (`--only`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Only {
+    /// hostprof on the Java program, next to JFR's slowdown of it.
+    Java,
+}
 
 /// CPU time and peak memory of a finished child.
 #[derive(Clone, Copy, Default)]
@@ -82,10 +90,13 @@ impl Row {
     }
 }
 
-pub fn run(seconds: u64) -> Result<()> {
+pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     let hostprof = build(None)?;
     let dir = root().join("target/bench");
     fs::create_dir_all(&dir)?;
+    if let Some(Only::Java) = only {
+        return java::bench_java(&hostprof, &dir, seconds);
+    }
     let workload = compile_workload(&dir)?;
     println!(
         "workload: 2 x cpu_split (CPU-bound, frame pointers); {seconds} s host-wide at 999 Hz\n"
@@ -125,6 +136,8 @@ pub fn run(seconds: u64) -> Result<()> {
     bench_off_cpu(&hostprof, &dir)?;
     println!();
     python::bench_python(&hostprof, &dir, seconds)?;
+    println!();
+    java::bench_java(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();
@@ -217,7 +230,7 @@ fn bench_off_cpu(hostprof: &Path, dir: &Path) -> Result<()> {
 /// a large binary with DWARF (hostprof's own debug build).
 fn bench_symbolize() -> Result<()> {
     run_cmd(crate::cargo().args(["build", "-p", "hostprof"]))?;
-    let target = root().join("target/debug/hostprof");
+    let target = crate::target_dir().join("debug/hostprof");
     run_cmd(
         crate::cargo()
             .args([

@@ -106,6 +106,10 @@ enum Task {
         /// Seconds each profiling run lasts.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+        /// Only this part (e.g. `java`), not the whole bench; sets up only
+        /// the build tools (the part's own tools, e.g. the JDK, must be there).
+        #[arg(long, value_enum)]
+        only: Option<bench::Only>,
     },
 }
 
@@ -152,10 +156,16 @@ fn main() -> Result<()> {
                 systemd,
             })
         }
-        Task::Bench { seconds } => {
-            setup::run(false)?;
-            setup::bench_tools()?;
-            bench::run(seconds)
+        Task::Bench { seconds, only } => {
+            // One part needs none of the peers, nor the test tools' roots
+            // (minutes of debootstrap on a fresh checkout).
+            if only.is_some() {
+                setup::build_tools()?;
+            } else {
+                setup::run(false)?;
+                setup::bench_tools()?;
+            }
+            bench::run(seconds, only)
         }
     }
 }
@@ -166,6 +176,14 @@ fn root() -> PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set (relative to the
+/// workspace, as cargo takes it here), else target/; where the binaries
+/// xtask builds are.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root().join("target"), |dir| root().join(dir))
 }
 
 /// `cargo` with the workspace as working directory.
@@ -202,7 +220,7 @@ fn build(target: Option<&str>) -> Result<PathBuf> {
 fn build_example(name: &str, target: Option<&str>) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args(["build", "--release", "-p", "hostprof", "--example", name]);
-    let mut dir = root().join("target");
+    let mut dir = target_dir();
     if let Some(target) = target {
         cmd.args(["--target", target]);
         dir.push(target);
@@ -213,7 +231,7 @@ fn build_example(name: &str, target: Option<&str>) -> Result<PathBuf> {
 
 /// Where `build(target)` puts the binary.
 fn binary_path(target: Option<&str>) -> PathBuf {
-    let mut dir = root().join("target");
+    let mut dir = target_dir();
     if let Some(target) = target {
         dir.push(target);
     }

@@ -13,10 +13,17 @@
 // hostprof's folded stacks; JFR reports the same name). They warm up under
 // the name hot-warmup-N, so a recording started at launch (JFR's) can leave
 // out the warm-up; once every worker is warm, main prints "warm" and runs
-// for the seconds given as argument (0: until killed).
+// for the seconds given as argument (0: until killed), then prints the
+// workers' throughput since then (all workers together), per second and per
+// CPU second of theirs, `rounds/s: R; per CPU s: C`, which `cargo xtask
+// bench` compares with and without profilers (per CPU second: what other
+// load on the host takes from the workers cancels out).
 //
 // Keep the names and the shape stable: tests/java.rs looks for them.
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.lang.reflect.Method;
+import java.util.Locale;
 import java.util.concurrent.CountDownLatch;
 import java.util.function.IntSupplier;
 
@@ -45,6 +52,8 @@ public class Hot {
     static final class Worker extends Thread {
         private final int index;
         private final CountDownLatch warm;
+        // Rounds done once warm; written by this worker only, read by main.
+        volatile long rounds;
 
         Worker(int index, CountDownLatch warm) {
             super("hot-warmup-" + index);
@@ -63,6 +72,7 @@ public class Hot {
             warm.countDown();
             for (int round = 0; ; round++) {
                 handler(round);
+                rounds++;
             }
         }
     }
@@ -130,16 +140,45 @@ public class Hot {
         long seconds = Long.parseLong(args[1]);
         int threads = args.length > 2 ? Integer.parseInt(args[2]) : 2;
         CountDownLatch warm = new CountDownLatch(threads);
+        Worker[] workers = new Worker[threads];
         for (int i = 0; i < threads; i++) {
-            new Worker(i, warm).start();
+            workers[i] = new Worker(i, warm);
+            workers[i].start();
         }
         warm.await();
+        // Workers warm at different times: count from here, for all of them.
+        ThreadMXBean mxBean = ManagementFactory.getThreadMXBean();
+        long start = System.nanoTime();
+        long cpuBefore = cpuNanos(mxBean, workers);
+        long before = rounds(workers);
         System.out.println("warm");
         System.out.flush();
         if (seconds > 0) {
             Thread.sleep(seconds * 1000);
+            long done = rounds(workers) - before;
+            double elapsed = (System.nanoTime() - start) / 1e9;
+            double cpu = (cpuNanos(mxBean, workers) - cpuBefore) / 1e9;
+            // Locale.ROOT: a decimal point whatever the locale.
+            System.out.printf(
+                    Locale.ROOT, "rounds/s: %.2f; per CPU s: %.2f%n", done / elapsed, done / cpu);
         } else {
             new CountDownLatch(1).await();
         }
+    }
+
+    static long rounds(Worker[] workers) {
+        long total = 0;
+        for (Worker worker : workers) {
+            total += worker.rounds;
+        }
+        return total;
+    }
+
+    static long cpuNanos(ThreadMXBean threads, Worker[] workers) {
+        long total = 0;
+        for (Worker worker : workers) {
+            total += threads.getThreadCpuTime(worker.getId());
+        }
+        return total;
     }
 }
