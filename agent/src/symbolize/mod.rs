@@ -557,7 +557,7 @@ impl Symbolizer {
                 }
             }
         };
-        let range = MappedRange::from(&**mapping);
+        let range = MappedRange::from(mapping);
         let file = match files::open_mapping(pid, &range, Kind::Binary) {
             Ok(file) => file,
             Err(err) => {
