@@ -7,6 +7,7 @@ pub mod btf;
 mod error;
 mod kernel;
 mod reader;
+mod record;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
@@ -22,9 +23,10 @@ use aya::{
     util::online_cpus,
 };
 pub use error::SamplerError;
-use hostprof_common::{Counter, Sample};
+use hostprof_common::Counter;
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
+pub use record::{StackCopy, decode_sample, decode_stack_copy};
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));
@@ -621,35 +623,6 @@ fn read_btf() -> Result<Vec<u8>, SamplerError> {
     std::fs::read("/sys/kernel/btf/vmlinux").map_err(SamplerError::no_btf)
 }
 
-/// A CPU sample with its raw user stack (`SamplerOptions::stack_copy_bytes`).
-#[derive(Clone, Debug)]
-pub struct StackCopy {
-    pub sample: Sample,
-    /// User pc, sp, frame pointer and link register; `None` when the kernel
-    /// could not read them.
-    pub regs: Option<[u64; 4]>,
-    /// The stack from sp up (shorter than asked near the top of a stack;
-    /// empty when unreadable).
-    pub stack: Vec<u8>,
-}
-
-/// Decodes the stack copy of a ring-buffer record; `None` for plain
-/// samples (the only kind without `--stack-copy`).
-pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
-    if record.len() < std::mem::size_of::<hostprof_common::StackSample>() {
-        return None;
-    }
-    // SAFETY: as in `decode_sample`: plain old data, enough bytes.
-    let raw =
-        unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<hostprof_common::StackSample>()) };
-    let len = (raw.stack_len as usize).min(hostprof_common::MAX_STACK_COPY);
-    Some(StackCopy {
-        sample: decode_sample(record)?,
-        regs: (raw.regs_valid != 0).then_some(raw.regs),
-        stack: raw.stack[..len].to_vec(),
-    })
-}
-
 /// The oldest kernels whose verifiers were seen to accept the Python walk
 /// and the early-copy path in `sample_cpu` (`cargo xtask vmtest`). Older
 /// kernels go without; the verifier prunes a path whose load-time global
@@ -700,54 +673,6 @@ fn ring_bytes(options: &SamplerOptions) -> u32 {
         .next_power_of_two()
         .max(least)
         .min(u64::from(options.ring_bytes)) as u32
-}
-
-/// Decodes one ring-buffer record: a [`Sample`] in its compact layout
-/// (see `hostprof_common::Sample`), as long as its frames need.
-pub fn decode_sample(record: &[u8]) -> Option<Sample> {
-    let sample_len = std::mem::size_of::<Sample>();
-    let header = hostprof_common::SAMPLE_HEADER_BYTES;
-    if record.len() < header {
-        return None;
-    }
-    // A stack-copy record starts with a whole `Sample`.
-    let record = &record[..record.len().min(sample_len)];
-    let mut bytes = [0u8; std::mem::size_of::<Sample>()];
-    bytes[..record.len()].copy_from_slice(record);
-    // SAFETY: `Sample` is plain old data (see hostprof_common) and `bytes` holds
-    // exactly one; read_unaligned because a byte array has no alignment.
-    let mut sample = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Sample>()) };
-    let kernel = sample.kernel_stack_len as usize;
-    let user = sample.user_stack_len as usize;
-    if kernel > hostprof_common::MAX_STACK_DEPTH
-        || user > hostprof_common::MAX_USER_STACK_DEPTH
-        || header + 8 * (kernel + user) > record.len()
-    {
-        return None;
-    }
-    // The user frames follow the kernel ones: move them to `user_stack`.
-    let frames = &bytes[header + 8 * kernel..header + 8 * (kernel + user)];
-    for (slot, frame) in sample.user_stack.iter_mut().zip(frames.chunks_exact(8)) {
-        *slot = u64::from_ne_bytes(frame.try_into().expect("8 bytes"));
-    }
-    sample.user_stack[user..].fill(0);
-    sample.kernel_stack[kernel..].fill(0);
-    // Runtime frames end the record: only as many as it holds count.
-    let runtime = std::mem::offset_of!(Sample, runtime);
-    let runtime_frames = runtime + std::mem::offset_of!(hostprof_common::runtime::Stack, frames);
-    if record.len() <= runtime {
-        sample.runtime.len = 0;
-        sample.runtime.reason = 0;
-    } else {
-        let len = sample.runtime.len as usize;
-        let frame = std::mem::size_of::<hostprof_common::runtime::Frame>();
-        if len > hostprof_common::runtime::MAX_FRAMES || runtime_frames + frame * len > record.len()
-        {
-            return None;
-        }
-        sample.runtime.frames[len..].fill(Default::default());
-    }
-    Some(sample)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Record decoding (the kernel's compact layout) and ring sizing.
 use super::*;
+use hostprof_common::Sample;
 
 /// A record as the kernel writes it: header, kernel frames, then user
 /// frames right after them, only as long as the frames need.
