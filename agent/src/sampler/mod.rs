@@ -218,7 +218,12 @@ impl Sampler {
         let python_walk = u32::from(verified_since(PYTHON_WALK_SINCE));
         if !verified_since(PYTHON_WALK_SINCE) {
             tracing::info!(
-                "no Python or Java frames on this kernel (they need Linux {}.{} or later)",
+                "no Python frames on this kernel (they need Linux {}.{} or later)",
+                PYTHON_WALK_SINCE.0,
+                PYTHON_WALK_SINCE.1
+            );
+            tracing::info!(
+                "no Java frames on this kernel (they need Linux {}.{} or later)",
                 PYTHON_WALK_SINCE.0,
                 PYTHON_WALK_SINCE.1
             );
