@@ -37,10 +37,11 @@ fn python_root(release: &str) -> PathBuf {
         .join(release)
 }
 
-/// The interpreters to test; missing ones are skipped with a message
-/// (a failure under `CI=true`, where `cargo xtask setup` provides them).
-fn interpreters() -> Vec<Interpreter> {
-    let host_program = program_source("python_callgraph.py");
+/// The interpreters to test, running tests/programs/`program`; missing
+/// ones are skipped with a message (a failure under `CI=true`, where
+/// `cargo xtask setup` provides them).
+fn interpreters(program: &str) -> Vec<Interpreter> {
+    let host_program = program_source(program);
     let pyenv = std::env::var("PYENV_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from("/root/.pyenv"));
@@ -71,7 +72,7 @@ fn interpreters() -> Vec<Interpreter> {
             missing.push(format!("{name} ({})", root.display()));
             continue;
         }
-        std::fs::copy(&host_program, root.join("tmp/python_callgraph.py"))
+        std::fs::copy(&host_program, root.join("tmp").join(program))
             .expect("copy the program into the root");
         found.push(Interpreter {
             name,
@@ -87,7 +88,7 @@ fn interpreters() -> Vec<Interpreter> {
             ]
             .map(String::from)
             .to_vec(),
-            program: PathBuf::from("/tmp/python_callgraph.py"),
+            program: Path::new("/tmp").join(program),
         });
     }
     if !missing.is_empty() {
@@ -183,7 +184,7 @@ fn python_frames_match_py_spy_on_every_version() {
         return;
     }
     let mut failures = Vec::new();
-    for interpreter in interpreters() {
+    for interpreter in interpreters("python_callgraph.py") {
         let program = Program::start(&interpreter);
         let folded = work_dir().join(format!("python-{}.folded", program.pid));
         let raw = work_dir().join(format!("python-{}.py-spy.txt", program.pid));
@@ -292,6 +293,104 @@ fn python_frames_match_py_spy_on_every_version() {
 /// Off-CPU stacks carry Python frames too: a thread sleeping in
 /// `time.sleep` shows `<module> → loop → wait_here` above the C frames of
 /// the sleep, on a shared (pyenv) and a static (Debian) 3.11.
+/// CPU seconds the busy thread runs while hostprof records it: ~300
+/// samples at 199 Hz, however long the machine takes to give it that time.
+const BUSY_CPU_SECONDS: f64 = 1.5;
+
+/// tests/programs/python_threads.py: the busy thread is the oldest of 201,
+/// far past the newest 32 the kernel's own search looks at, so its state is
+/// found only through the thread map the agent fills.
+#[test]
+fn a_thread_older_than_200_others_keeps_its_python_frames() {
+    let Some(_guard) = require_ebpf() else { return };
+    let mut failures = Vec::new();
+    for interpreter in interpreters("python_threads.py") {
+        let program = Program::start(&interpreter);
+        let pid = program.pid;
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| tasks.count())
+            .unwrap_or(0);
+        assert!(threads > 200, "{}: {threads} threads", interpreter.name);
+        let name = interpreter.name;
+        let (total, share, log) = busy_share(program, &[]);
+        eprintln!("{name}: {share:.3} of {total} samples under busy;spin");
+        if total < 100 || share < 0.95 {
+            failures.push(format!(
+                "{name}: {share:.3} of {total} samples under busy;spin (want >= 0.95 of >= 100)\n{log}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Samples that leave the kernel with a copy of their stack (those taken
+/// before their process's tables load, and every one with `--stack-copy`)
+/// keep their Python frames: the walk runs before the copy is decided.
+#[test]
+fn samples_with_a_stack_copy_keep_their_python_frames() {
+    let Some(_guard) = require_ebpf() else { return };
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(
+        python.exists(),
+        "no {}; run `cargo xtask setup`",
+        python.display()
+    );
+    let program = Program::start(&Interpreter {
+        name: "debian static 3.11",
+        command: vec![python.display().to_string()],
+        program: program_source("python_threads.py"),
+    });
+    let (total, share, log) = busy_share(program, &["--stack-copy", "4096"]);
+    assert!(
+        total >= 100 && share >= 0.95,
+        "{share:.3} of {total} samples under busy;spin (want >= 0.95 of >= 100)\n{log}"
+    );
+}
+
+/// Records python_threads.py's `program` with `args` until its busy thread
+/// ran [`BUSY_CPU_SECONDS`]: the samples, the share of them under
+/// `busy;spin`, and hostprof's stderr.
+fn busy_share(program: Program, args: &[&str]) -> (u64, f64, String) {
+    let pid = program.pid;
+    let folded = work_dir().join(format!("python-threads-{pid}.folded"));
+    let (mut recording, mut log) = running::start_recording(
+        hostprof()
+            .args(["record", "--frequency", "199", "--pid"])
+            .arg(pid.to_string())
+            .args(args)
+            .arg("--output")
+            .arg(&folded),
+    );
+    let ran = cpu_seconds(pid);
+    // Some(false): the program exited first.
+    let enough = running::wait_for(
+        std::time::Duration::from_secs(120),
+        || match try_cpu_seconds(pid) {
+            Some(now) => (now >= ran + BUSY_CPU_SECONDS).then_some(true),
+            None => Some(false),
+        },
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
+    let status = recording.wait().expect("wait for hostprof");
+    drop(program);
+    let log = log.finish();
+    assert_eq!(enough, Some(true), "the program did not run");
+    assert!(status.success(), "hostprof failed:\n{log}");
+    let stacks = parse_folded(&std::fs::read_to_string(&folded).expect("read folded"));
+    // Only the busy thread runs: every CPU sample is its.
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    let in_spin: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            let python: Vec<&str> = frames.iter().filter_map(|l| python_function(l)).collect();
+            python.ends_with(&["busy", "spin"])
+        })
+        .map(|(_, count)| count)
+        .sum();
+    (total, in_spin as f64 / total.max(1) as f64, log)
+}
+
 #[test]
 fn off_cpu_stacks_show_the_python_function_that_waits() {
     let Some(_guard) = require_ebpf() else { return };

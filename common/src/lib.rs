@@ -150,6 +150,10 @@ pub const DEFAULT_THREAD_SIZE: u32 = 16 << 10;
 /// tgid -> [`python::Process`]: the Python processes and where their
 /// interpreter's structures are.
 pub const MAP_PYTHON_PROCESSES: &str = "PYTHON_PROCS";
+/// [`python::ThreadKey`] -> `PyThreadState` address: the thread states the
+/// agent found in each Python process's thread list, so that a thread older
+/// than the newest [`python::MAX_THREADS`] is found at once.
+pub const MAP_PYTHON_THREADS: &str = "PYTHON_THREADS";
 /// tgid -> [`hotspot::Process`]: the JVMs and where their code heaps and
 /// fields are.
 pub const MAP_HOTSPOT_PROCESSES: &str = "HOTSPOT_PROCS";
@@ -419,11 +423,13 @@ pub enum Counter {
     HotspotBadFrame = 33,
     /// Java walks stopped at `runtime::MAX_FRAMES` runtime frames.
     HotspotDepthLimit = 34,
+    /// Python walks whose thread state came from the thread map.
+    PythonThreadCached = 35,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 35] = [
+    pub const ALL: [Counter; 36] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -459,6 +465,7 @@ impl Counter {
         Counter::HotspotReadFault,
         Counter::HotspotBadFrame,
         Counter::HotspotDepthLimit,
+        Counter::PythonThreadCached,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -470,6 +477,15 @@ impl Counter {
         Counter::UnwindDepthLimit,
         Counter::UnwindBadFrame,
         Counter::UnwindNoMapping,
+    ];
+    /// Every reason a walk of interpreter frames stops short of the
+    /// thread's first frame.
+    pub const PYTHON_STOPS: [Counter; 5] = [
+        Counter::PythonNoThread,
+        Counter::PythonReadFault,
+        Counter::PythonDepthLimit,
+        Counter::PythonThreadLimit,
+        Counter::PythonNoNamespace,
     ];
     /// Every reason a walk of Java frames stops short of native code.
     pub const HOTSPOT_STOPS: [Counter; 5] = [
@@ -520,6 +536,7 @@ impl Counter {
             Counter::HotspotReadFault => "hotspot_read_fault",
             Counter::HotspotBadFrame => "hotspot_bad_frame",
             Counter::HotspotDepthLimit => "hotspot_depth_limit",
+            Counter::PythonThreadCached => "python_thread_cached",
         }
     }
 
@@ -574,6 +591,9 @@ mod user {
     unsafe impl aya::Pod for super::StackSample {}
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::python::Process {}
+    // SAFETY: two u32, no padding (asserted below).
+    unsafe impl aya::Pod for super::python::ThreadKey {}
+    const _: () = assert!(core::mem::size_of::<super::python::ThreadKey>() == 8);
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::hotspot::Process {}
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.

@@ -2,18 +2,27 @@
 //! process ([`Process`], in [`crate::MAP_PYTHON_PROCESSES`]),
 //! and the interpreter frames the sampler records per sample ([`Stack`]).
 //!
-//! The sampler finds the sampled thread's `PyThreadState` by walking the
-//! runtime's first interpreter's thread list for the thread's id (as the
-//! process's pid namespace numbers it, which is what CPython stores), then
-//! follows the interpreter frames from the thread's current one. Per frame
+//! The sampler finds the sampled thread's `PyThreadState` in the thread map
+//! the agent fills ([`crate::MAP_PYTHON_THREADS`], keyed by [`ThreadKey`]),
+//! checked against the state's own thread id; failing that, by walking the
+//! newest [`MAX_THREADS`] of the runtime's first interpreter's thread list
+//! for the thread's id (as the process's pid namespace numbers it, which is
+//! what CPython stores). A walk that gives up tells the agent, in its
+//! record's reason, to fill the map for that process. Then it follows the
+//! interpreter frames from the thread's current one. Per frame
 //! it keeps the code object's address and the instruction pointer; the agent
 //! names them later from the process's memory. Every offset comes from the
 //! agent, so one program serves every CPython version.
 
 pub use crate::runtime::{Frame, MAX_FRAMES, Stack};
 
-/// Thread states looked at to find the sampled thread's.
+/// Thread states looked at to find the sampled thread's when the thread
+/// map has none for it: new threads are at the head of the list, so this
+/// finds them before the agent knows them.
 pub const MAX_THREADS: u32 = 32;
+/// Capacity of the thread map (thread states of every Python process;
+/// about 64 bytes each, preallocated as `perf_event` programs require).
+pub const MAX_THREAD_STATES: u32 = 8192;
 /// Capacity of the processes map (48 bytes each).
 pub const MAX_PROCESSES: u32 = 4096;
 /// An offset the version does not have.
@@ -38,10 +47,23 @@ pub mod reason {
     pub const READ_FAULT: u32 = 3;
     /// [`super::MAX_FRAMES`] frames kept, more left.
     pub const DEPTH_LIMIT: u32 = 4;
-    /// [`super::MAX_THREADS`] thread states looked at without a match.
+    /// The thread is neither in the thread map nor among the newest
+    /// [`super::MAX_THREADS`] thread states: the agent fills the map.
     pub const THREAD_LIMIT: u32 = 5;
     /// The thread's id in its pid namespace could not be read.
     pub const NO_NAMESPACE: u32 = 6;
+}
+
+/// Key of [`crate::MAP_PYTHON_THREADS`]; the value is the `PyThreadState`'s
+/// address (`u64`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ThreadKey {
+    /// The process, as the sampler sees it (the root pid namespace).
+    pub tgid: u32,
+    /// The thread's id in the process's own pid namespace: what CPython
+    /// keeps in `PyThreadState.native_thread_id`.
+    pub tid: u32,
 }
 
 /// Where the structures of one Python process are: the runtime's address and

@@ -297,10 +297,8 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
                 }
             }
         };
-        // Interpreter frames: added by the CPU sampler's common path only
-        // (`sample::emit_cpu_sample`), once; a second inlined copy of the
-        // walk (the stack-copy path) took the program past the verifier's
-        // million instructions.
+        // Interpreter frames: added by the callers (`sample::emit_cpu_sample`,
+        // the off-CPU writer), once each, after this.
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
         (*sample).flags = kernel_flags | user_flags;

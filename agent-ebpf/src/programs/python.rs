@@ -15,6 +15,10 @@ use hostprof_common::python::{
 #[map(name = "PYTHON_PROCS")]
 static PYTHON_PROCS: HashMap<u32, py::Process> = HashMap::with_max_entries(py::MAX_PROCESSES, 0);
 
+#[map(name = "PYTHON_THREADS")]
+static PYTHON_THREADS: HashMap<py::ThreadKey, u64> =
+    HashMap::with_max_entries(py::MAX_THREAD_STATES, 0);
+
 /// Walks the current thread's interpreter frames into `stack` when its
 /// process is a registered Python process; counts how the walk ended.
 #[inline(always)]
@@ -25,7 +29,7 @@ pub(super) fn walk(tgid: u32, stack: &mut py::Stack) {
     stack.len = 0;
     stack.reason = py::reason::NONE;
     bump(Counter::PythonStacks);
-    let reason = walk_frames(process, stack);
+    let reason = walk_frames(tgid, process, stack);
     stack.reason = reason;
     if let Some(counter) = Counter::for_python_reason(reason) {
         bump(counter);
@@ -33,7 +37,7 @@ pub(super) fn walk(tgid: u32, stack: &mut py::Stack) {
 }
 
 #[inline(always)]
-fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
+fn walk_frames(tgid: u32, process: &py::Process, stack: &mut py::Stack) -> u32 {
     use py::reason::*;
     let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
     let found = unsafe {
@@ -47,33 +51,11 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
     if found != 0 {
         return NO_NAMESPACE;
     }
-    let Some(interpreter) =
-        read_user::<u64>(process.runtime + u64::from(process.interpreters_head))
-    else {
-        return READ_FAULT;
+    let thread = match thread_state(tgid, process, ns.pid) {
+        Ok(thread) => thread,
+        Err(reason) => return reason,
     };
-    let Some(thread) = read_user::<u64>(interpreter + u64::from(process.threads_head)) else {
-        return READ_FAULT;
-    };
-    let mut search = ThreadSearch {
-        process,
-        thread,
-        tid: u64::from(ns.pid),
-        reason: THREAD_LIMIT,
-        _pad: 0,
-    };
-    unsafe {
-        bpf_loop(
-            MAX_THREADS as u32,
-            thread_step as *mut c_void,
-            (&mut search as *mut ThreadSearch).cast(),
-            0,
-        )
-    };
-    if search.reason != FOUND {
-        return search.reason;
-    }
-    let Some(mut frame) = read_user::<u64>(search.thread + u64::from(process.thread_frame)) else {
+    let Some(mut frame) = read_user::<u64>(thread + u64::from(process.thread_frame)) else {
         return READ_FAULT;
     };
     if process.cframe_frame != ABSENT && frame != 0 {
@@ -104,6 +86,46 @@ fn walk_frames(process: &py::Process, stack: &mut py::Stack) -> u32 {
 /// Not a reason a walk ends with: the thread search found the sampled
 /// thread's state.
 const FOUND: u32 = u32::MAX;
+
+/// The sampled thread's `PyThreadState`: the agent's entry for it when that
+/// state still belongs to the thread (states are freed with their thread,
+/// and the agent's map lags), else the newest thread states' search.
+/// `Err`: the reason the search gave up.
+#[inline(always)]
+fn thread_state(tgid: u32, process: &py::Process, tid: u32) -> Result<u64, u32> {
+    use py::reason::*;
+    let key = py::ThreadKey { tgid, tid };
+    if let Some(&cached) = unsafe { PYTHON_THREADS.get(&key) }
+        && read_user::<u64>(cached + u64::from(process.thread_native_id)) == Some(u64::from(tid))
+    {
+        bump(Counter::PythonThreadCached);
+        return Ok(cached);
+    }
+    let interpreter = read_user::<u64>(process.runtime + u64::from(process.interpreters_head))
+        .ok_or(READ_FAULT)?;
+    let thread =
+        read_user::<u64>(interpreter + u64::from(process.threads_head)).ok_or(READ_FAULT)?;
+    let mut search = ThreadSearch {
+        process,
+        thread,
+        tid: u64::from(tid),
+        reason: THREAD_LIMIT,
+        _pad: 0,
+    };
+    unsafe {
+        bpf_loop(
+            MAX_THREADS,
+            thread_step as *mut c_void,
+            (&mut search as *mut ThreadSearch).cast(),
+            0,
+        )
+    };
+    if search.reason == FOUND {
+        Ok(search.thread)
+    } else {
+        Err(search.reason)
+    }
+}
 
 /// The search for the sampled thread's state among the interpreter's,
 /// for `bpf_loop` (on the caller's stack).

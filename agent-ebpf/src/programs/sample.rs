@@ -83,6 +83,15 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
             0,
         )
     };
+    // Interpreter frames before the stack copy is decided: a sample taken
+    // before its process's unwind tables load (copied, unwound later on the
+    // host) keeps them too. One call: a copy of the walk on each path took
+    // the program past the verifier's million instructions.
+    unsafe {
+        if read_volatile(&PYTHON_WALK) != 0 {
+            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
+        }
+    };
     let mut copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
     // A process without tables in the kernel yet: copy the top of its stack
     // for the agent to unwind once they are loaded.
@@ -100,11 +109,6 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
         output_with_stack::<K>(scratch, copy);
         return;
     }
-    unsafe {
-        if read_volatile(&PYTHON_WALK) != 0 {
-            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
-        }
-    };
     output(scratch);
 }
 

@@ -124,9 +124,12 @@ impl<T: Send + 'static> Session<T> {
         // from the first load on.
         let runtime_code = crate::runtime::RuntimeCode::default();
         let mut runtimes: Vec<Box<dyn Runtime>> = vec![
-            Box::new(crate::python::Python::new(Some(sampler.take_python_map()?))),
+            Box::new(crate::python::Python::new(
+                Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_PROCESSES)?),
+                Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_THREADS)?),
+            )),
             Box::new(crate::runtime::java::Java::new(
-                Some(sampler.take_hotspot_map()?),
+                Some(sampler.take_hash_map(hostprof_common::MAP_HOTSPOT_PROCESSES)?),
                 runtime_code.clone(),
             )),
         ];

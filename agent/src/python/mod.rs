@@ -5,12 +5,14 @@
 //! - `layout`: per-version offsets (3.11, 3.12 measured; 3.13+ from
 //!   `_Py_DebugOffsets`);
 //! - `code`: code objects read from the process, lines from location tables;
+//! - `threads`: each process's thread states, in the kernel's thread map;
 //!
 //! A process is Python when one of its executable mappings named like
 //! `python3.X` or `libpython3.X.so` defines `_PyRuntime`; the version comes
 //! from `Py_Version` in its memory.
 mod code;
 mod layout;
+mod threads;
 
 use std::{
     collections::HashMap,
@@ -23,6 +25,7 @@ use hostprof_common::python::{self as py, FRAME_ENTRY};
 
 pub use code::{Code, line_at};
 pub use layout::{CodeLayout, Layout};
+pub use threads::ThreadMap;
 
 use crate::{
     model::{Frame, FrameKind, Line, Mapping},
@@ -70,6 +73,11 @@ impl crate::runtime::Runtime for Python {
         let Some(Ok(interpreter)) = self.processes.get(&pid).cloned() else {
             return;
         };
+        // A thread older than the kernel's search reaches: its state goes
+        // into the thread map, for the thread's next samples.
+        if stack.reason == py::reason::THREAD_LIMIT {
+            self.threads.refresh(pid, &interpreter.layout.kernel);
+        }
         let groups = self.frames(pid, &interpreter, stack);
         self.merge(pid, &interpreter, frames, groups);
     }
@@ -110,6 +118,7 @@ const MAX_CODES: usize = 1 << 16;
 #[derive(Default)]
 pub struct Python {
     map: Option<ProcessMap>,
+    threads: threads::Threads,
     /// pid -> its interpreter, or when it was found to have none.
     processes: HashMap<u32, Result<Arc<Interpreter>, Instant>>,
     files: HashMap<(u64, u64), Option<Arc<PythonElf>>>,
@@ -122,10 +131,12 @@ pub struct Python {
 }
 
 impl Python {
-    /// With the kernel's map: processes found are registered for walking.
-    pub fn new(map: Option<ProcessMap>) -> Self {
+    /// With the kernel's maps: processes found are registered for walking,
+    /// with their threads.
+    pub fn new(map: Option<ProcessMap>, threads: Option<ThreadMap>) -> Self {
         Python {
             map,
+            threads: threads::Threads::new(threads),
             ..Default::default()
         }
     }
@@ -145,10 +156,13 @@ impl Python {
             _ => {}
         }
         let found = self.find(pid, mappings).map(Arc::new);
-        if let (Some(interpreter), Some(map)) = (&found, &mut self.map)
-            && let Err(err) = register(map, pid, interpreter)
-        {
-            tracing::info!("pid {pid}: cannot register its Python interpreter: {err}");
+        if let (Some(interpreter), Some(map)) = (&found, &mut self.map) {
+            match register(map, pid, interpreter) {
+                Ok(()) => self.threads.refresh(pid, &interpreter.layout.kernel),
+                Err(err) => {
+                    tracing::info!("pid {pid}: cannot register its Python interpreter: {err}")
+                }
+            }
         }
         self.processes
             .insert(pid, found.clone().ok_or_else(Instant::now));
@@ -161,6 +175,7 @@ impl Python {
             if let (Some(Ok(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
                 let _ = map.remove(&pid);
             }
+            self.threads.forget(pid);
             self.codes.retain(|&(owner, _), _| owner != pid);
             self.calls.retain(|&(owner, _), _| owner != pid);
             self.learned.remove(&pid);

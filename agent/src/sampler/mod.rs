@@ -546,25 +546,17 @@ impl Sampler {
         RingBuf::try_from(map).map_err(SamplerError::map)
     }
 
-    /// Takes the map of Python processes (see [`crate::python`]); call once.
-    pub fn take_python_map(&mut self) -> Result<crate::python::ProcessMap, SamplerError> {
+    /// Takes one of the language runtimes' hash maps (`MAP_PYTHON_*`,
+    /// `MAP_HOTSPOT_*`: see [`crate::python`], [`crate::runtime::java`]);
+    /// call once per map.
+    pub fn take_hash_map<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<HashMap<MapData, K, V>, SamplerError> {
         let map = self
             .ebpf
-            .take_map(hostprof_common::MAP_PYTHON_PROCESSES)
-            .ok_or(SamplerError::MissingObject(
-                hostprof_common::MAP_PYTHON_PROCESSES,
-            ))?;
-        HashMap::try_from(map).map_err(SamplerError::map)
-    }
-
-    /// Takes the map of Java processes (see [`crate::runtime::java`]); call once.
-    pub fn take_hotspot_map(&mut self) -> Result<crate::runtime::java::ProcessMap, SamplerError> {
-        let map = self
-            .ebpf
-            .take_map(hostprof_common::MAP_HOTSPOT_PROCESSES)
-            .ok_or(SamplerError::MissingObject(
-                hostprof_common::MAP_HOTSPOT_PROCESSES,
-            ))?;
+            .take_map(name)
+            .ok_or(SamplerError::MissingObject(name))?;
         HashMap::try_from(map).map_err(SamplerError::map)
     }
 

@@ -92,29 +92,43 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
-    java + &format!(
-        "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
+    let python = if counters.get(Counter::PythonStacks) > 0 {
+        format!(
+            "hostprof: Python stacks: {} walked in the kernel ({} complete, {} threads found \
+             in the agent's thread map); walks stopped: {}\n",
+            counters.get(Counter::PythonStacks),
+            counters.get(Counter::PythonComplete),
+            counters.get(Counter::PythonThreadCached),
+            stop_list(counters, &Counter::PYTHON_STOPS, "python_")
+        )
+    } else {
+        String::new()
+    };
+    python
+        + &java
+        + &format!(
+            "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
          {} with frame pointers before their tables were loaded\n\
          hostprof: unwind tables: {} files ({} idle), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
          {} did not fit, {} without CFI\n\
          hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
          {} mappings past the per-process limit, {} process loads\n",
-        counters.get(Counter::UnwindTables),
-        counters.get(Counter::UnwindComplete),
-        reasons,
-        counters.get(Counter::UnwindUnknownProcess),
-        tables.tables,
-        tables.idle_tables,
-        tables.rows,
-        mib(tables.bytes_used),
-        mib(tables.bytes_capacity),
-        mib(tables.text_bytes),
-        tables.table_full,
-        tables.build_failures,
-        tables.process_full,
-        tables.mappings_dropped,
-        tables.loads,
-    )
+            counters.get(Counter::UnwindTables),
+            counters.get(Counter::UnwindComplete),
+            reasons,
+            counters.get(Counter::UnwindUnknownProcess),
+            tables.tables,
+            tables.idle_tables,
+            tables.rows,
+            mib(tables.bytes_used),
+            mib(tables.bytes_capacity),
+            mib(tables.text_bytes),
+            tables.table_full,
+            tables.build_failures,
+            tables.process_full,
+            tables.mappings_dropped,
+            tables.loads,
+        )
 }
 
 /// `name count, …` of each of `stops`, named without `prefix`.
