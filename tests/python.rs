@@ -1,10 +1,11 @@
 //! Python frames: `hostprof record -p` on tests/programs/python_callgraph.py
 //! (`<module> → run → stage → hot_path / cold_path`, a `sorted(key=…)` call
 //! from C back into Python, two threads) under every CPython at hand —
-//! pyenv's shared 3.11, 3.12, 3.13, Debian's static 3.11 on the host, and
-//! Debian's static 3.13 (trixie) and 3.14 (forky) in a chroot with their own
-//! mount and pid namespaces (a container, as the agent sees one) — checked
-//! against py-spy recording the same process at the same time.
+//! pyenv's shared 3.8 to 3.13, Debian's static 3.11 on the host, and
+//! Debian's static 3.9 (bullseye), 3.13 (trixie) and 3.14 (forky) in a
+//! chroot with their own mount and pid namespaces (a container, as the agent
+//! sees one) — checked against py-spy recording the same process at the
+//! same time; and a thread older than 200 others, under each.
 mod common;
 
 use std::{
@@ -48,6 +49,9 @@ fn interpreters(program: &str) -> Vec<Interpreter> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for (name, path) in [
+        ("pyenv 3.8", pyenv.join("versions/3.8.18/bin/python3.8")),
+        ("pyenv 3.9", pyenv.join("versions/3.9.18/bin/python3.9")),
+        ("pyenv 3.10", pyenv.join("versions/3.10.13/bin/python3.10")),
         ("pyenv 3.11", pyenv.join("versions/3.11.7/bin/python3.11")),
         ("pyenv 3.12", pyenv.join("versions/3.12.1/bin/python3.12")),
         ("pyenv 3.13", pyenv.join("versions/3.13.0/bin/python3.13")),
@@ -64,6 +68,7 @@ fn interpreters(program: &str) -> Vec<Interpreter> {
         }
     }
     for (name, release) in [
+        ("bullseye 3.9 in a container", "bullseye"),
         ("trixie 3.13 in a container", "trixie"),
         ("forky 3.14 in a container", "forky"),
     ] {
@@ -236,7 +241,10 @@ fn python_frames_match_py_spy_on_every_version() {
                 frames
                     .iter()
                     .find_map(|label| python_function(label))
-                    .is_some_and(|root| root == "<module>" || root == "Thread._bootstrap")
+                    // No qualified names before 3.11: `_bootstrap`.
+                    .is_some_and(|root| {
+                        ["<module>", "Thread._bootstrap", "_bootstrap"].contains(&root)
+                    })
             })
             .map(|(_, count)| count)
             .sum();
@@ -290,9 +298,6 @@ fn python_frames_match_py_spy_on_every_version() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Off-CPU stacks carry Python frames too: a thread sleeping in
-/// `time.sleep` shows `<module> → loop → wait_here` above the C frames of
-/// the sleep, on a shared (pyenv) and a static (Debian) 3.11.
 /// CPU seconds the busy thread runs while hostprof records it: ~300
 /// samples at 199 Hz, however long the machine takes to give it that time.
 const BUSY_CPU_SECONDS: f64 = 1.5;
@@ -391,6 +396,9 @@ fn busy_share(program: Program, args: &[&str]) -> (u64, f64, String) {
     (total, in_spin as f64 / total.max(1) as f64, log)
 }
 
+/// Off-CPU stacks carry Python frames too: a thread sleeping in
+/// `time.sleep` shows `<module> → loop → wait_here` above the C frames of
+/// the sleep, on a shared (pyenv) and a static (Debian) 3.11.
 #[test]
 fn off_cpu_stacks_show_the_python_function_that_waits() {
     let Some(_guard) = require_ebpf() else { return };

@@ -613,7 +613,7 @@ mod user {
     const _: () = assert!(
         core::mem::size_of::<super::hotspot::Process>() == 32 * super::hotspot::MAX_HEAPS + 4 * 12
     );
-    const _: () = assert!(core::mem::size_of::<super::python::Process>() == 8 * 3 + 4 * 12);
+    const _: () = assert!(core::mem::size_of::<super::python::Process>() == 8 * 3 + 4 * 14);
     const _: () = assert!(
         core::mem::size_of::<super::StackSample>()
             == core::mem::size_of::<super::Sample>() + 8 * 4 + 4 * 2 + super::MAX_STACK_COPY

@@ -82,7 +82,8 @@ pub struct Process {
     pub threads_head: u32,
     /// `PyThreadState.next`.
     pub thread_next: u32,
-    /// `PyThreadState.native_thread_id`.
+    /// `PyThreadState.native_thread_id` (3.11+); [`ABSENT`] before, where
+    /// the thread's id is read from its `pthread_t` (next two fields).
     pub thread_native_id: u32,
     /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13+).
     pub thread_frame: u32,
@@ -95,7 +96,10 @@ pub struct Process {
     pub frame_code: u32,
     /// `_PyInterpreterFrame.prev_instr` / `.instr_ptr`.
     pub frame_instr: u32,
-    /// `_PyInterpreterFrame.owner`.
+    /// `_PyInterpreterFrame.owner`; [`ABSENT`] for frame objects (3.8 to
+    /// 3.10: `PyFrameObject`, whose fields the `frame_*` offsets then name:
+    /// `f_back`, `f_code`, `f_lasti`), each one its own call of the
+    /// evaluation loop.
     pub frame_owner: u32,
     /// `_PyInterpreterFrame.is_entry` (3.11); [`ABSENT`] from 3.12 on.
     pub frame_is_entry: u32,
@@ -106,4 +110,11 @@ pub struct Process {
     /// Another `owner` of frames that are not Python code
     /// (`FRAME_OWNED_BY_CSTACK`, 4, in 3.14); `u16::MAX` when none.
     pub owner_skip: u16,
+    /// `PyThreadState.thread_id` (the thread's `pthread_t`, which is its
+    /// `struct pthread` in glibc and musl), for versions without
+    /// `native_thread_id` (3.8 to 3.10); [`ABSENT`] otherwise.
+    pub thread_pthread: u32,
+    /// Offset of the kernel's thread id in that `struct pthread` (the C
+    /// library's; found by the agent per process).
+    pub pthread_tid: u32,
 }

@@ -186,9 +186,10 @@ fn pypi_tools() -> Result<()> {
 }
 
 /// Debian releases whose root file systems tests/python.rs runs Python in
-/// (static CPython 3.13 and 3.14), with the debootstrap script each needs:
-/// bookworm's debootstrap has none for forky, whose layout is sid's.
+/// (static CPython 3.9, 3.13 and 3.14), with the debootstrap script each
+/// needs: bookworm's debootstrap has none for forky, whose layout is sid's.
 const PYTHON_ROOTS: &[(&str, Option<&str>)] = &[
+    ("bullseye", None),
     ("trixie", None),
     ("forky", Some("/usr/share/debootstrap/scripts/sid")),
 ];

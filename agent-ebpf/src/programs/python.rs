@@ -96,7 +96,7 @@ fn thread_state(tgid: u32, process: &py::Process, tid: u32) -> Result<u64, u32> 
     use py::reason::*;
     let key = py::ThreadKey { tgid, tid };
     if let Some(&cached) = unsafe { PYTHON_THREADS.get(&key) }
-        && read_user::<u64>(cached + u64::from(process.thread_native_id)) == Some(u64::from(tid))
+        && thread_id(process, cached) == Some(u64::from(tid))
     {
         bump(Counter::PythonThreadCached);
         return Ok(cached);
@@ -127,6 +127,18 @@ fn thread_state(tgid: u32, process: &py::Process, tid: u32) -> Result<u64, u32> 
     }
 }
 
+/// The id of the thread whose state is at `state`, as its pid namespace
+/// numbers it: CPython's own copy (3.11+), else the C library's, in the
+/// `struct pthread` the state's `pthread_t` points at.
+#[inline(always)]
+fn thread_id(process: &py::Process, state: u64) -> Option<u64> {
+    if process.thread_native_id != ABSENT {
+        return read_user::<u64>(state + u64::from(process.thread_native_id));
+    }
+    let pthread = read_user::<u64>(state + u64::from(process.thread_pthread))?;
+    read_user::<u32>(pthread + u64::from(process.pthread_tid)).map(u64::from)
+}
+
 /// The search for the sampled thread's state among the interpreter's,
 /// for `bpf_loop` (on the caller's stack).
 #[repr(C)]
@@ -154,7 +166,7 @@ extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
         ctx.reason = NO_THREAD;
         return 1;
     }
-    let Some(native) = read_user::<u64>(ctx.thread + u64::from(process.thread_native_id)) else {
+    let Some(native) = thread_id(process, ctx.thread) else {
         ctx.reason = READ_FAULT;
         return 1;
     };
@@ -200,11 +212,18 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
         ctx.reason = COMPLETE;
         return 1;
     }
-    let Some(owner) = read_user::<u8>(frame + u64::from(process.frame_owner)) else {
-        ctx.reason = READ_FAULT;
-        return 1;
+    // Frame objects (3.8 to 3.10) are all Python code, each run by a call
+    // of its own of the evaluation loop.
+    let objects = process.frame_owner == ABSENT;
+    let owner = if objects {
+        u16::MAX - 1
+    } else {
+        let Some(owner) = read_user::<u8>(frame + u64::from(process.frame_owner)) else {
+            ctx.reason = READ_FAULT;
+            return 1;
+        };
+        u16::from(owner)
     };
-    let owner = u16::from(owner);
     let len = stack.len as usize;
     if owner == process.owner_cstack || owner == process.owner_skip {
         // Not Python code. The shim a call of the evaluation loop pushes
@@ -224,8 +243,9 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
             ctx.reason = READ_FAULT;
             return 1;
         };
-        let entry = if process.frame_is_entry != ABSENT
-            && read_user::<u8>(frame + u64::from(process.frame_is_entry)).unwrap_or(0) != 0
+        let entry = if objects
+            || (process.frame_is_entry != ABSENT
+                && read_user::<u8>(frame + u64::from(process.frame_is_entry)).unwrap_or(0) != 0)
         {
             FRAME_ENTRY
         } else {

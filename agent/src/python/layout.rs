@@ -4,7 +4,7 @@
 //! bytes of `_PyRuntime`; 3.11 and 3.12 do not, and their offsets below were
 //! measured with `offsetof` against each version's own headers (release
 //! builds, x86_64 and aarch64 alike: every field is pointer-sized or sits
-//! after pointer-sized ones).
+//! after pointer-sized ones). 3.8 to 3.10 are `super::legacy`'s.
 use hostprof_common::python::{ABSENT, Process};
 
 /// Offsets of the fields the agent reads to name a code object.
@@ -20,6 +20,20 @@ pub struct CodeLayout {
     pub ascii_size: u64,
     /// `sizeof(PyCompactUnicodeObject)`: where other compact strings' start.
     pub compact_size: u64,
+    /// What `linetable` holds, and what a frame's instruction is.
+    pub lines: Lines,
+}
+
+/// The form of a version's line table and frame instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lines {
+    /// 3.11+: PEP 626 location table; the instruction is a pointer into
+    /// the code object's bytecode (`code_adaptive`).
+    Locations,
+    /// 3.8, 3.9: `co_lnotab`; `f_lasti` in bytes (`super::legacy`).
+    Lnotab,
+    /// 3.10: `co_linetable` pairs; `f_lasti` in 2-byte code units.
+    Pairs,
 }
 
 /// One version's layout: the kernel's part (runtime address and pid
@@ -44,7 +58,7 @@ pub const UNICODE_STATE: u64 = 32;
 /// only its first 50 fields are used).
 pub const DEBUG_OFFSETS_BYTES: usize = 0x200;
 
-/// The layout of a version without debug offsets (3.11, 3.12).
+/// The layout of a version without debug offsets (3.8 to 3.12).
 pub fn fixed(minor: u8) -> Option<Layout> {
     let (kernel, code) = match minor {
         11 => (
@@ -72,6 +86,7 @@ pub fn fixed(minor: u8) -> Option<Layout> {
                 code_adaptive: 184,
                 ascii_size: 48,
                 compact_size: 72,
+                lines: Lines::Locations,
             },
         ),
         12 => (
@@ -99,9 +114,10 @@ pub fn fixed(minor: u8) -> Option<Layout> {
                 code_adaptive: 192,
                 ascii_size: 40,
                 compact_size: 56,
+                lines: Lines::Locations,
             },
         ),
-        _ => return None,
+        _ => return super::legacy::layout(minor),
     };
     Some(Layout { kernel, code })
 }
@@ -215,6 +231,7 @@ pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Option<Layout> {
             // Unchanged since 3.12 (no more wstr).
             ascii_size: 40,
             compact_size: 56,
+            lines: Lines::Locations,
         },
     })
 }

@@ -5,13 +5,15 @@
 //! - `layout`: per-version offsets (3.11, 3.12 measured; 3.13+ from
 //!   `_Py_DebugOffsets`);
 //! - `code`: code objects read from the process, lines from location tables;
+//! - `legacy`: 3.8 to 3.10 (frame objects, older line tables);
 //! - `threads`: each process's thread states, in the kernel's thread map;
 //!
 //! A process is Python when one of its executable mappings named like
 //! `python3.X` or `libpython3.X.so` defines `_PyRuntime`; the version comes
-//! from `Py_Version` in its memory.
+//! from `Py_Version` in its memory (3.11+), else from the file's name.
 mod code;
 mod layout;
+mod legacy;
 mod threads;
 
 use std::{
@@ -95,7 +97,10 @@ impl crate::runtime::Runtime for Python {
 #[derive(Clone, Debug)]
 struct PythonElf {
     runtime: u64,
-    version: u64,
+    /// `Py_Version` (3.11+).
+    version: Option<u64>,
+    /// The `X` of the file's name (`python3.X`, `libpython3.X.so`).
+    named_minor: Option<u8>,
     code_type: u64,
     eval: Vec<(u64, u64)>,
     /// (file offset, size, address) of each loadable segment.
@@ -223,10 +228,7 @@ impl Python {
         for raw in &stack.frames[..len] {
             let address = raw.code & !FRAME_ENTRY;
             if let Some(code) = self.code(pid, interpreter, address) {
-                let offset = raw
-                    .instr
-                    .saturating_sub(address + interpreter.layout.code.code_adaptive);
-                let line = code.line_at(offset);
+                let line = line_of(&code, &interpreter.layout.code, address, raw.instr);
                 groups.last_mut().expect("never empty").push(Frame {
                     kind: FrameKind::Python,
                     address: 0,
@@ -370,6 +372,23 @@ impl Python {
     }
 }
 
+/// The line of the instruction `instr` (as the kernel read it) of the code
+/// object `code` at `address`.
+fn line_of(code: &Code, layout: &CodeLayout, address: u64, instr: u64) -> u32 {
+    match layout.lines {
+        layout::Lines::Locations => {
+            code.line_at(instr.saturating_sub(address.saturating_add(layout.code_adaptive)))
+        }
+        lines => match legacy::lasti_offset(lines, instr) {
+            None => code.first_line,
+            Some(offset) if lines == layout::Lines::Pairs => {
+                legacy::pairs_line(&code.linetable, code.first_line, offset)
+            }
+            Some(offset) => legacy::lnotab_line(&code.linetable, code.first_line, offset),
+        },
+    }
+}
+
 /// A cheap identity of the object at `address`: its type pointer xor its
 /// name, file and table pointers. A code object freed and another put in
 /// its place changes it.
@@ -418,10 +437,20 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
         }
     }
     let segments = elf::segments(&file);
+    let named_minor = mapping
+        .file_name()
+        .split_once("python3.")
+        .and_then(|(_, rest)| {
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            rest[..digits].parse().ok()
+        });
     Some(PythonElf {
         functions: Arc::new(function_ranges(&file)),
         runtime: runtime?,
-        version: version?,
+        version,
+        named_minor,
         code_type: code_type?,
         eval,
         segments,
@@ -460,11 +489,16 @@ fn function_ranges(file: &object::File) -> Vec<(u64, u64)> {
 /// The interpreter of a process whose Python binary is loaded at `bias`.
 fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Option<Interpreter> {
     let runtime = elf.runtime.wrapping_add(bias);
-    let version = memory::read_u32(pid, elf.version.wrapping_add(bias))?;
-    let (major, minor) = (version >> 24, ((version >> 16) & 0xff) as u8);
-    if major != 3 || minor < 11 {
+    let (major, minor) = match elf.version {
+        Some(version) => {
+            let version = memory::read_u32(pid, version.wrapping_add(bias))?;
+            (version >> 24, ((version >> 16) & 0xff) as u8)
+        }
+        None => (3, elf.named_minor?),
+    };
+    if major != 3 || minor < 8 {
         tracing::info!(
-            "pid {pid}: Python {major}.{minor} is not supported (3.11 and later are): its native frames only"
+            "pid {pid}: Python {major}.{minor} is not supported (3.8 and later are): its native frames only"
         );
         return None;
     }
@@ -475,12 +509,22 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Option<Interpreter> {
     };
     let Some(mut layout) = layout else {
         tracing::info!(
-            "pid {pid}: Python 3.{minor} has no layout hostprof knows (3.11 to 3.14 are): its native frames only"
+            "pid {pid}: Python 3.{minor} has no layout hostprof knows (3.8 to 3.14 are): its native frames only"
         );
         return None;
     };
-    let (dev, ino) = pid_namespace(pid)?;
     layout.kernel.runtime = runtime;
+    if layout.kernel.thread_native_id == py::ABSENT {
+        let Some(offset) = legacy::find_pthread_tid(pid, &layout.kernel) else {
+            tracing::info!(
+                "pid {pid}: Python 3.{minor}: cannot tell its threads apart (no thread id found \
+                 in its C library's thread structures): its native frames only"
+            );
+            return None;
+        };
+        layout.kernel.pthread_tid = offset;
+    }
+    let (dev, ino) = pid_namespace(pid)?;
     layout.kernel.pidns_dev = dev;
     layout.kernel.pidns_ino = ino;
     tracing::debug!("pid {pid}: Python 3.{minor}, _PyRuntime at {runtime:#x}");

@@ -127,29 +127,59 @@ fn list(
     layout: &py::Process,
     max: usize,
 ) -> Vec<(u32, u64)> {
-    let mut at = |base: u64, offset: u32| base.checked_add(u64::from(offset)).and_then(&mut *read);
-    let Some(mut thread) = at(layout.runtime, layout.interpreters_head)
-        .and_then(|interpreter| at(interpreter, layout.threads_head))
-    else {
-        return Vec::new();
-    };
     let mut states = Vec::new();
-    while thread != 0 && states.len() < max {
-        let (Some(tid), Some(next)) = (
-            at(thread, layout.thread_native_id),
-            at(thread, layout.thread_next),
-        ) else {
+    for state in states_of(read, layout, max) {
+        let Some(tid) = thread_id(read, layout, state) else {
             break;
         };
         // 0 until the thread has started; not an id the kernel looks for.
         if let Ok(tid) = u32::try_from(tid)
             && tid != 0
         {
-            states.push((tid, thread));
+            states.push((tid, state));
         }
-        thread = next;
     }
     states
+}
+
+/// The addresses of the first interpreter's thread states, at most `max`
+/// (a cyclic list ends there).
+pub(super) fn states_of(
+    read: &mut impl FnMut(u64) -> Option<u64>,
+    layout: &py::Process,
+    max: usize,
+) -> Vec<u64> {
+    let mut at = |base: u64, offset: u32| base.checked_add(u64::from(offset)).and_then(&mut *read);
+    let Some(mut state) = at(layout.runtime, layout.interpreters_head)
+        .and_then(|interpreter| at(interpreter, layout.threads_head))
+    else {
+        return Vec::new();
+    };
+    let mut states = Vec::new();
+    while state != 0 && states.len() < max {
+        states.push(state);
+        let Some(next) = at(state, layout.thread_next) else {
+            break;
+        };
+        state = next;
+    }
+    states
+}
+
+/// The id of the thread of the state at `state`, as the kernel reads it
+/// (`agent-ebpf`'s `python::thread_id`): CPython's `native_thread_id`, or
+/// the id in the thread's `struct pthread` (3.8 to 3.10).
+fn thread_id(
+    read: &mut impl FnMut(u64) -> Option<u64>,
+    layout: &py::Process,
+    state: u64,
+) -> Option<u64> {
+    let mut at = |base: u64, offset: u32| base.checked_add(u64::from(offset)).and_then(&mut *read);
+    if layout.thread_native_id != py::ABSENT {
+        return at(state, layout.thread_native_id);
+    }
+    let pthread = at(state, layout.thread_pthread)?;
+    at(pthread, layout.pthread_tid).map(|word| word & 0xffff_ffff)
 }
 
 #[cfg(test)]
@@ -176,6 +206,8 @@ mod tests {
         frame_is_entry: 0,
         owner_cstack: 0,
         owner_skip: 0,
+        thread_pthread: 0,
+        pthread_tid: 0,
     };
 
     /// An interpreter at 0x2000 whose list holds `states` (address, tid),
@@ -211,6 +243,23 @@ mod tests {
         let found = listed(&memory(&states, 0x5000), 10);
         assert_eq!(found.len(), 10);
         assert!(found.iter().all(|&(tid, _)| tid == 7 || tid == 8));
+    }
+
+    #[test]
+    fn without_native_ids_the_id_comes_from_the_pthread() {
+        // 3.8 to 3.10: the state's `pthread_t` (at 0x40) points at the C
+        // library's thread, whose id is at 0x2d0 (the word's low half).
+        let mut memory = memory(&[(0x5000, 0)], 0);
+        memory.0.insert(0x5040, 0x9000);
+        memory.0.insert(0x92d0, 0xffff_0000_0000_002a);
+        let layout = py::Process {
+            thread_native_id: py::ABSENT,
+            thread_pthread: 0x40,
+            pthread_tid: 0x2d0,
+            ..LAYOUT
+        };
+        let found = list(&mut |address| memory.0.get(&address).copied(), &layout, 10);
+        assert_eq!(found, vec![(42, 0x5000)]);
     }
 
     #[test]
