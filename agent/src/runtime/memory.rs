@@ -25,10 +25,43 @@ pub trait Memory {
             .then(|| u32::from_le_bytes(buf))
     }
 
+    /// A little-endian `u16` at `address`.
+    fn read_u16(&self, address: u64) -> Option<u16> {
+        let mut buf = [0u8; 2];
+        self.read(address, &mut buf)
+            .then(|| u16::from_le_bytes(buf))
+    }
+
     /// `len` bytes at `address` (the caller caps `len`).
     fn read_vec(&self, address: u64, len: usize) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; len];
         self.read(address, &mut buf).then_some(buf)
+    }
+
+    /// A NUL-terminated string of at most `max` bytes (lossy UTF-8); `None`
+    /// when unreadable or longer. Read page by page: a short string may
+    /// end just before an unmapped page.
+    fn read_cstr(&self, address: u64, max: usize) -> Option<String> {
+        if address == 0 {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut at = address;
+        while out.len() <= max {
+            let to_page_end = 4096 - (at % 4096) as usize;
+            let want = to_page_end.min(max + 1 - out.len()).min(64);
+            let mut buf = vec![0u8; want];
+            if !self.read(at, &mut buf) {
+                return None;
+            }
+            if let Some(end) = buf.iter().position(|&byte| byte == 0) {
+                out.extend_from_slice(&buf[..end]);
+                return Some(String::from_utf8_lossy(&out).into_owned());
+            }
+            out.extend_from_slice(&buf);
+            at = at.checked_add(want as u64)?;
+        }
+        None
     }
 }
 
