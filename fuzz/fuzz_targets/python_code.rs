@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let layout = fixed(11 + (version & 1)).expect("a fixed layout").code;
-    let memory = Image { base: BASE, bytes: image };
+    let memory = Image {
+        base: BASE,
+        bytes: image,
+    };
     // Whatever type the object says it has (so the fuzzer need not guess).
     let code_type = memory.read_u64(BASE + 8).unwrap_or(0);
     let _ = Code::fingerprint(&memory, BASE, &layout);

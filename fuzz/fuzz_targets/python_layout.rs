@@ -41,7 +41,10 @@ fuzz_target!(|data: &[u8]| {
     ] {
         assert!(u64::from(offset) < MAX_OBJECT_BYTES, "{layout:?}");
     }
-    let memory = Image { base: 0, bytes: blob };
+    let memory = Image {
+        base: 0,
+        bytes: blob,
+    };
     let _ = Code::fingerprint(&memory, 0, &code);
     let _ = Code::read(&memory, 0, 0, &code);
 });
