@@ -68,3 +68,67 @@ mkdir -p "$here/corpus/elf_notes"
 cp go_note.bin "$here/corpus/elf_notes/go_buildid"
 objcopy -O binary --only-section=.note.gnu.build-id sym_dwarf5.so \
   "$here/corpus/elf_notes/gnu_buildid"
+
+# CPython (python_layout, python_code, python_linetable): _Py_DebugOffsets of
+# 3.13 and 3.14 release builds (about: sizes and offsets in range, as the
+# unit tests in python/layout.rs), code objects as python/code.rs's tests
+# build them, location tables.
+PY_CORPUS="$here/corpus" python3 - <<'PY'
+import os, struct
+corpus = os.environ["PY_CORPUS"]
+def write(target, name, data):
+    os.makedirs(f"{corpus}/{target}", exist_ok=True)
+    open(f"{corpus}/{target}/{name}", "wb").write(data)
+
+def debug_offsets(version, fields):
+    values = [0] * 64
+    values[1] = version
+    for index, value in fields.items():
+        values[index] = value
+    blob = bytearray(struct.pack("<64Q", *values))
+    blob[:8] = b"xdebugpy"
+    return bytes(blob)
+
+py313 = {3: 0x50000, 5: 0x620, 6: 0x80000, 9: 0x1c48, 19: 0x150, 21: 8,
+         23: 0x48, 25: 0x98, 28: 0x50, 29: 0, 30: 8, 31: 0x38, 33: 0x46,
+         34: 0xd0, 35: 0x70, 37: 0x80, 38: 0x88, 39: 0x44, 43: 0xc8}
+py314 = {3: 0x60000, 5: 0x7a0, 6: 0x90000, 9: 0x1d08, 22: 0x160, 24: 8,
+         26: 0x48, 28: 0x98, 31: 0x50, 32: 0, 33: 8, 34: 0x38, 36: 0x4a,
+         39: 0xd8, 40: 0x70, 42: 0x80, 43: 0x88, 44: 0x44, 48: 0xd0}
+write("python_layout", "py313", b"\0" + debug_offsets(0x030d00f0, py313))
+write("python_layout", "py314", b"\1" + debug_offsets(0x030e00f0, py314))
+write("python_layout", "py313_huge_qualname",
+      b"\0" + debug_offsets(0x030d00f0, {**py313, 37: 0x80000}))
+
+BASE = 0x1000
+def code_object(version, qualname, filename, table):
+    # (qualname, filename, firstlineno, linetable, ascii_size) of 3.11, 3.12.
+    q, f, first, lt, ascii = {11: (128, 112, 72, 136, 48),
+                              12: (128, 112, 68, 136, 40)}[version]
+    image = bytearray(0x400 + len(table))
+    def put(at, value):
+        image[at - BASE:at - BASE + 8] = struct.pack("<Q", value)
+    q_at, f_at, t_at = BASE + 0x100, BASE + 0x200, BASE + 0x300
+    put(BASE + 8, 0xc0de)
+    put(BASE + q, q_at)
+    put(BASE + f, f_at)
+    put(BASE + lt, t_at)
+    image[first:first + 4] = struct.pack("<I", 10)
+    for at, text in [(q_at, qualname), (f_at, filename)]:
+        put(at + 16, len(text))
+        put(at + 32, (1 << 6) | (1 << 5) | (1 << 2))
+        image[at - BASE + ascii:at - BASE + ascii + len(text)] = text
+    put(t_at + 16, len(table))
+    image[t_at - BASE + 32:t_at - BASE + 32 + len(table)] = table
+    return bytes([version - 11]) + bytes(image)
+
+table = bytes([0x80 | 1, 0x05, 0x80 | (11 << 3) | 2, 4, 8, 0x80 | (15 << 3),
+               0x80 | (13 << 3) | 1, 7])
+# A long form (delta 3, end line, columns) and runs of short forms.
+long_table = table + bytes([0x80 | (14 << 3) | 3, 6, 0, 4, 9]) \
+    + bytes([0x80 | 2, 0x10] * 20)
+write("python_code", "py311", code_object(11, b"Class.method", b"/app/main.py", table))
+write("python_code", "py312", code_object(12, b"<module>", b"/usr/lib/python3.12/runpy.py", long_table))
+write("python_linetable", "short", struct.pack("<I", 10) + table)
+write("python_linetable", "long", struct.pack("<I", 1) + long_table)
+PY

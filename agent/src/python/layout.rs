@@ -7,6 +7,8 @@
 //! after pointer-sized ones). 3.8 to 3.10 are `super::legacy`'s.
 use hostprof_common::python::{ABSENT, Process};
 
+use super::limits::{MAX_OBJECT_BYTES, MAX_STATE_BYTES, Refusal};
+
 /// Offsets of the fields the agent reads to name a code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CodeLayout {
@@ -21,12 +23,12 @@ pub struct CodeLayout {
     /// `sizeof(PyCompactUnicodeObject)`: where other compact strings' start.
     pub compact_size: u64,
     /// What `linetable` holds, and what a frame's instruction is.
-    pub lines: Lines,
+    pub line_table: LineTable,
 }
 
 /// The form of a version's line table and frame instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lines {
+pub enum LineTable {
     /// 3.11+: PEP 626 location table; the instruction is a pointer into
     /// the code object's bytecode (`code_adaptive`).
     Locations,
@@ -86,7 +88,7 @@ pub fn fixed(minor: u8) -> Option<Layout> {
                 code_adaptive: 184,
                 ascii_size: 48,
                 compact_size: 72,
-                lines: Lines::Locations,
+                line_table: LineTable::Locations,
             },
         ),
         12 => (
@@ -114,7 +116,7 @@ pub fn fixed(minor: u8) -> Option<Layout> {
                 code_adaptive: 192,
                 ascii_size: 40,
                 compact_size: 56,
-                lines: Lines::Locations,
+                line_table: LineTable::Locations,
             },
         ),
         _ => return super::legacy::layout(minor),
@@ -122,28 +124,45 @@ pub fn fixed(minor: u8) -> Option<Layout> {
     Some(Layout { kernel, code })
 }
 
+/// Why `_Py_DebugOffsets` gave no layout.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DebugOffsetsError {
+    /// Not the cookie, another version than the symbols said, a
+    /// free-threaded build (whose thread states and frames differ) or a
+    /// version whose form of it is not known.
+    #[error("its _Py_DebugOffsets is not one hostprof knows")]
+    Unknown,
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
 /// The layout `_Py_DebugOffsets` (as read from the start of `_PyRuntime`)
-/// describes, for the versions whose form of it is known (3.13, 3.14);
-/// `None` when the cookie or version does not match.
-pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Option<Layout> {
-    let field = |index: usize| -> Option<u32> {
-        let bytes = blob.get(index * 8..index * 8 + 8)?;
-        let value = u64::from_le_bytes(bytes.try_into().ok()?);
-        // An offset into a struct: anything past 1 MiB is not one.
-        (value < 1 << 20).then_some(value as u32)
+/// describes, for the versions whose form of it is known (3.13, 3.14).
+///
+/// Each struct's size is capped ([`MAX_OBJECT_BYTES`], [`MAX_STATE_BYTES`])
+/// and each field must end within its struct's size: the offsets are the
+/// process's to write, and the kernel and the code-object reader read at
+/// them per frame per sample.
+pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Result<Layout, DebugOffsetsError> {
+    use DebugOffsetsError::Unknown;
+    let raw = |index: usize| -> Result<u64, DebugOffsetsError> {
+        let bytes = blob.get(index * 8..index * 8 + 8).ok_or(Unknown)?;
+        Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| Unknown)?))
     };
-    if blob.get(..8)? != b"xdebugpy" {
-        return None;
+    if blob.get(..8) != Some(b"xdebugpy".as_slice()) {
+        return Err(Unknown);
     }
-    let version = u64::from_le_bytes(blob.get(8..16)?.try_into().ok()?);
-    if (version >> 16) & 0xff != u64::from(minor) || field(2)? != 0 {
-        // Another version than the symbols said, or a free-threaded build
-        // (whose thread states and frames differ).
-        return None;
+    if (raw(1)? >> 16) & 0xff != u64::from(minor) || raw(2)? != 0 {
+        return Err(Unknown);
     }
     // Indices of the u64 fields: the structs grew between versions
-    // (pycore_runtime.h in 3.13, pycore_debug_offsets.h in 3.14).
+    // (pycore_runtime.h in 3.13, pycore_debug_offsets.h in 3.14). Each
+    // struct starts with its size.
     struct Index {
+        interpreter_size: usize,
+        thread_size: usize,
+        frame_size: usize,
+        code_size: usize,
         interpreters_head: usize,
         threads_head: usize,
         thread_next: usize,
@@ -162,6 +181,10 @@ pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Option<Layout> {
     let (at, owner_cstack, owner_skip) = match minor {
         13 => (
             Index {
+                interpreter_size: 6,
+                thread_size: 19,
+                frame_size: 28,
+                code_size: 34,
                 interpreters_head: 5,
                 threads_head: 9,
                 thread_next: 21,
@@ -182,6 +205,10 @@ pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Option<Layout> {
         ),
         14 => (
             Index {
+                interpreter_size: 6,
+                thread_size: 22,
+                frame_size: 31,
+                code_size: 39,
                 interpreters_head: 5,
                 threads_head: 9,
                 thread_next: 24,
@@ -203,35 +230,173 @@ pub fn from_debug_offsets(minor: u8, blob: &[u8]) -> Option<Layout> {
             3,
             4,
         ),
-        _ => return None,
+        _ => return Err(Unknown),
     };
-    Some(Layout {
+    let size = |index: usize, what: &'static str, cap: u64| -> Result<u64, DebugOffsetsError> {
+        let value = raw(index)?;
+        if value > cap {
+            return Err(Refusal::Offset {
+                what,
+                value,
+                limit: cap,
+            }
+            .into());
+        }
+        Ok(value)
+    };
+    // `_PyRuntimeState` (index 3) and each struct the walk reads.
+    let runtime = size(3, "sizeof(_PyRuntimeState)", MAX_STATE_BYTES)?;
+    let interpreter = size(
+        at.interpreter_size,
+        "sizeof(PyInterpreterState)",
+        MAX_STATE_BYTES,
+    )?;
+    let thread = size(at.thread_size, "sizeof(PyThreadState)", MAX_OBJECT_BYTES)?;
+    let frame = size(
+        at.frame_size,
+        "sizeof(_PyInterpreterFrame)",
+        MAX_OBJECT_BYTES,
+    )?;
+    let code = size(at.code_size, "sizeof(PyCodeObject)", MAX_OBJECT_BYTES)?;
+    // A field of `width` bytes at the offset at `index`, within `size`.
+    let field = |index: usize, what: &'static str, width: u64, size: u64| {
+        let value = raw(index)?;
+        match value.checked_add(width) {
+            Some(end) if end <= size => Ok::<u32, DebugOffsetsError>(value as u32),
+            _ => Err(Refusal::Offset {
+                what,
+                value,
+                limit: size,
+            }
+            .into()),
+        }
+    };
+    // Pointers and `unsigned long`s are 8 bytes, `co_firstlineno` an int,
+    // `owner` a char; `co_code_adaptive` is the object's trailing array.
+    let pointer = |index: usize, what: &'static str, size: u64| field(index, what, 8, size);
+    Ok(Layout {
         kernel: Process {
-            interpreters_head: field(at.interpreters_head)?,
-            threads_head: field(at.threads_head)?,
-            thread_next: field(at.thread_next)?,
-            thread_native_id: field(at.native_thread_id)?,
-            thread_frame: field(at.current_frame)?,
+            interpreters_head: pointer(at.interpreters_head, "interpreters.head", runtime)?,
+            threads_head: pointer(at.threads_head, "threads.head", interpreter)?,
+            thread_next: pointer(at.thread_next, "PyThreadState.next", thread)?,
+            thread_native_id: pointer(at.native_thread_id, "native_thread_id", thread)?,
+            thread_frame: pointer(at.current_frame, "current_frame", thread)?,
             cframe_frame: ABSENT,
-            frame_previous: field(at.previous)?,
-            frame_code: field(at.executable)?,
-            frame_instr: field(at.instr_ptr)?,
-            frame_owner: field(at.owner)?,
+            frame_previous: pointer(at.previous, "frame previous", frame)?,
+            frame_code: pointer(at.executable, "f_executable", frame)?,
+            frame_instr: pointer(at.instr_ptr, "instr_ptr", frame)?,
+            frame_owner: field(at.owner, "frame owner", 1, frame)?,
             frame_is_entry: ABSENT,
             owner_cstack,
             owner_skip,
             ..Process::default()
         },
         code: CodeLayout {
-            filename: field(at.filename)?.into(),
-            qualname: field(at.qualname)?.into(),
-            firstlineno: field(at.firstlineno)?.into(),
-            linetable: field(at.linetable)?.into(),
-            code_adaptive: field(at.code_adaptive)?.into(),
+            filename: pointer(at.filename, "co_filename", code)?.into(),
+            qualname: pointer(at.qualname, "co_qualname", code)?.into(),
+            firstlineno: field(at.firstlineno, "co_firstlineno", 4, code)?.into(),
+            linetable: pointer(at.linetable, "co_linetable", code)?.into(),
+            code_adaptive: field(at.code_adaptive, "co_code_adaptive", 0, code)?.into(),
             // Unchanged since 3.12 (no more wstr).
             ascii_size: 40,
             compact_size: 56,
-            lines: Lines::Locations,
+            line_table: LineTable::Locations,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DebugOffsetsError, Refusal, from_debug_offsets};
+
+    /// A 3.13 `_Py_DebugOffsets` (sizes and offsets of a release build,
+    /// about), with `changes` (field index, value) made.
+    fn debug_offsets_313(changes: &[(usize, u64)]) -> Vec<u8> {
+        let mut fields = [0u64; 64];
+        fields[1] = 0x030d_00f0;
+        for (index, value) in [
+            (3, 0x5_0000),
+            (5, 0x620),
+            (6, 0x8_0000),
+            (9, 0x1c48),
+            (19, 0x150),
+            (21, 8),
+            (23, 0x48),
+            (25, 0x98),
+            (28, 0x50),
+            (29, 0),
+            (30, 8),
+            (31, 0x38),
+            (33, 0x46),
+            (34, 0xd0),
+            (35, 0x70),
+            (37, 0x80),
+            (38, 0x88),
+            (39, 0x44),
+            (43, 0xc8),
+        ]
+        .into_iter()
+        .chain(changes.iter().copied())
+        {
+            fields[index] = value;
+        }
+        let mut blob: Vec<u8> = fields
+            .iter()
+            .flat_map(|field| field.to_le_bytes())
+            .collect();
+        blob[..8].copy_from_slice(b"xdebugpy");
+        blob
+    }
+
+    #[test]
+    fn debug_offsets_in_range_give_a_layout() {
+        let layout = from_debug_offsets(13, &debug_offsets_313(&[])).expect("a layout");
+        assert_eq!(layout.kernel.thread_native_id, 0x98);
+        assert_eq!(layout.code.qualname, 0x80);
+        assert_eq!(layout.code.code_adaptive, 0xc8);
+    }
+
+    #[test]
+    fn huge_offsets_and_sizes_are_refused() {
+        let refused =
+            |changes: &[(usize, u64)]| match from_debug_offsets(13, &debug_offsets_313(changes)) {
+                Err(DebugOffsetsError::Refused(Refusal::Offset { what, .. })) => what,
+                other => panic!("{changes:x?} gave {other:?}"),
+            };
+        // A qualname offset of 512 KiB (each frame would read that much).
+        assert_eq!(refused(&[(37, 0x8_0000)]), "co_qualname");
+        // Within the old 1 MiB bound, but past sizeof(PyCodeObject).
+        assert_eq!(refused(&[(38, 0xd0)]), "co_linetable");
+        assert_eq!(refused(&[(39, 0xcd)]), "co_firstlineno");
+        assert_eq!(refused(&[(34, 1 << 20)]), "sizeof(PyCodeObject)");
+        assert_eq!(refused(&[(19, u64::MAX)]), "sizeof(PyThreadState)");
+        assert_eq!(refused(&[(33, u64::MAX)]), "frame owner");
+        assert_eq!(refused(&[(3, 1 << 40)]), "sizeof(_PyRuntimeState)");
+        assert_eq!(refused(&[(9, 0x7_fff9)]), "threads.head");
+    }
+
+    #[test]
+    fn other_blobs_are_unknown() {
+        let blob = debug_offsets_313(&[]);
+        assert_eq!(
+            from_debug_offsets(14, &blob),
+            Err(DebugOffsetsError::Unknown)
+        );
+        assert_eq!(
+            from_debug_offsets(13, &blob[..100]),
+            Err(DebugOffsetsError::Unknown)
+        );
+        let free_threaded = debug_offsets_313(&[(2, 1)]);
+        assert_eq!(
+            from_debug_offsets(13, &free_threaded),
+            Err(DebugOffsetsError::Unknown)
+        );
+        let mut bad_cookie = blob.clone();
+        bad_cookie[0] = b'X';
+        assert_eq!(
+            from_debug_offsets(13, &bad_cookie),
+            Err(DebugOffsetsError::Unknown)
+        );
+        assert_eq!(from_debug_offsets(13, &[]), Err(DebugOffsetsError::Unknown));
+    }
 }

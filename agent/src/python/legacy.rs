@@ -18,13 +18,16 @@ use std::collections::HashSet;
 
 use hostprof_common::python::{ABSENT, Process};
 
-use super::layout::{CodeLayout, Layout, Lines};
+use super::{
+    layout::{CodeLayout, Layout, LineTable},
+    lines::Entry,
+};
 
 /// The layout of 3.8, 3.9 or 3.10; `pthread_tid` is left for the caller.
 pub fn layout(minor: u8) -> Option<Layout> {
-    let (f_lasti, lines) = match minor {
-        8 | 9 => (104, Lines::Lnotab),
-        10 => (96, Lines::Pairs),
+    let (f_lasti, line_table) = match minor {
+        8 | 9 => (104, LineTable::Lnotab),
+        10 => (96, LineTable::Pairs),
         _ => return None,
     };
     Some(Layout {
@@ -58,7 +61,7 @@ pub fn layout(minor: u8) -> Option<Layout> {
             // PyASCIIObject and PyCompactUnicodeObject, with their wstr.
             ascii_size: 48,
             compact_size: 72,
-            lines,
+            line_table,
         },
     })
 }
@@ -66,52 +69,52 @@ pub fn layout(minor: u8) -> Option<Layout> {
 /// The byte offset in the bytecode of the instruction a frame was at, from
 /// the `f_lasti` the kernel read (an `int`: the low half of the word);
 /// `None` before the frame's first instruction.
-pub fn lasti_offset(lines: Lines, instr: u64) -> Option<u64> {
+pub fn lasti_offset(table: LineTable, instr: u64) -> Option<u64> {
     let lasti = u64::try_from(instr as u32 as i32).ok()?;
-    Some(match lines {
-        Lines::Pairs => lasti * 2,
+    Some(match table {
+        LineTable::Pairs => lasti * 2,
         _ => lasti,
     })
 }
 
-/// The line of bytecode offset `offset` by 3.8's and 3.9's `co_lnotab`:
-/// pairs of (offset increment, signed line increment), the line changing
-/// at each pair's offset.
-pub fn lnotab_line(table: &[u8], first_line: u32, offset: u64) -> u32 {
+/// Code units past the end of 3.8's and 3.9's tables that keep the last
+/// line (their last line runs to the end of the code).
+const LNOTAB_TAIL_UNITS: u64 = 1 << 30;
+
+/// The runs of lines (in 2-byte code units) of 3.8's and 3.9's `co_lnotab`:
+/// pairs of (byte offset increment, signed line increment), the line
+/// changing at each pair's offset.
+pub fn lnotab(table: &[u8], first_line: u32) -> Vec<Entry> {
     let mut line = i64::from(first_line);
-    let mut at = 0u64;
+    let mut entries = Vec::with_capacity(table.len() / 2 + 1);
     for pair in table.chunks_exact(2) {
-        at += u64::from(pair[0]);
-        if at > offset {
-            break;
-        }
-        line += i64::from(pair[1] as i8);
+        entries.push((u64::from(pair[0]) / 2, line_number(line)));
+        line = line.saturating_add(i64::from(pair[1] as i8));
     }
-    u32::try_from(line).unwrap_or(0)
+    entries.push((LNOTAB_TAIL_UNITS, line_number(line)));
+    entries
 }
 
-/// The line of bytecode offset `offset` by 3.10's `co_linetable`: pairs of
-/// (bytes covered, signed line change; -128: no line) laid end to end.
-pub fn pairs_line(table: &[u8], first_line: u32, offset: u64) -> u32 {
+/// The runs of lines of 3.10's `co_linetable`: pairs of (bytes covered,
+/// signed line change; -128: no line) laid end to end.
+pub fn pairs(table: &[u8], first_line: u32) -> Vec<Entry> {
     let mut line = i64::from(first_line);
-    let mut end = 0u64;
-    for pair in table.chunks_exact(2) {
-        let start = end;
-        end += u64::from(pair[0]);
-        let delta = pair[1] as i8;
-        let known = delta != -128;
-        if known {
-            line += i64::from(delta);
-        }
-        if (start..end).contains(&offset) {
-            return if known {
-                u32::try_from(line).unwrap_or(0)
-            } else {
-                0
-            };
-        }
-    }
-    0
+    table
+        .chunks_exact(2)
+        .map(|pair| {
+            let delta = pair[1] as i8;
+            let known = (delta != -128).then(|| {
+                line = line.saturating_add(i64::from(delta));
+                line
+            });
+            (u64::from(pair[0]) / 2, known.and_then(line_number))
+        })
+        .collect()
+}
+
+/// A line read from a table (the tenant's: out of range is line 0).
+fn line_number(line: i64) -> Option<u32> {
+    Some(u32::try_from(line).unwrap_or(0))
 }
 
 /// [`pthread_tid_offset`] for process `pid` whose thread states `layout`
@@ -185,38 +188,41 @@ pub fn pthread_tid_offset(
 mod tests {
     use super::*;
 
+    use crate::python::Lines;
+
     #[test]
     fn lnotab_lines() {
-        // Offsets 0..6 on line 10, 6..20 on 12, 20.. on 9 (a loop's
-        // condition moved before its body).
+        // Bytes 0..6 on line 10, 6..20 on 12, 20.. on 9 (a loop's
+        // condition moved before its body); lines by code unit.
         let table = [6, 2, 14, (-3i8) as u8];
-        assert_eq!(lnotab_line(&table, 10, 0), 10);
-        assert_eq!(lnotab_line(&table, 10, 5), 10);
-        assert_eq!(lnotab_line(&table, 10, 6), 12);
-        assert_eq!(lnotab_line(&table, 10, 19), 12);
-        assert_eq!(lnotab_line(&table, 10, 40), 9);
+        let lines = Lines::from_entries(lnotab(&table, 10).into_iter());
+        for (unit, line) in [(0, 10), (2, 10), (3, 12), (9, 12), (10, 9), (5000, 9)] {
+            assert_eq!(lines.line(unit), line, "unit {unit}");
+        }
         // An odd byte at the end is not a pair.
-        assert_eq!(lnotab_line(&[6, 2, 1], 10, 100), 12);
+        let lines = Lines::from_entries(lnotab(&[6, 2, 1], 10).into_iter());
+        assert_eq!(lines.line(100), 12);
     }
 
     #[test]
     fn pairs_310_lines() {
-        // 0..4 on line 5 (+0 is still a range), 4..10 on 7, 10..12 none,
-        // a zero-length entry moving the line to 9 before 12..16.
+        // Bytes 0..4 on line 5 (+0 is still a range), 4..10 on 7, 10..12
+        // none, a zero-length entry moving the line to 9 before 12..16.
         let table = [4, 0, 6, 2, 2, (-128i8) as u8, 0, 2, 4, 0];
-        assert_eq!(pairs_line(&table, 5, 0), 5);
-        assert_eq!(pairs_line(&table, 5, 4), 7);
-        assert_eq!(pairs_line(&table, 5, 9), 7);
-        assert_eq!(pairs_line(&table, 5, 10), 0);
-        assert_eq!(pairs_line(&table, 5, 12), 9);
-        assert_eq!(pairs_line(&table, 5, 16), 0);
+        let lines = Lines::from_entries(pairs(&table, 5).into_iter());
+        for (unit, line) in [(0, 5), (2, 7), (4, 7), (5, 0), (6, 9), (7, 9), (8, 0)] {
+            assert_eq!(lines.line(unit), line, "unit {unit}");
+        }
     }
 
     #[test]
     fn lasti_is_a_signed_int_in_the_low_half() {
-        assert_eq!(lasti_offset(Lines::Lnotab, 0xdead_beef_0000_0010), Some(16));
-        assert_eq!(lasti_offset(Lines::Pairs, 8), Some(16));
-        assert_eq!(lasti_offset(Lines::Pairs, 0xffff_ffff), None);
+        assert_eq!(
+            lasti_offset(LineTable::Lnotab, 0xdead_beef_0000_0010),
+            Some(16)
+        );
+        assert_eq!(lasti_offset(LineTable::Pairs, 8), Some(16));
+        assert_eq!(lasti_offset(LineTable::Pairs, 0xffff_ffff), None);
     }
 
     #[test]

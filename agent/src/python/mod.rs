@@ -4,20 +4,25 @@
 //!
 //! - `layout`: per-version offsets (3.11, 3.12 measured; 3.13+ from
 //!   `_Py_DebugOffsets`);
-//! - `code`: code objects read from the process, lines from location tables;
+//! - `code`: code objects read from the process; `lines`: their location
+//!   tables, decoded once; `cache`: them by address, within a byte budget;
+//! - `limits`: the caps on what is read of a process, and what was refused;
 //! - `legacy`: 3.8 to 3.10 (frame objects, older line tables);
-//! - `threads`: each process's thread states, in the kernel's thread map;
+//! - `threads`: each process's thread states, in the kernel's thread map.
 //!
 //! A process is Python when one of its executable mappings named like
 //! `python3.X` or `libpython3.X.so` defines `_PyRuntime`; the version comes
 //! from `Py_Version` in its memory (3.11+), else from the file's name.
-mod code;
-mod layout;
+mod cache;
+pub mod code;
+pub mod layout;
 mod legacy;
+pub mod limits;
+pub mod lines;
 mod threads;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -25,14 +30,19 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::python::{self as py, FRAME_ENTRY};
 
-pub use code::{Code, line_at};
+pub use code::Code;
 pub use layout::{CodeLayout, Layout};
+pub use limits::{Refusals, refusals};
+pub use lines::{Lines, line_at};
 pub use threads::ThreadMap;
 
 use crate::{
     model::{Frame, FrameKind, Line, Mapping},
     runtime::{elf, memory},
 };
+use cache::CodeCache;
+use layout::DebugOffsetsError;
+use limits::Refusal;
 
 /// The kernel map of Python processes.
 pub type ProcessMap = BpfHashMap<MapData, u32, py::Process>;
@@ -110,13 +120,11 @@ struct PythonElf {
     functions: Arc<Vec<(u64, u64)>>,
 }
 
-type CachedCode = (Arc<Code>, [u8; 8]);
-
 /// How often a process found without Python is looked at again.
 const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Code objects cached before starting over.
-const MAX_CODES: usize = 1 << 16;
+/// Return addresses whose call is known before starting over.
+const MAX_CALLS: usize = 1 << 16;
 
 /// Python processes and their code objects (the pipeline's attribution
 /// thread owns one).
@@ -127,8 +135,9 @@ pub struct Python {
     /// pid -> its interpreter, or when it was found to have none.
     processes: HashMap<u32, Result<Arc<Interpreter>, Instant>>,
     files: HashMap<(u64, u64), Option<Arc<PythonElf>>>,
-    /// (pid, address) -> the code object there and its fingerprint.
-    codes: HashMap<(u32, u64), Option<CachedCode>>,
+    /// Processes whose `_Py_DebugOffsets` were refused: not looked at again.
+    refused: HashSet<u32>,
+    codes: CodeCache,
     /// (pid, return address) -> whether the call before it is to the loop.
     calls: HashMap<(u32, u64), bool>,
     /// pid -> parts of the loop found outside its symbol's range.
@@ -158,9 +167,17 @@ impl Python {
             // Looked again now and then: the process may exec Python since
             // (`record -- python3 …` is sampled before its exec).
             Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return None,
+            _ if self.refused.contains(&pid) => return None,
             _ => {}
         }
-        let found = self.find(pid, mappings).map(Arc::new);
+        let found = match self.find(pid, mappings) {
+            Ok(found) => found.map(Arc::new),
+            Err(refusal) => {
+                limits::refused(pid, &refusal);
+                self.refused.insert(pid);
+                None
+            }
+        };
         if let (Some(interpreter), Some(map)) = (&found, &mut self.map) {
             match register(map, pid, interpreter) {
                 Ok(()) => self.threads.refresh(pid, &interpreter.layout.kernel),
@@ -181,17 +198,20 @@ impl Python {
                 let _ = map.remove(&pid);
             }
             self.threads.forget(pid);
-            self.codes.retain(|&(owner, _), _| owner != pid);
+            self.refused.remove(&pid);
+            self.codes.forget(pid);
             self.calls.retain(|&(owner, _), _| owner != pid);
             self.learned.remove(&pid);
         }
     }
 
+    /// The interpreter in the first Python binary among `mappings`; `Err`
+    /// when its offsets were refused.
     fn find<'a>(
         &mut self,
         pid: u32,
         mappings: impl Iterator<Item = &'a Arc<Mapping>>,
-    ) -> Option<Interpreter> {
+    ) -> Result<Option<Interpreter>, Refusal> {
         for mapping in mappings {
             let name = mapping.file_name();
             if !(name.starts_with("libpython3") || name.starts_with("python3")) {
@@ -212,7 +232,7 @@ impl Python {
             };
             return interpreter_at(pid, &elf, bias);
         }
-        None
+        Ok(None)
     }
 
     /// The named interpreter frames of a sample, innermost first, in
@@ -345,7 +365,7 @@ impl Python {
             let target = address.wrapping_add_signed(i64::from(relative));
             interpreter.eval.iter().any(|&(start, _)| start == target)
         };
-        if self.calls.len() >= MAX_CODES {
+        if self.calls.len() >= MAX_CALLS {
             self.calls.clear();
         }
         self.calls.insert((pid, address), calls);
@@ -356,18 +376,19 @@ impl Python {
     /// while its type, name and file pointers stay the same.
     fn code(&mut self, pid: u32, interpreter: &Interpreter, address: u64) -> Option<Arc<Code>> {
         let layout = &interpreter.layout.code;
-        let fingerprint = fingerprint(pid, address, layout)?;
-        if let Some(Some((code, seen))) = self.codes.get(&(pid, address))
-            && *seen == fingerprint
-        {
-            return Some(code.clone());
+        let process = memory::Process(pid);
+        let fingerprint = Code::fingerprint(&process, address, layout)?;
+        if let Some(code) = self.codes.get(pid, address, fingerprint) {
+            return code;
         }
-        if self.codes.len() >= MAX_CODES {
-            self.codes.clear();
-        }
-        let code = Code::read(pid, address, interpreter.code_type, layout).map(Arc::new);
-        self.codes
-            .insert((pid, address), code.clone().map(|code| (code, fingerprint)));
+        let code = match Code::read(&process, address, interpreter.code_type, layout) {
+            Ok(code) => code.map(Arc::new),
+            Err(refusal) => {
+                limits::refused(pid, &refusal);
+                None
+            }
+        };
+        self.codes.insert(pid, address, fingerprint, code.clone());
         code
     }
 }
@@ -375,35 +396,14 @@ impl Python {
 /// The line of the instruction `instr` (as the kernel read it) of the code
 /// object `code` at `address`.
 fn line_of(code: &Code, layout: &CodeLayout, address: u64, instr: u64) -> u32 {
-    match layout.lines {
-        layout::Lines::Locations => {
-            code.line_at(instr.saturating_sub(address.saturating_add(layout.code_adaptive)))
+    match layout.line_table {
+        layout::LineTable::Locations => {
+            let bytecode = address.saturating_add(layout.code_adaptive);
+            code.line_at(instr.saturating_sub(bytecode))
         }
-        lines => match legacy::lasti_offset(lines, instr) {
-            None => code.first_line,
-            Some(offset) if lines == layout::Lines::Pairs => {
-                legacy::pairs_line(&code.linetable, code.first_line, offset)
-            }
-            Some(offset) => legacy::lnotab_line(&code.linetable, code.first_line, offset),
-        },
+        table => legacy::lasti_offset(table, instr)
+            .map_or(code.first_line, |offset| code.line_at(offset)),
     }
-}
-
-/// A cheap identity of the object at `address`: its type pointer xor its
-/// name, file and table pointers. A code object freed and another put in
-/// its place changes it.
-fn fingerprint(pid: u32, address: u64, layout: &CodeLayout) -> Option<[u8; 8]> {
-    let end = layout.qualname.max(layout.filename).max(layout.linetable) + 8;
-    let bytes = memory::read_vec(pid, address, end as usize)?;
-    let at = |offset: u64| {
-        let offset = offset as usize;
-        u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
-    };
-    let value = at(8)
-        ^ at(layout.qualname)
-        ^ at(layout.filename).rotate_left(17)
-        ^ at(layout.linetable).rotate_left(31);
-    Some(value.to_le_bytes())
 }
 
 /// Reads a Python binary's symbols; `None` when it has no `_PyRuntime`.
@@ -428,7 +428,8 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
                 if name == "_PyEval_EvalFrameDefault"
                     || name.starts_with("_PyEval_EvalFrameDefault.") =>
             {
-                let range = (symbol.address(), symbol.address() + symbol.size().max(1));
+                let end = symbol.address().saturating_add(symbol.size().max(1));
+                let range = (symbol.address(), end);
                 if !eval.contains(&range) {
                     eval.push(range);
                 }
@@ -479,39 +480,55 @@ fn function_ranges(file: &object::File) -> Vec<(u64, u64)> {
             && let Ok(fde) =
                 partial.parse(|section, bases, offset| section.cie_from_offset(bases, offset))
         {
-            ranges.push((fde.initial_address(), fde.initial_address() + fde.len()));
+            let end = fde.initial_address().saturating_add(fde.len());
+            ranges.push((fde.initial_address(), end));
         }
     }
     ranges.sort_unstable();
     ranges
 }
 
-/// The interpreter of a process whose Python binary is loaded at `bias`.
-fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Option<Interpreter> {
+/// The interpreter of a process whose Python binary is loaded at `bias`;
+/// `Err` when its `_Py_DebugOffsets` are out of range.
+fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpreter>, Refusal> {
     let runtime = elf.runtime.wrapping_add(bias);
     let (major, minor) = match elf.version {
         Some(version) => {
-            let version = memory::read_u32(pid, version.wrapping_add(bias))?;
+            let Some(version) = memory::read_u32(pid, version.wrapping_add(bias)) else {
+                return Ok(None);
+            };
             (version >> 24, ((version >> 16) & 0xff) as u8)
         }
-        None => (3, elf.named_minor?),
+        None => match elf.named_minor {
+            Some(minor) => (3, minor),
+            None => return Ok(None),
+        },
     };
     if major != 3 || minor < 8 {
         tracing::info!(
             "pid {pid}: Python {major}.{minor} is not supported (3.8 and later are): its native frames only"
         );
-        return None;
+        return Ok(None);
     }
     let layout = match layout::fixed(minor) {
-        Some(layout) => Some(layout),
+        Some(layout) => Ok(layout),
         None => memory::read_vec(pid, runtime, layout::DEBUG_OFFSETS_BYTES)
-            .and_then(|blob| layout::from_debug_offsets(minor, &blob)),
+            .map_or(Err(DebugOffsetsError::Unknown), |blob| {
+                layout::from_debug_offsets(minor, &blob)
+            }),
     };
-    let Some(mut layout) = layout else {
-        tracing::info!(
-            "pid {pid}: Python 3.{minor} has no layout hostprof knows (3.8 to 3.14 are): its native frames only"
-        );
-        return None;
+    let mut layout = match layout {
+        Ok(layout) => layout,
+        Err(DebugOffsetsError::Refused(refusal)) => return Err(refusal),
+        Err(DebugOffsetsError::Unknown) => {
+            tracing::info!(
+                "pid {pid}: Python 3.{minor} has no layout hostprof knows (3.8 to 3.14 are): its native frames only"
+            );
+            return Ok(None);
+        }
+    };
+    let Some((dev, ino)) = pid_namespace(pid) else {
+        return Ok(None);
     };
     layout.kernel.runtime = runtime;
     if layout.kernel.thread_native_id == py::ABSENT {
@@ -520,15 +537,14 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Option<Interpreter> {
                 "pid {pid}: Python 3.{minor}: cannot tell its threads apart (no thread id found \
                  in its C library's thread structures): its native frames only"
             );
-            return None;
+            return Ok(None);
         };
         layout.kernel.pthread_tid = offset;
     }
-    let (dev, ino) = pid_namespace(pid)?;
     layout.kernel.pidns_dev = dev;
     layout.kernel.pidns_ino = ino;
     tracing::debug!("pid {pid}: Python 3.{minor}, _PyRuntime at {runtime:#x}");
-    Some(Interpreter {
+    Ok(Some(Interpreter {
         minor,
         layout,
         eval: elf
@@ -539,7 +555,7 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Option<Interpreter> {
         code_type: elf.code_type.wrapping_add(bias),
         functions: elf.functions.clone(),
         bias,
-    })
+    }))
 }
 
 /// Device (in the kernel's own encoding, which `bpf_get_ns_current_pid_tgid`

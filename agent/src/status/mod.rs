@@ -200,6 +200,18 @@ impl Snapshot {
                 ("{reason=\"escape\"}", refused.escape),
             ],
         );
+        // Process-wide counters of the CPython reader.
+        let python = crate::python::refusals();
+        metric(
+            "hostprof_python_refused_total",
+            "counter",
+            "Values read from Python processes past a cap: offsets (the process is not walked), over-long strings or location tables, pointers that overflow (the frame is left out).",
+            &[
+                ("{reason=\"offsets\"}", python.offsets),
+                ("{reason=\"too_long\"}", python.too_long),
+                ("{reason=\"overflow\"}", python.overflow),
+            ],
+        );
         metric(
             "process_resident_memory_bytes",
             "gauge",

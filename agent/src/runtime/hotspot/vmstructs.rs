@@ -17,71 +17,7 @@ pub const MAX_STRIDE: u64 = 256;
 /// far shorter).
 pub const MAX_NAME: usize = 256;
 
-/// Where a process's memory is read from: the process itself, or a byte
-/// image in tests.
-pub trait Memory {
-    /// Fills `buf` from `address`; false when any byte could not be read.
-    fn read(&self, address: u64, buf: &mut [u8]) -> bool;
-
-    fn read_u64(&self, address: u64) -> Option<u64> {
-        let mut buf = [0u8; 8];
-        self.read(address, &mut buf)
-            .then(|| u64::from_le_bytes(buf))
-    }
-
-    fn read_u32(&self, address: u64) -> Option<u32> {
-        let mut buf = [0u8; 4];
-        self.read(address, &mut buf)
-            .then(|| u32::from_le_bytes(buf))
-    }
-
-    fn read_u16(&self, address: u64) -> Option<u16> {
-        let mut buf = [0u8; 2];
-        self.read(address, &mut buf)
-            .then(|| u16::from_le_bytes(buf))
-    }
-
-    fn read_vec(&self, address: u64, len: usize) -> Option<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        self.read(address, &mut buf).then_some(buf)
-    }
-
-    /// A NUL-terminated string of at most `max` bytes (lossy UTF-8); `None`
-    /// when unreadable or longer. Read page by page: a short string may
-    /// end just before an unmapped page.
-    fn read_cstr(&self, address: u64, max: usize) -> Option<String> {
-        if address == 0 {
-            return None;
-        }
-        let mut out = Vec::new();
-        let mut at = address;
-        while out.len() <= max {
-            let to_page_end = 4096 - (at % 4096) as usize;
-            let want = to_page_end.min(max + 1 - out.len()).min(64);
-            let mut buf = vec![0u8; want];
-            if !self.read(at, &mut buf) {
-                return None;
-            }
-            if let Some(end) = buf.iter().position(|&byte| byte == 0) {
-                out.extend_from_slice(&buf[..end]);
-                return Some(String::from_utf8_lossy(&out).into_owned());
-            }
-            out.extend_from_slice(&buf);
-            at = at.checked_add(want as u64)?;
-        }
-        None
-    }
-}
-
-/// The memory of a live process, through `process_vm_readv`.
-#[derive(Clone, Copy, Debug)]
-pub struct Process(pub u32);
-
-impl Memory for Process {
-    fn read(&self, address: u64, buf: &mut [u8]) -> bool {
-        crate::runtime::memory::read(self.0, address, buf)
-    }
-}
+pub use crate::runtime::memory::{Memory, Process};
 
 /// One `VMStructEntry`: a field's offset, or a static's address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -394,19 +330,11 @@ pub(crate) mod tests {
 
     impl Memory for Image {
         fn read(&self, address: u64, buf: &mut [u8]) -> bool {
-            let Some(start) = address.checked_sub(self.base) else {
-                return false;
+            let image = crate::runtime::memory::Image {
+                base: self.base,
+                bytes: &self.bytes,
             };
-            let Some(end) = start.checked_add(buf.len() as u64) else {
-                return false;
-            };
-            match self.bytes.get(start as usize..end as usize) {
-                Some(bytes) => {
-                    buf.copy_from_slice(bytes);
-                    true
-                }
-                None => false,
-            }
+            image.read(address, buf)
         }
     }
 
