@@ -24,8 +24,6 @@ pub use builder::ProfileBuilder;
 pub use resource::{ResourceConfig, ResourceError, host_name, parse_resource_attributes};
 pub use validate::dictionary_violations;
 
-pub(crate) use resource::{BadEntry, parse_key_values};
-
 /// A random, non-zero 16-byte profile id (the kernel's CSPRNG via getrandom).
 pub fn random_profile_id() -> [u8; 16] {
     let mut id = [0u8; 16];

@@ -7,6 +7,8 @@ use hostprof_proto::{
     resource::Resource,
 };
 
+use crate::model::{BadEntry, parse_key_values};
+
 /// Errors in resource configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ResourceError {
@@ -149,48 +151,6 @@ pub fn parse_resource_attributes(text: &str) -> Result<Vec<(String, String)>, Re
         BadEntry::NotKeyValue(entry) => ResourceError::NotKeyValue(entry),
         BadEntry::BadEscape(entry) => ResourceError::BadEscape(entry),
     })
-}
-
-/// An entry of a `key=value,…` list that could not be read.
-pub(crate) enum BadEntry {
-    NotKeyValue(String),
-    BadEscape(String),
-}
-
-/// The OpenTelemetry environment's `key1=value1,key2=value2` lists (resource
-/// attributes, exporter headers): trimmed keys, %-decoded values.
-pub(crate) fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, BadEntry> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            let (key, value) = entry
-                .split_once('=')
-                .filter(|(key, _)| !key.trim().is_empty())
-                .ok_or_else(|| BadEntry::NotKeyValue(entry.to_owned()))?;
-            let value = percent_decode(value.trim())
-                .ok_or_else(|| BadEntry::BadEscape(entry.to_owned()))?;
-            Ok((key.trim().to_owned(), value))
-        })
-        .collect()
-}
-
-/// Decodes `%XX` escapes; `None` when one is malformed or the result is not UTF-8.
-pub(crate) fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            at += 3;
-        } else {
-            out.push(bytes[at]);
-            at += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

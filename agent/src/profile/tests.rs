@@ -18,6 +18,7 @@ fn process(pid: u32, container: Option<&str>) -> Arc<ProcessInfo> {
         exe_path: "/usr/bin/app".into(),
         container_id: container.map(Into::into),
         pod_uid: None,
+        service: None,
     })
 }
 
