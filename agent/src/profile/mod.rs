@@ -2,8 +2,9 @@
 //! `ExportProfilesServiceRequest` (or `ProfilesData`) per window out.
 //!
 //! [`ProfileBuilder`] keeps one `ResourceProfiles` per container plus one for
-//! host processes, all sharing one de-duplicated `ProfilesDictionary`
-//! ([`dictionary`]); [`ResourceConfig`] says what each resource carries;
+//! host processes, split by the service identity processes publish, all
+//! sharing one de-duplicated `ProfilesDictionary` ([`dictionary`]);
+//! [`ResourceConfig`] says what each resource carries;
 //! [`dictionary_violations`] checks the format's rules on any request.
 //!
 //! ```
