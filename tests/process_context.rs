@@ -1,0 +1,157 @@
+//! Service identity, end to end with the real eBPF sampler: `hostprof agent`
+//! against an in-test collector, with a C program that publishes an
+//! OpenTelemetry process context (OTEP 4719's `OTEL_CTX` memfd) and
+//! republishes it once, and a program named only by `OTEL_SERVICE_NAME` /
+//! `OTEL_RESOURCE_ATTRIBUTES` in its environment. The collector's requests
+//! are decoded by the generated protobuf types, not the agent's builder.
+// The serializing guard of `require_ebpf` spans whole tests on purpose,
+// awaits included: each test owns its runtime, nothing else waits on that lock.
+#![allow(clippy::await_holding_lock)]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{
+    collector::{Collector, assert_valid, resource_string, sampled_pids},
+    running::KillOnDrop,
+};
+use hostprof_proto::collector::ExportProfilesServiceRequest;
+use tokio::net::TcpListener;
+
+/// How long any one thing may take to show in the collector.
+const SHOW_WITHIN: Duration = Duration::from_secs(60);
+
+/// Whether some resource says `service.name` = `name` (and, when given,
+/// `service.instance.id` = `instance`) and holds samples of `pid`.
+fn named(
+    requests: &[ExportProfilesServiceRequest],
+    pid: u32,
+    name: &str,
+    instance: Option<&str>,
+) -> bool {
+    requests.iter().any(|request| {
+        let dictionary = request.dictionary.as_ref().expect("a dictionary");
+        request.resource_profiles.iter().any(|group| {
+            resource_string(group, "service.name").as_deref() == Some(name)
+                && instance.is_none_or(|id| {
+                    resource_string(group, "service.instance.id").as_deref() == Some(id)
+                })
+                && sampled_pids(dictionary, group).contains(&i64::from(pid))
+        })
+    })
+}
+
+/// Polls the collector until `check` holds of what it received.
+async fn wait_until(
+    collector: &Collector,
+    what: &str,
+    check: impl Fn(&[ExportProfilesServiceRequest]) -> bool,
+) {
+    let start = Instant::now();
+    while !check(&collector.requests()) {
+        assert!(
+            start.elapsed() < SHOW_WITHIN,
+            "{what} did not show within {SHOW_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_carry_what_processes_publish() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let publisher = common::build_c("otel_ctx.c", "otel_ctx", &["-O0", "-Wall"]);
+    let spinner = common::build_c("otlp_spin.c", "otlp_spin", &["-O0"]);
+    // Unique names, so nothing else on the host can match.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let tag = format!("{}-{nanos}", std::process::id());
+    let (first, second, instance) = (
+        format!("ctx-first-{tag}"),
+        format!("ctx-second-{tag}"),
+        format!("instance-{tag}"),
+    );
+    let env_name = format!("env-{tag}");
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let collector = Collector::default();
+    let server = collector.serve(listener);
+    let _agent = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+            .args(["agent", "--duration", "120", "--report-interval", "1s"])
+            .args([
+                "--otlp-endpoint",
+                &endpoint,
+                "--service-name",
+                "agent-default",
+            ])
+            .env_remove("OTEL_SERVICE_NAME")
+            .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start hostprof agent"),
+    );
+
+    // Named by its environment only; `%2C` is a comma, %-decoded as the SDK
+    // specification says.
+    let from_env = KillOnDrop(
+        std::process::Command::new(&spinner)
+            .arg("90")
+            .env("OTEL_SERVICE_NAME", &env_name)
+            .env(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "service.name=overridden,service.instance.id=env%2C1",
+            )
+            .spawn()
+            .expect("start the environment-named program"),
+    );
+    let env_pid = from_env.0.id();
+    // Its resource showing means the agent samples and exports by now, so
+    // the publisher below is read well before it republishes.
+    wait_until(&collector, "the environment's service", |requests| {
+        named(requests, env_pid, &env_name, Some("env,1"))
+    })
+    .await;
+
+    let publishing = KillOnDrop(
+        std::process::Command::new(&publisher)
+            .args([&first, &instance, "90", "4000", &second])
+            .spawn()
+            .expect("start the publisher"),
+    );
+    let pid = publishing.0.id();
+    wait_until(&collector, "the published service", |requests| {
+        named(requests, pid, &first, Some(&instance))
+    })
+    .await;
+    // Republished after 4 s: the new name shows, the instance stays.
+    wait_until(&collector, "the republished service", |requests| {
+        named(requests, pid, &second, Some(&instance))
+    })
+    .await;
+
+    let requests = collector.requests();
+    server.abort();
+    assert_valid(&requests);
+    // The agent's own name stays where a process said nothing, and no
+    // resource mixes the publisher with another process.
+    for request in &requests {
+        let dictionary = request.dictionary.as_ref().unwrap();
+        for group in &request.resource_profiles {
+            let pids = sampled_pids(dictionary, group);
+            let name = resource_string(group, "service.name");
+            for ours in [i64::from(pid), i64::from(env_pid)] {
+                if pids.contains(&ours) {
+                    assert!(pids.iter().all(|&p| p == ours), "{name:?} mixes {pids:?}");
+                }
+            }
+            assert_ne!(name.as_deref(), Some("overridden"));
+        }
+    }
+}
