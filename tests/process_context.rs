@@ -4,6 +4,7 @@
 //! republishes it once, and a program named only by `OTEL_SERVICE_NAME` /
 //! `OTEL_RESOURCE_ATTRIBUTES` in its environment. The collector's requests
 //! are decoded by the generated protobuf types, not the agent's builder.
+//! Hostile publishers are refused, counted, and sampled all the same.
 // The serializing guard of `require_ebpf` spans whole tests on purpose,
 // awaits included: each test owns its runtime, nothing else waits on that lock.
 #![allow(clippy::await_holding_lock)]
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     collector::{Collector, assert_valid, resource_string, sampled_pids},
-    running::KillOnDrop,
+    running::{Agent, KillOnDrop, wait_for},
 };
 use hostprof_proto::collector::ExportProfilesServiceRequest;
 use tokio::net::TcpListener;
@@ -154,4 +155,40 @@ async fn resources_carry_what_processes_publish() {
             assert_ne!(name.as_deref(), Some("overridden"));
         }
     }
+}
+
+#[test]
+fn hostile_contexts_are_refused_and_counted() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let publisher = common::build_c("otel_ctx.c", "otel_ctx", &["-O0", "-Wall"]);
+    let agent = Agent::start(true, &[]);
+    let _hostile: Vec<KillOnDrop> = ["huge", "unmapped", "loop"]
+        .into_iter()
+        .map(|kind| {
+            KillOnDrop(
+                std::process::Command::new(&publisher)
+                    .args(["--hostile", kind, "60"])
+                    .spawn()
+                    .expect("start a hostile publisher"),
+            )
+        })
+        .collect();
+    for reason in ["too_large", "unreadable"] {
+        let name = format!("hostprof_context_refused_total{{reason=\"{reason}\"}}");
+        let counted = wait_for(SHOW_WITHIN, || agent.metric(&name).filter(|&n| n > 0));
+        assert!(
+            counted.is_some(),
+            "no {reason} refusal counted:\n{}",
+            agent.stderr()
+        );
+    }
+    // Still sampling with a context republished in a tight loop (whether
+    // a read ever settles is up to the scheduler), and it stops cleanly.
+    let samples = agent.wait_for_samples_above(0);
+    agent.wait_for_samples_above(samples);
+    let (status, stderr) = agent.terminate();
+    assert!(status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -3,13 +3,18 @@
  * then burns CPU so a profiler samples it.
  *
  *   otel_ctx NAME INSTANCE SECONDS [REPUBLISH_MS NEW_NAME]
+ *   otel_ctx --hostile huge|unmapped|loop SECONDS
  *
  * Header (32 bytes): "OTEL_CTX", version 2, payload size, CLOCK_BOOTTIME
  * publication time, payload pointer. Payload: a ProcessContext protobuf
  * whose resource (field 1) holds service.name and service.instance.id,
  * encoded by hand here so the test needs no protobuf library. After
  * REPUBLISH_MS milliseconds it follows the OTEP's updating protocol once,
- * with service.name = NEW_NAME. */
+ * with service.name = NEW_NAME.
+ *
+ * --hostile publishes what a reader must refuse: a payload size of 100 MiB,
+ * a payload pointer into unmapped memory, or a context republished in a
+ * tight loop for as long as it runs. */
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdint.h>
@@ -125,7 +130,30 @@ static void republish(struct otel_ctx_header *header, size_t mapping_size, uint8
     prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, header, mapping_size, "OTEL_CTX");
 }
 
+static int hostile(const char *kind, double seconds) {
+    size_t mapping_size;
+    size_t size = encode(payloads[0], "hostile", "hostile");
+    encode(payloads[1], "hostile-too", "hostile");
+    uint8_t *where = payloads[0];
+    if (strcmp(kind, "huge") == 0)
+        size = 100u << 20;
+    else if (strcmp(kind, "unmapped") == 0)
+        where = (uint8_t *)16;
+    struct otel_ctx_header *header = publish(where, size, &mapping_size);
+    int loop = strcmp(kind, "loop") == 0;
+    uint64_t start = now_ns(CLOCK_MONOTONIC);
+    for (unsigned long n = 0; now_ns(CLOCK_MONOTONIC) - start < seconds * 1e9; n++) {
+        if (loop)
+            republish(header, mapping_size, payloads[n & 1], size);
+        else
+            sink += n * 2654435761u;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--hostile") == 0)
+        return hostile(argv[2], atof(argv[3]));
     if (argc < 4) {
         fprintf(stderr, "usage: %s NAME INSTANCE SECONDS [REPUBLISH_MS NEW_NAME]\n", argv[0]);
         return 2;
