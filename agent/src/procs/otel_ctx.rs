@@ -311,4 +311,4 @@ fn varint(bytes: &mut &[u8]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -45,7 +45,12 @@ impl Memory {
     }
 }
 
-fn header(version: u32, size: u32, published_at_ns: u64, payload: u64) -> [u8; HEADER_LEN] {
+pub(crate) fn header(
+    version: u32,
+    size: u32,
+    published_at_ns: u64,
+    payload: u64,
+) -> [u8; HEADER_LEN] {
     let mut bytes = [0u8; HEADER_LEN];
     bytes[..8].copy_from_slice(b"OTEL_CTX");
     bytes[8..12].copy_from_slice(&version.to_le_bytes());
@@ -55,7 +60,7 @@ fn header(version: u32, size: u32, published_at_ns: u64, payload: u64) -> [u8; H
     bytes
 }
 
-fn text(key: &str, value: &str) -> KeyValue {
+pub(crate) fn text(key: &str, value: &str) -> KeyValue {
     KeyValue {
         key: key.into(),
         value: Some(AnyValue {
@@ -67,7 +72,7 @@ fn text(key: &str, value: &str) -> KeyValue {
 
 /// A `ProcessContext`: the resource (field 1) between two extra attributes
 /// (field 2), as a writer may order them.
-fn payload(attributes: Vec<KeyValue>) -> Vec<u8> {
+pub(crate) fn payload(attributes: Vec<KeyValue>) -> Vec<u8> {
     let resource = Resource {
         attributes,
         ..Default::default()
