@@ -48,26 +48,28 @@ pub(super) struct Identity {
 }
 
 impl Identity {
-    /// The first look, with the text of `/proc/PID/maps` just read;
-    /// `environment` is what an earlier read of this image found, `None` to
-    /// read it now when `read_environment` is on.
-    pub(super) fn first(
+    /// A look with the text of `/proc/PID/maps` just read. `previous`: what
+    /// an earlier read of the same image found (its environment is kept, its
+    /// context costs only a header read if unchanged); `None`: the image's
+    /// first read, which reads the environment when `read_environment` is on.
+    pub(super) fn read(
         pid: u32,
         maps: &[u8],
-        environment: Option<Option<Arc<ServiceResource>>>,
+        previous: Option<&Identity>,
         read_environment: bool,
     ) -> Self {
-        let environment = environment.unwrap_or_else(|| {
-            read_environment
-                .then(|| environment::read(pid).map(Arc::new))
-                .flatten()
-        });
-        let mut identity = Identity {
-            context: None,
-            environment,
-            checked_at: Instant::now(),
-            check_after: MIN_SEARCH_INTERVAL,
+        let mut identity = match previous {
+            Some(previous) => previous.clone(),
+            None => Identity {
+                context: None,
+                environment: read_environment
+                    .then(|| environment::read(pid).map(Arc::new))
+                    .flatten(),
+                checked_at: Instant::now(),
+                check_after: MIN_SEARCH_INTERVAL,
+            },
         };
+        identity.checked_at = Instant::now();
         identity.take_context(pid, maps);
         identity
     }
@@ -93,11 +95,6 @@ impl Identity {
             checked_at: Instant::now(),
             check_after: MIN_SEARCH_INTERVAL,
         }
-    }
-
-    /// The environment as read, for a later re-read of the same image.
-    pub(super) fn environment(&self) -> Option<Option<Arc<ServiceResource>>> {
-        Some(self.environment.clone())
     }
 
     /// The context's resource, else the environment's.
@@ -156,11 +153,16 @@ impl Identity {
         self.service() != before
     }
 
-    /// Reads the context of the mapping named in `maps`, if any, and sets
-    /// when to look again.
+    /// Reads the context of the mapping named in `maps`, if any (the payload
+    /// only if it is not the one already read), and sets when to look again.
     fn take_context(&mut self, pid: u32, maps: &[u8]) {
         let found = otel_ctx::locate(maps).and_then(|address| {
-            match otel_ctx::read_context(&mut reader(pid), address, None) {
+            let known = self
+                .context
+                .as_ref()
+                .filter(|known| known.address == address);
+            let at = known.map(|known| known.published_at_ns);
+            match otel_ctx::read_context(&mut reader(pid), address, at) {
                 Ok(Reading::Published {
                     published_at_ns,
                     resource,
@@ -169,7 +171,7 @@ impl Identity {
                     published_at_ns,
                     resource: Arc::new(resource),
                 }),
-                Ok(Reading::Unchanged) => None,
+                Ok(Reading::Unchanged) => known.cloned(),
                 Err(reason) => {
                     otel_ctx::count_refusal(pid, reason);
                     None

@@ -241,7 +241,8 @@ impl ProcessTable {
             return None;
         }
         *reads += 1;
-        let fresh = read_process(pid, comm, process.identity.environment(), read_environment);
+        let previous = process.readable.then_some(&process.identity);
+        let fresh = read_process(pid, comm, previous, read_environment);
         let hit = fresh.maps.find(address);
         let backoff = if hit.is_some() {
             MIN_REFRESH_INTERVAL
@@ -347,12 +348,12 @@ pub fn is_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Reads `pid` from `/proc`; `environment`: what an earlier read of the same
-/// image found in its environment (`None`: read it now, if `read_environment`).
+/// Reads `pid` from `/proc`; `previous`: the identity an earlier read of the
+/// same image found (see [`Identity::read`]).
 fn read_process(
     pid: u32,
     comm: &str,
-    environment: Option<Option<Arc<crate::model::ServiceResource>>>,
+    previous: Option<&Identity>,
     read_environment: bool,
 ) -> Process {
     let now = Instant::now();
@@ -375,7 +376,7 @@ fn read_process(
         tracing::debug!("pid {pid}: {err}");
         ExecutableMaps::default()
     });
-    let identity = Identity::first(pid, &text, environment, read_environment);
+    let identity = Identity::read(pid, &text, previous, read_environment);
     // A process whose cgroup file cannot be read counts as a host process.
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|text| parse_cgroup(&text))
