@@ -58,39 +58,19 @@ async fn wait_until(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resources_carry_what_processes_publish() {
-    let Some(_serial) = common::require_ebpf() else {
-        return;
-    };
-    let publisher = common::build_c("otel_ctx.c", "otel_ctx", &["-O0", "-Wall"]);
-    let spinner = common::build_c("otlp_spin.c", "otlp_spin", &["-O0"]);
-    // Unique names, so nothing else on the host can match.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let tag = format!("{}-{nanos}", std::process::id());
-    let (first, second, instance) = (
-        format!("ctx-first-{tag}"),
-        format!("ctx-second-{tag}"),
-        format!("instance-{tag}"),
-    );
-    let env_name = format!("env-{tag}");
-
+/// An in-test collector and `hostprof agent` (1 s windows, its own service
+/// name `agent-default`) exporting to it, with `extra` arguments.
+async fn start_agent(extra: &[&str]) -> (Collector, tokio::task::JoinHandle<()>, KillOnDrop) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let collector = Collector::default();
     let server = collector.serve(listener);
-    let _agent = KillOnDrop(
+    let agent = KillOnDrop(
         std::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
             .args(["agent", "--duration", "120", "--report-interval", "1s"])
-            .args([
-                "--otlp-endpoint",
-                &endpoint,
-                "--service-name",
-                "agent-default",
-            ])
+            .args(["--otlp-endpoint", &endpoint])
+            .args(["--service-name", "agent-default"])
+            .args(extra)
             .env_remove("OTEL_SERVICE_NAME")
             .env_remove("OTEL_RESOURCE_ATTRIBUTES")
             .stdout(std::process::Stdio::null())
@@ -98,20 +78,45 @@ async fn resources_carry_what_processes_publish() {
             .spawn()
             .expect("start hostprof agent"),
     );
+    (collector, server, agent)
+}
 
-    // Named by its environment only; `%2C` is a comma, %-decoded as the SDK
-    // specification says.
-    let from_env = KillOnDrop(
-        std::process::Command::new(&spinner)
+/// A CPU-bound program named by its environment only; `%2C` is a comma,
+/// %-decoded as the SDK specification says.
+fn start_env_named(spinner: &std::path::Path, name: &str) -> KillOnDrop {
+    KillOnDrop(
+        std::process::Command::new(spinner)
             .arg("90")
-            .env("OTEL_SERVICE_NAME", &env_name)
+            .env("OTEL_SERVICE_NAME", name)
             .env(
                 "OTEL_RESOURCE_ATTRIBUTES",
                 "service.name=overridden,service.instance.id=env%2C1",
             )
             .spawn()
             .expect("start the environment-named program"),
-    );
+    )
+}
+
+/// A name no other run or process on the host has.
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_carry_what_processes_publish() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let publisher = common::build_c("otel_ctx.c", "otel_ctx", &["-O0", "-Wall"]);
+    let spinner = common::build_c("otlp_spin.c", "otlp_spin", &["-O0"]);
+    let (first, second) = (unique("ctx-first"), unique("ctx-second"));
+    let (instance, env_name) = (unique("instance"), unique("env"));
+    let (collector, server, _agent) = start_agent(&[]).await;
+    let from_env = start_env_named(&spinner, &env_name);
     let env_pid = from_env.0.id();
     // Its resource showing means the agent samples and exports by now, so
     // the publisher below is read well before it republishes.
@@ -155,6 +160,27 @@ async fn resources_carry_what_processes_publish() {
             assert_ne!(name.as_deref(), Some("overridden"));
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_is_left_unread_when_turned_off() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let spinner = common::build_c("otlp_spin.c", "otlp_spin", &["-O0"]);
+    let (collector, server, _agent) = start_agent(&["--no-process-environment"]).await;
+    let env_name = unique("unread");
+    let from_env = start_env_named(&spinner, &env_name);
+    let pid = from_env.0.id();
+    // Sampled, and under the agent's own name.
+    wait_until(&collector, "the program's samples", |requests| {
+        named(requests, pid, "agent-default", None)
+    })
+    .await;
+    server.abort();
+    let requests = collector.requests();
+    assert!(!named(&requests, pid, &env_name, None));
+    assert!(!named(&requests, pid, "overridden", None));
 }
 
 #[test]
