@@ -248,7 +248,7 @@ settings! {
     }
     /// Do not read `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` from
     /// the environment of processes that publish no OpenTelemetry process
-    /// context (only those two are kept; README, What is read from a process).
+    /// context (only those two are kept; README, Service identity).
     #[arg(long = "no-process-environment", num_args = 0, default_missing_value = "false",
           value_parser = parse_bool)]
     process_environment: bool {
