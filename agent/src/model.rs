@@ -147,6 +147,50 @@ pub struct ProcessInfo {
     pub container_id: Option<Arc<str>>,
     /// Kubernetes pod uid, from `/proc/PID/cgroup`.
     pub pod_uid: Option<Arc<str>>,
+    /// What the process says it is (`service.name`, `service.instance.id`,
+    /// …): its OpenTelemetry process context, or else its environment.
+    pub service: Option<Arc<ServiceResource>>,
+}
+
+/// Resource attributes a process publishes about itself, by key (sorted,
+/// each key once).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceResource {
+    pub attributes: Vec<(String, ResourceValue)>,
+}
+
+impl ServiceResource {
+    /// From key/values in precedence order: a later key replaces an earlier one.
+    pub fn new(attributes: impl IntoIterator<Item = (String, ResourceValue)>) -> Self {
+        let mut by_key = std::collections::BTreeMap::new();
+        for (key, value) in attributes {
+            by_key.insert(key, value);
+        }
+        ServiceResource {
+            attributes: by_key.into_iter().collect(),
+        }
+    }
+
+    /// A string attribute's value.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(existing, _)| existing == key)
+            .and_then(|(_, value)| match value {
+                ResourceValue::Str(text) => Some(text.as_str()),
+                _ => None,
+            })
+    }
+}
+
+/// A scalar attribute value (what resources carry in practice).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceValue {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+    /// An `f64`'s bits, so the value can be compared and hashed.
+    Double(u64),
 }
 
 impl ProcessInfo {
@@ -248,6 +292,48 @@ pub struct ResolvedSample {
     pub frames: Vec<Frame>,
     /// Set for off-CPU samples.
     pub off_cpu: Option<OffCpu>,
+}
+
+/// An entry of a `key=value,…` list that could not be read.
+pub(crate) enum BadEntry {
+    NotKeyValue(String),
+    BadEscape(String),
+}
+
+/// The OpenTelemetry environment's `key1=value1,key2=value2` lists (resource
+/// attributes, exporter headers): trimmed keys, %-decoded values.
+pub(crate) fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, BadEntry> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let (key, value) = entry
+                .split_once('=')
+                .filter(|(key, _)| !key.trim().is_empty())
+                .ok_or_else(|| BadEntry::NotKeyValue(entry.to_owned()))?;
+            let value = percent_decode(value.trim())
+                .ok_or_else(|| BadEntry::BadEscape(entry.to_owned()))?;
+            Ok((key.trim().to_owned(), value))
+        })
+        .collect()
+}
+
+/// Decodes `%XX` escapes; `None` when one is malformed or the result is not UTF-8.
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -92,6 +92,7 @@ pub fn spawn(
         .name("hostprof-procs".into())
         .spawn(move || {
             let mut attributor = Attributor::new();
+            attributor.read_environment(!state.no_process_environment);
             attributor.unwind = unwind;
             attributor.runtimes = runtimes;
             if let Some(events) = events {
@@ -200,6 +201,8 @@ pub struct PipelineState {
     /// Samples passed on without names because symbolization was behind or
     /// the agent was stopping.
     pub unsymbolized_samples: AtomicU64,
+    /// Leave processes' environments unread (`--no-process-environment`).
+    pub no_process_environment: bool,
 }
 
 /// Attributes raw samples to processes and mappings (the fast stage).
@@ -219,6 +222,8 @@ pub struct Attributor {
     early: Option<(Receiver<StackCopy>, EarlyStacks)>,
     /// Language runtimes (CPython, Java): their frames.
     runtimes: Vec<Box<dyn Runtime>>,
+    /// Read processes' `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`.
+    read_environment: bool,
 }
 
 impl Default for Attributor {
@@ -239,6 +244,7 @@ impl Attributor {
             events: None,
             early: None,
             runtimes: Vec::new(),
+            read_environment: true,
         }
     }
 
@@ -274,9 +280,16 @@ impl Attributor {
         attributed
     }
 
+    /// Whether processes' environments are read (on by default).
+    pub fn read_environment(&mut self, on: bool) {
+        self.read_environment = on;
+        self.procs.read_environment(on);
+    }
+
     /// Tracks processes from the kernel's events from now on.
     pub fn follow_events(&mut self, events: EventSource) {
         self.procs = ProcessTable::with_events();
+        self.procs.read_environment(self.read_environment);
         self.events = Some(events);
     }
 

@@ -9,7 +9,7 @@ use hostprof::{
         layout::fixed,
         limits::{MAX_LINETABLE_BYTES, MAX_STRING_CHARS},
     },
-    runtime::memory::{Image, Memory},
+    procs::memory::{Image, Memory},
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -9,7 +9,7 @@ use hostprof::{
         layout::from_debug_offsets,
         limits::{MAX_OBJECT_BYTES, MAX_STATE_BYTES},
     },
-    runtime::memory::Image,
+    procs::memory::Image,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -62,6 +62,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         frequency_hz: config.shared.frequency,
         pids: None,
         off_cpu: config.shared.off_cpu_options(),
+        process_environment: config.shared.process_environment,
         ..Default::default()
     };
     let symbolizer = config.shared.symbolizer_options();

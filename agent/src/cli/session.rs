@@ -207,6 +207,7 @@ impl<T: Send + 'static> Session<T> {
         let pipeline_state = Arc::new(PipelineState {
             max_symbolize_lag: matches!(mode, Mode::Agent | Mode::Live)
                 .then_some(AGENT_MAX_SYMBOLIZE_LAG),
+            no_process_environment: !options.process_environment,
             ..Default::default()
         });
         let resolved = pipeline::spawn(

@@ -82,6 +82,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
         frequency_hz: settings.frequency,
         pids: (!args.pids.is_empty()).then(|| args.pids.clone()),
         off_cpu: settings.off_cpu_options(),
+        process_environment: settings.process_environment,
         ..Default::default()
     };
     let unit = match settings.off_cpu {

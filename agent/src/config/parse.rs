@@ -120,9 +120,9 @@ pub fn parse_endpoint(text: &str) -> Result<String, String> {
 
 /// `key1=value1,key2=value2` (values %-encoded) into gRPC metadata, keys lowercase.
 pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
-    let headers = crate::profile::parse_key_values(text).map_err(|bad| match bad {
-        crate::profile::BadEntry::NotKeyValue(entry) => format!("`{entry}` is not key=value"),
-        crate::profile::BadEntry::BadEscape(entry) => format!("bad %-escape in `{entry}`"),
+    let headers = crate::model::parse_key_values(text).map_err(|bad| match bad {
+        crate::model::BadEntry::NotKeyValue(entry) => format!("`{entry}` is not key=value"),
+        crate::model::BadEntry::BadEscape(entry) => format!("bad %-escape in `{entry}`"),
     })?;
     Ok(headers
         .into_iter()

@@ -246,6 +246,19 @@ settings! {
         default: |_| true,
         show: |on: &bool| on.to_string(),
     }
+    /// Do not read `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` from
+    /// the environment of processes that publish no OpenTelemetry process
+    /// context (only those two are kept; README, Service identity).
+    #[arg(long = "no-process-environment", num_args = 0, default_missing_value = "false",
+          value_parser = parse_bool)]
+    process_environment: bool {
+        key: "process-environment",
+        allowed: "true or false",
+        otel_env: [],
+        parse: parse_bool,
+        default: |_| true,
+        show: |on: &bool| on.to_string(),
+    }
     /// Log level or RUST_LOG-style filter for messages on stderr (`debug`
     /// shows, among others, the kernel verifier's log when a program is
     /// rejected) [default: info for agent, warn for record; RUST_LOG wins].

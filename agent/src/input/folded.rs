@@ -73,6 +73,7 @@ pub(super) fn read(data: &[u8]) -> Result<InputProfile, InputError> {
                 exe_path: "".into(),
                 container_id: None,
                 pod_uid: None,
+                service: None,
             }),
             tid: 0,
             thread_name: thread.into(),

@@ -312,6 +312,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                                 exe_path: exe_path.into(),
                                 container_id: group.container_id.clone(),
                                 pod_uid: group.pod_uid.clone(),
+                                service: None,
                             })
                         })
                         .clone();

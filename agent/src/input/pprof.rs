@@ -254,6 +254,7 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
                     exe_path: "".into(),
                     container_id: None,
                     pod_uid: None,
+                    service: None,
                 })
             })
             .clone();

@@ -21,6 +21,7 @@ fn process(pid: u32, exe: &str, container: Option<&str>) -> Arc<ProcessInfo> {
         exe_path: exe.into(),
         container_id: container.map(Arc::from),
         pod_uid: container.map(|id| Arc::from(format!("pod-{id}"))),
+        service: None,
     })
 }
 

@@ -118,6 +118,7 @@ mod tests {
                 exe_path: "/bin/app".into(),
                 container_id: None,
                 pod_uid: None,
+                service: None,
             }),
             tid: 1,
             thread_name: "app;worker".into(),

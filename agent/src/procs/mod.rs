@@ -8,10 +8,17 @@
 //! starts as a copy of its parent and is not read at all), and again only
 //! when an address misses every mapping (a `dlopen`), with backoff. Samples
 //! go to the image that ran at their kernel time, so samples taken before an
-//! exec or a pid reuse keep their old names.
+//! exec or a pid reuse keep their old names. What a process says it is
+//! (`service.name`, …: its OpenTelemetry process context or environment)
+//! is read with it and re-checked while it runs ([`identity`]). [`memory`]
+//! reads a process's memory, for that and for the language runtimes.
 mod cgroup;
+mod environment;
 mod events;
+mod identity;
 mod maps;
+pub mod memory;
+pub mod otel_ctx;
 
 use std::{
     collections::HashMap,
@@ -22,6 +29,7 @@ use std::{
 pub use cgroup::{CgroupIdentity, parse_cgroup};
 pub use events::{EventSource, decode_event};
 use hostprof_common::{PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK, ProcessEvent};
+use identity::Identity;
 pub use maps::{ExecutableMaps, MapsError, parse_maps};
 
 use crate::model::{Mapping, ProcessInfo};
@@ -48,6 +56,8 @@ struct Process {
     refresh_after: Duration,
     /// False when /proc had nothing (exited, or caught mid-fork).
     readable: bool,
+    /// Where `info.service` came from, and when to look again.
+    identity: Identity,
 }
 
 /// What one pid ran from kernel time `since` on.
@@ -95,13 +105,26 @@ pub struct TableStats {
 }
 
 /// Cache of per-process metadata.
-#[derive(Default)]
 pub struct ProcessTable {
     entries: HashMap<u32, Entry>,
     /// The kernel reports forks: a sample after an exit with no fork since
     /// is late work of the exited process, not a new one.
     fork_events: bool,
+    /// Read `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` from processes'
+    /// environments (setting `read-process-environment`).
+    read_environment: bool,
     stats: TableStats,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable {
+            entries: HashMap::new(),
+            fork_events: false,
+            read_environment: true,
+            stats: TableStats::default(),
+        }
+    }
 }
 
 impl ProcessTable {
@@ -117,6 +140,11 @@ impl ProcessTable {
             fork_events: true,
             ..Self::default()
         }
+    }
+
+    /// Whether processes' environments are read (on by default).
+    pub fn read_environment(&mut self, on: bool) {
+        self.read_environment = on;
     }
 
     /// Number of processes cached.
@@ -147,12 +175,17 @@ impl ProcessTable {
                     .and_then(|parent| parent.images.last())
                     .and_then(|image| image.process.as_ref())
                     .filter(|parent| parent.readable)
-                    .map(|parent| Process {
-                        info: Arc::new(ProcessInfo {
-                            pid,
-                            ..(*parent.info).clone()
-                        }),
-                        ..parent.clone()
+                    .map(|parent| {
+                        let identity = parent.identity.forked();
+                        Process {
+                            info: Arc::new(ProcessInfo {
+                                pid,
+                                service: identity.service(),
+                                ..(*parent.info).clone()
+                            }),
+                            identity,
+                            ..parent.clone()
+                        }
                     });
                 match self.entries.get_mut(&pid) {
                     Some(entry) => entry.push(at, template),
@@ -192,9 +225,10 @@ impl ProcessTable {
         address: u64,
     ) -> Option<(Arc<Mapping>, u64)> {
         let reads = &mut self.stats.proc_reads;
+        let read_environment = self.read_environment;
         let (process, latest) = image_of(
             &mut self.entries,
-            self.fork_events,
+            (self.fork_events, read_environment),
             reads,
             pid,
             comm,
@@ -209,7 +243,8 @@ impl ProcessTable {
             return None;
         }
         *reads += 1;
-        let fresh = read_process(pid, comm);
+        let previous = process.readable.then_some(&process.identity);
+        let fresh = read_process(pid, comm, previous, read_environment);
         let hit = fresh.maps.find(address);
         let backoff = if hit.is_some() {
             MIN_REFRESH_INTERVAL
@@ -245,7 +280,7 @@ impl ProcessTable {
     fn image(&mut self, pid: u32, comm: &str, ktime_ns: u64) -> (&mut Process, bool) {
         image_of(
             &mut self.entries,
-            self.fork_events,
+            (self.fork_events, self.read_environment),
             &mut self.stats.proc_reads,
             pid,
             comm,
@@ -255,10 +290,11 @@ impl ProcessTable {
 }
 
 /// The image of `pid` that ran at `ktime_ns`, read at its first sample, and
-/// whether it is the latest.
+/// whether it is the latest; the latest's identity is re-checked when due.
+/// `options`: the table's (fork events, read environments).
 fn image_of<'a>(
     entries: &'a mut HashMap<u32, Entry>,
-    fork_events: bool,
+    (fork_events, read_environment): (bool, bool),
     reads: &mut u64,
     pid: u32,
     comm: &str,
@@ -291,13 +327,22 @@ fn image_of<'a>(
     if retry {
         image.process = Some(if latest {
             *reads += 1;
-            read_process(pid, comm)
+            read_process(pid, comm, None, read_environment)
         } else {
             // /proc shows a later image now: only the sample's comm is known.
             unreadable(pid, comm, Instant::now())
         });
     }
-    (image.process.as_mut().expect("set above"), latest)
+    let process = image.process.as_mut().expect("set above");
+    if latest && process.readable && process.identity.due() && process.identity.recheck(pid, reads)
+    {
+        // Samples already attributed keep the identity they ran under.
+        process.info = Arc::new(ProcessInfo {
+            service: process.identity.service(),
+            ..(*process.info).clone()
+        });
+    }
+    (process, latest)
 }
 
 /// Whether a process with this pid exists now (in our pid namespace).
@@ -305,7 +350,14 @@ pub fn is_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-fn read_process(pid: u32, comm: &str) -> Process {
+/// Reads `pid` from `/proc`; `previous`: the identity an earlier read of the
+/// same image found (see [`Identity::read`]).
+fn read_process(
+    pid: u32,
+    comm: &str,
+    previous: Option<&Identity>,
+    read_environment: bool,
+) -> Process {
     let now = Instant::now();
     let stat = procfs::process::Process::new(pid as i32).and_then(|proc| Ok((proc.stat()?, proc)));
     let (stat, proc) = match stat {
@@ -318,17 +370,15 @@ fn read_process(pid: u32, comm: &str) -> Process {
     let exe_path = proc
         .exe()
         .map(|path| strip_deleted(&path.to_string_lossy()).into());
-    let maps = match std::fs::read(format!("/proc/{pid}/maps")).map(|text| parse_maps(&text)) {
-        Ok(Ok(maps)) => maps,
-        Ok(Err(err)) => {
-            tracing::debug!("pid {pid}: {err}");
-            ExecutableMaps::default()
-        }
-        Err(err) => {
-            tracing::debug!("pid {pid}: cannot read its maps: {err}");
-            ExecutableMaps::default()
-        }
-    };
+    let text = std::fs::read(format!("/proc/{pid}/maps")).unwrap_or_else(|err| {
+        tracing::debug!("pid {pid}: cannot read its maps: {err}");
+        Vec::new()
+    });
+    let maps = parse_maps(&text).unwrap_or_else(|err| {
+        tracing::debug!("pid {pid}: {err}");
+        ExecutableMaps::default()
+    });
+    let identity = Identity::read(pid, &text, previous, read_environment);
     // A process whose cgroup file cannot be read counts as a host process.
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|text| parse_cgroup(&text))
@@ -339,6 +389,7 @@ fn read_process(pid: u32, comm: &str) -> Process {
         exe_path: exe_path.unwrap_or_else(|_| "".into()),
         container_id: cgroup.container_id.map(Into::into),
         pod_uid: cgroup.pod_uid.map(Into::into),
+        service: identity.service(),
     };
     Process {
         info: Arc::new(info),
@@ -346,6 +397,7 @@ fn read_process(pid: u32, comm: &str) -> Process {
         refreshed_at: now,
         refresh_after: MIN_REFRESH_INTERVAL,
         readable: true,
+        identity,
     }
 }
 
@@ -356,6 +408,7 @@ fn unreadable(pid: u32, comm: &str, now: Instant) -> Process {
         exe_path: "".into(),
         container_id: None,
         pod_uid: None,
+        service: None,
     };
     Process {
         info: Arc::new(info),
@@ -363,6 +416,7 @@ fn unreadable(pid: u32, comm: &str, now: Instant) -> Process {
         refreshed_at: now,
         refresh_after: MIN_REFRESH_INTERVAL,
         readable: false,
+        identity: Identity::unknown(),
     }
 }
 

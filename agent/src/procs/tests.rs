@@ -118,3 +118,60 @@ fn exited_processes_are_forgotten_and_images_bounded() {
     table.forget_exited();
     assert!(table.is_empty());
 }
+
+/// Publishes a process context in this test process, once, as OTEP 4719's
+/// writers do (a memfd named `OTEL_CTX`, header, then the timestamp last),
+/// and returns its `service.name`.
+fn publish_own_context() -> &'static str {
+    use super::otel_ctx::tests::{header, payload, text};
+    const NAME: &str = "unit-test-service";
+    static PUBLISHED: std::sync::Once = std::sync::Once::new();
+    PUBLISHED.call_once(|| {
+        let bytes: &'static [u8] = payload(vec![text("service.name", NAME)]).leak();
+        let mut header = header(2, bytes.len() as u32, 0, bytes.as_ptr() as u64);
+        // SAFETY: plain system calls on a fresh fd and mapping of our own;
+        // the mapping is written only here and never unmapped.
+        unsafe {
+            let fd = libc::memfd_create(c"OTEL_CTX".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create");
+            assert_eq!(libc::ftruncate(fd, 4096), 0);
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            );
+            libc::close(fd);
+            assert_ne!(map, libc::MAP_FAILED);
+            std::ptr::copy_nonoverlapping(header.as_ptr(), map.cast::<u8>(), header.len());
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            header[16..24].copy_from_slice(&1u64.to_le_bytes());
+            std::ptr::copy_nonoverlapping(header[16..24].as_ptr(), map.cast::<u8>().add(16), 8);
+        }
+    });
+    NAME
+}
+
+#[test]
+fn a_process_context_is_read_and_not_inherited_by_a_fork() {
+    let name = publish_own_context();
+    let mut table = ProcessTable::with_events();
+    let pid = std::process::id();
+    let parent = table.info(pid, "parent", 100);
+    let service = parent.service.as_ref().expect("the context is read");
+    assert_eq!(service.get("service.name"), Some(name));
+    // The child has what its environment says (inherited), not the
+    // parent's context, which the writer maps MADV_DONTFORK.
+    table.apply(&event(PROCESS_EVENT_FORK, GONE, pid, 200));
+    let child = table.info(GONE, "child", 300);
+    assert_eq!(child.service, environment::read(pid).map(Arc::new));
+    assert_ne!(
+        child
+            .service
+            .as_ref()
+            .and_then(|service| service.get("service.name")),
+        Some(name)
+    );
+}

@@ -1,6 +1,7 @@
 //! [`ProfileBuilder`]: resolved samples in, one `ExportProfilesServiceRequest`
 //! per window out, with one `ResourceProfiles` per container (and one for the
-//! host's own processes) over one shared dictionary.
+//! host's own processes), split by what processes say they are, over one
+//! shared dictionary.
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
@@ -17,15 +18,24 @@ use super::{
     dictionary::{AttributeValue, Dictionary, Index, LineRef},
 };
 use crate::{
-    model::{Frame, Mapping, ResolvedSample},
+    model::{Frame, Mapping, ResolvedSample, ServiceResource},
     output::Sink,
 };
 
-/// Which `ResourceProfiles` a sample belongs to; the host group has neither.
+/// Which `ResourceProfiles` a sample belongs to; the host group has no
+/// container or pod.
+///
+/// Processes that say who they are (process context or environment) are
+/// split by all of what they say: a resource's attributes must hold for
+/// every sample under it, so two replicas in one pod (each its own
+/// `service.instance.id`) and two services on one host (each its own
+/// `service.name`) each get their own, which is what a backend keys its
+/// service views on. Processes that say the same thing share one.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct GroupKey {
     container_id: Option<Arc<str>>,
     pod_uid: Option<Arc<str>>,
+    service: Option<Arc<ServiceResource>>,
 }
 
 /// A sample's identity: stack, attribute set (sorted) and link (always 0).
@@ -134,6 +144,7 @@ impl ProfileBuilder {
             .entry(GroupKey {
                 container_id: sample.process.container_id.clone(),
                 pod_uid: sample.process.pod_uid.clone(),
+                service: sample.process.service.clone(),
             })
             .or_default();
         let key = SampleKey { stack, attributes };
@@ -326,10 +337,11 @@ impl ProfileBuilder {
                     });
                 }
                 ResourceProfiles {
-                    resource: Some(
-                        self.resource
-                            .resource(key.container_id.as_deref(), key.pod_uid.as_deref()),
-                    ),
+                    resource: Some(self.resource.resource(
+                        key.container_id.as_deref(),
+                        key.pod_uid.as_deref(),
+                        key.service.as_deref(),
+                    )),
                     scope_profiles: vec![ScopeProfiles {
                         scope: Some(scope.clone()),
                         profiles,

@@ -2,8 +2,9 @@
 //! `ExportProfilesServiceRequest` (or `ProfilesData`) per window out.
 //!
 //! [`ProfileBuilder`] keeps one `ResourceProfiles` per container plus one for
-//! host processes, all sharing one de-duplicated `ProfilesDictionary`
-//! ([`dictionary`]); [`ResourceConfig`] says what each resource carries;
+//! host processes, split by the service identity processes publish, all
+//! sharing one de-duplicated `ProfilesDictionary` ([`dictionary`]);
+//! [`ResourceConfig`] says what each resource carries;
 //! [`dictionary_violations`] checks the format's rules on any request.
 //!
 //! ```
@@ -23,8 +24,6 @@ mod validate;
 pub use builder::ProfileBuilder;
 pub use resource::{ResourceConfig, ResourceError, host_name, parse_resource_attributes};
 pub use validate::dictionary_violations;
-
-pub(crate) use resource::{BadEntry, parse_key_values};
 
 /// A random, non-zero 16-byte profile id (the kernel's CSPRNG via getrandom).
 pub fn random_profile_id() -> [u8; 16] {

@@ -1,11 +1,24 @@
 //! Resource attributes (OpenTelemetry semantic conventions): what every
 //! `ResourceProfiles` shares (`host.name`, `host.arch`, `os.type`,
 //! `service.name`, `OTEL_RESOURCE_ATTRIBUTES`) plus what tells the groups
-//! apart (`container.id`, `k8s.pod.uid`).
+//! apart (`container.id`, `k8s.pod.uid`, and what the processes say they
+//! are: their process context or environment).
 use hostprof_proto::{
     common::{AnyValue, KeyValue, any_value},
     resource::Resource,
 };
+
+use crate::model::{BadEntry, ResourceValue, ServiceResource, parse_key_values};
+
+/// What the agent detects itself and a process cannot restate: an SDK in a
+/// container sees the container's host name, not the node's.
+const DETECTED: [&str; 5] = [
+    "host.name",
+    "host.arch",
+    "os.type",
+    "container.id",
+    "k8s.pod.uid",
+];
 
 /// Errors in resource configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -91,9 +104,16 @@ impl ResourceConfig {
             .map(|(_, value)| value.as_str())
     }
 
-    /// The resource of one group: the shared attributes plus the container and
-    /// pod, which are detected and so override configured values.
-    pub fn resource(&self, container_id: Option<&str>, pod_uid: Option<&str>) -> Resource {
+    /// The resource of one group: the shared attributes, then what its
+    /// processes say they are (`service`: their `service.name` replaces the
+    /// agent's), then the container and pod, which are detected and so
+    /// override configured and published values.
+    pub fn resource(
+        &self,
+        container_id: Option<&str>,
+        pod_uid: Option<&str>,
+        service: Option<&ServiceResource>,
+    ) -> Resource {
         let mut config = self.clone();
         if let Some(id) = container_id {
             config.set("container.id", id);
@@ -101,14 +121,37 @@ impl ResourceConfig {
         if let Some(uid) = pod_uid {
             config.set("k8s.pod.uid", uid);
         }
+        let published = service
+            .map(|service| service.attributes.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|(key, _)| !DETECTED.contains(&key.as_str()));
+        let mut attributes: Vec<KeyValue> = config
+            .attributes
+            .into_iter()
+            .filter(|(key, _)| !published.clone().any(|(published, _)| published == key))
+            .map(|(key, value)| string_attribute(key, value))
+            .collect();
+        attributes.extend(published.map(|(key, value)| KeyValue {
+            key: key.clone(),
+            value: Some(AnyValue {
+                value: Some(any_value(value)),
+            }),
+            ..Default::default()
+        }));
         Resource {
-            attributes: config
-                .attributes
-                .into_iter()
-                .map(|(key, value)| string_attribute(key, value))
-                .collect(),
+            attributes,
             ..Default::default()
         }
+    }
+}
+
+fn any_value(value: &ResourceValue) -> any_value::Value {
+    match value {
+        ResourceValue::Str(text) => any_value::Value::StringValue(text.clone()),
+        ResourceValue::Int(number) => any_value::Value::IntValue(*number),
+        ResourceValue::Bool(flag) => any_value::Value::BoolValue(*flag),
+        ResourceValue::Double(bits) => any_value::Value::DoubleValue(f64::from_bits(*bits)),
     }
 }
 
@@ -151,48 +194,6 @@ pub fn parse_resource_attributes(text: &str) -> Result<Vec<(String, String)>, Re
     })
 }
 
-/// An entry of a `key=value,…` list that could not be read.
-pub(crate) enum BadEntry {
-    NotKeyValue(String),
-    BadEscape(String),
-}
-
-/// The OpenTelemetry environment's `key1=value1,key2=value2` lists (resource
-/// attributes, exporter headers): trimmed keys, %-decoded values.
-pub(crate) fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, BadEntry> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            let (key, value) = entry
-                .split_once('=')
-                .filter(|(key, _)| !key.trim().is_empty())
-                .ok_or_else(|| BadEntry::NotKeyValue(entry.to_owned()))?;
-            let value = percent_decode(value.trim())
-                .ok_or_else(|| BadEntry::BadEscape(entry.to_owned()))?;
-            Ok((key.trim().to_owned(), value))
-        })
-        .collect()
-}
-
-/// Decodes `%XX` escapes; `None` when one is malformed or the result is not UTF-8.
-pub(crate) fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            at += 3;
-        } else {
-            out.push(bytes[at]);
-            at += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +220,7 @@ mod tests {
     #[test]
     fn container_attributes_are_added_per_group() {
         let config = ResourceConfig::new("box", Some("container.id=wrong"), None, None).unwrap();
-        let resource = config.resource(Some("abc"), Some("uid"));
+        let resource = config.resource(Some("abc"), Some("uid"), None);
         let get = |key: &str| {
             resource
                 .attributes
@@ -234,8 +235,46 @@ mod tests {
         };
         assert_eq!(get("container.id"), text("abc"));
         assert_eq!(get("k8s.pod.uid"), text("uid"));
-        let host = config.resource(None, None);
+        let host = config.resource(None, None, None);
         assert!(!host.attributes.iter().any(|kv| kv.key == "k8s.pod.uid"));
+    }
+
+    #[test]
+    fn a_process_names_its_service_but_not_the_host() {
+        let config = ResourceConfig::new("node", Some("team=infra"), None, Some("agent")).unwrap();
+        let service = ServiceResource::new([
+            ("service.name".into(), ResourceValue::Str("checkout".into())),
+            (
+                "service.instance.id".into(),
+                ResourceValue::Str("i-1".into()),
+            ),
+            (
+                "host.name".into(),
+                ResourceValue::Str("container-host".into()),
+            ),
+            ("container.id".into(), ResourceValue::Str("forged".into())),
+            ("process.runtime.version".into(), ResourceValue::Int(21)),
+        ]);
+        let resource = config.resource(Some("abc"), None, Some(&service));
+        let value = |key: &str| {
+            let found: Vec<_> = resource
+                .attributes
+                .iter()
+                .filter(|kv| kv.key == key)
+                .collect();
+            assert!(found.len() <= 1, "{key} twice");
+            found.first().and_then(|kv| kv.value.clone()?.value)
+        };
+        let text = |text: &str| Some(any_value::Value::StringValue(text.into()));
+        assert_eq!(value("service.name"), text("checkout"));
+        assert_eq!(value("service.instance.id"), text("i-1"));
+        assert_eq!(value("host.name"), text("node"));
+        assert_eq!(value("container.id"), text("abc"));
+        assert_eq!(value("team"), text("infra"));
+        assert_eq!(
+            value("process.runtime.version"),
+            Some(any_value::Value::IntValue(21))
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ fn process(pid: u32, container: Option<&str>) -> Arc<ProcessInfo> {
         exe_path: "/usr/bin/app".into(),
         container_id: container.map(Into::into),
         pod_uid: None,
+        service: None,
     })
 }
 
@@ -332,5 +333,62 @@ fn off_cpu_samples_form_a_second_profile_sharing_the_dictionary() {
             "thread.state"
         )
         .is_none()
+    );
+}
+
+#[test]
+fn processes_that_say_who_they_are_get_resources_of_their_own() {
+    use crate::model::{ResourceValue, ServiceResource};
+    let named = |pid, container, instance: &str| {
+        let service = ServiceResource::new([
+            ("service.name".into(), ResourceValue::Str("checkout".into())),
+            (
+                "service.instance.id".into(),
+                ResourceValue::Str(instance.into()),
+            ),
+        ]);
+        Arc::new(ProcessInfo {
+            service: Some(Arc::new(service)),
+            ..(*process(pid, container)).clone()
+        })
+    };
+    let mut builder = builder();
+    // Two replicas in one container, one of them with two processes that
+    // publish the same, and a process that publishes nothing.
+    builder.add(&sample(&named(10, Some(ID), "a"), 1_100));
+    builder.add(&sample(&named(11, Some(ID), "b"), 1_200));
+    builder.add(&sample(&named(12, Some(ID), "b"), 1_300));
+    builder.add(&sample(&process(13, Some(ID)), 1_400));
+    let request = builder.finish(2_000);
+    let dictionary = request.dictionary.as_ref().unwrap();
+    assert_eq!(
+        dictionary_violations(dictionary, &request.resource_profiles),
+        Vec::<String>::new()
+    );
+    let mut seen: Vec<(Option<String>, Option<String>, usize)> = request
+        .resource_profiles
+        .iter()
+        .map(|group| {
+            assert_eq!(
+                resource_attribute(group, "container.id").as_deref(),
+                Some(ID)
+            );
+            (
+                resource_attribute(group, "service.name"),
+                resource_attribute(group, "service.instance.id"),
+                group.scope_profiles[0].profiles[0].samples.len(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (Some("checkout".into()), Some("a".into()), 1),
+            // Same stack, other pid: two samples.
+            (Some("checkout".into()), Some("b".into()), 2),
+            // The agent's own service name where the process said nothing.
+            (Some("svc".into()), None, 1),
+        ]
     );
 }

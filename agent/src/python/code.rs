@@ -13,7 +13,7 @@ use super::{
     limits::{MAX_LINETABLE_BYTES, MAX_OBJECT_BYTES, MAX_STRING_CHARS, Refusal, offset},
     lines::Lines,
 };
-use crate::runtime::memory::Memory;
+use crate::procs::memory::Memory;
 
 /// What the profile shows of a code object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,11 +193,11 @@ fn read_str(
 mod tests {
     use super::Code;
     use crate::{
+        procs::memory::Image,
         python::{
             layout::{self, CodeLayout},
             limits::{MAX_LINETABLE_BYTES, Refusal},
         },
-        runtime::memory::Image,
     };
 
     const BASE: u64 = 0x1000;

@@ -120,14 +120,14 @@ fn line_number(line: i64) -> Option<u32> {
 /// [`pthread_tid_offset`] for process `pid` whose thread states `layout`
 /// describes (its runtime's address set).
 pub fn find_pthread_tid(pid: u32, layout: &Process) -> Option<u32> {
-    let mut read = |address: u64| crate::runtime::memory::read_u64(pid, address);
+    let mut read = |address: u64| crate::procs::memory::read_u64(pid, address);
     let pthreads: Vec<u64> = super::threads::states_of(&mut read, layout, MAX_CALIBRATION_STATES)
         .into_iter()
         .filter_map(|state| read(state.checked_add(u64::from(layout.thread_pthread))?))
         .filter(|&pthread| pthread != 0)
         .collect();
     pthread_tid_offset(&pthreads, &namespace_tids(pid), &mut |address| {
-        crate::runtime::memory::read_u32(pid, address)
+        crate::procs::memory::read_u32(pid, address)
     })
 }
 

@@ -38,7 +38,8 @@ pub use threads::ThreadMap;
 
 use crate::{
     model::{Frame, FrameKind, Line, Mapping},
-    runtime::{elf, memory},
+    procs::memory,
+    runtime::elf,
 };
 use cache::CodeCache;
 use layout::DebugOffsetsError;

@@ -19,7 +19,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::python::{self as py, ThreadKey};
 
-use crate::runtime::memory;
+use crate::procs::memory;
 
 /// The kernel map of thread states.
 pub type ThreadMap = BpfHashMap<MapData, ThreadKey, u64>;

@@ -1,7 +1,8 @@
 //! Language runtimes whose frames the kernel walks and the host names:
-//! the [`Runtime`] seam each plugs into, and what they share: the process
-//! memory reader ([`memory`]), the runtime library's ELF ([`elf`]) and
-//! where their code is ([`RuntimeCode`]).
+//! the [`Runtime`] seam each plugs into, and what they share: the runtime
+//! library's ELF ([`elf`]) and where their code is ([`RuntimeCode`]); the
+//! process memory reader is `crate::procs::memory` (the process context
+//! reads with it too).
 //!
 //! - `crate::python`: CPython (interpreter frames merged in place of the
 //!   evaluation loop's native frames);
@@ -10,7 +11,6 @@
 pub mod elf;
 pub mod hotspot;
 pub mod java;
-pub mod memory;
 
 use std::{
     collections::HashMap,

@@ -59,6 +59,9 @@ pub struct SamplerOptions {
     /// unwinds once they are and then frees (`crate::unwind::early`); 0
     /// turns that off.
     pub early_copy_bytes: u32,
+    /// Name processes without a process context from `OTEL_SERVICE_NAME` /
+    /// `OTEL_RESOURCE_ATTRIBUTES` in their environment (`crate::procs`).
+    pub process_environment: bool,
 }
 
 /// How the kernel walks user stacks.
@@ -93,6 +96,7 @@ impl Default for SamplerOptions {
             unwind_chunks: hostprof_common::DEFAULT_UNWIND_CHUNKS,
             stack_copy_bytes: 0,
             early_copy_bytes: crate::unwind::early::EARLY_COPY_BYTES,
+            process_environment: true,
         }
     }
 }

@@ -212,6 +212,17 @@ impl Snapshot {
                 ("{reason=\"overflow\"}", python.overflow),
             ],
         );
+        let refused: Vec<(String, u64)> = crate::procs::otel_ctx::refusals()
+            .iter()
+            .map(|(reason, count)| (format!("{{reason=\"{reason}\"}}"), *count))
+            .collect();
+        let refused: Vec<(&str, u64)> = refused.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "hostprof_context_refused_total",
+            "counter",
+            "Process contexts (OTEL_CTX) and OTEL_RESOURCE_ATTRIBUTES environments refused, by reason: bad signature or version, over the size cap, unreadable, never settled, not protobuf, not UTF-8, malformed environment.",
+            &refused,
+        );
         metric(
             "process_resident_memory_bytes",
             "gauge",
@@ -314,6 +325,7 @@ mod tests {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(typed.contains(&name), "{line}");
         }
+        assert!(text.contains("hostprof_context_refused_total{reason=\"too_large\"} "));
         assert_eq!(snapshot.lost(), 5);
         assert!(snapshot.status_line().contains("lost=5 "));
     }

@@ -21,6 +21,7 @@ fn process(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessInfo> {
         exe_path: format!("/bin/{comm}").into(),
         container_id: container.map(Arc::from),
         pod_uid: None,
+        service: None,
     })
 }
 

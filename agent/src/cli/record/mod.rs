@@ -66,6 +66,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         bpf_stats: args.bpf_stats,
         follow_children: following,
         off_cpu: settings.off_cpu_options(),
+        process_environment: settings.process_environment,
         stack_copy_bytes: args.stack_copy.unwrap_or(0),
         early_copy_bytes: settings.early_copy_bytes(),
         ..Default::default()

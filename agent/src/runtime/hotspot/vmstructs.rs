@@ -17,7 +17,7 @@ pub const MAX_STRIDE: u64 = 256;
 /// far shorter).
 pub const MAX_NAME: usize = 256;
 
-pub use crate::runtime::memory::{Memory, Process};
+pub use crate::procs::memory::{Memory, Process};
 
 /// One `VMStructEntry`: a field's offset, or a static's address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -330,7 +330,7 @@ pub(crate) mod tests {
 
     impl Memory for Image {
         fn read(&self, address: u64, buf: &mut [u8]) -> bool {
-            let image = crate::runtime::memory::Image {
+            let image = crate::procs::memory::Image {
                 base: self.base,
                 bytes: &self.bytes,
             };

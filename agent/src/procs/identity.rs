@@ -1,0 +1,193 @@
+//! Who a process says it is ([`ServiceResource`]): its OpenTelemetry process
+//! context ([`otel_ctx`](super::otel_ctx)) when it publishes one, else
+//! `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` from its environment
+//! ([`environment`](super::environment)).
+//!
+//! Looked at with the process's first `/proc` read, then again from time
+//! to time while samples of it come: a known context by its header alone
+//! (one 32-byte read; the payload only when the timestamp moved), a process
+//! without one by its maps, with backoff, since an SDK may publish after
+//! the first sample. The environment is read once per process: it cannot
+//! change after exec.
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::{
+    environment,
+    otel_ctx::{self, Reading, Refusal},
+};
+use crate::model::ServiceResource;
+
+/// How often a known context's header is read again: republished attributes
+/// show within about this long.
+const CONTEXT_RECHECK: Duration = Duration::from_secs(1);
+
+/// Backoff for a process without a context: maps are read again after this,
+/// the wait doubling up to [`MAX_SEARCH_INTERVAL`] while none shows.
+const MIN_SEARCH_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_SEARCH_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A context taken: where its header is, and which publication was read.
+#[derive(Clone, Debug)]
+struct Context {
+    address: u64,
+    published_at_ns: u64,
+    resource: Arc<ServiceResource>,
+}
+
+/// What is known of one process image's identity.
+#[derive(Clone, Debug)]
+pub(super) struct Identity {
+    context: Option<Context>,
+    /// `None` until read (or when reading is off, never).
+    environment: Option<Arc<ServiceResource>>,
+    checked_at: Instant,
+    check_after: Duration,
+}
+
+impl Identity {
+    /// A look with the text of `/proc/PID/maps` just read. `previous`: what
+    /// an earlier read of the same image found (its environment is kept, its
+    /// context costs only a header read if unchanged); `None`: the image's
+    /// first read, which reads the environment when `read_environment` is on.
+    pub(super) fn read(
+        pid: u32,
+        maps: &[u8],
+        previous: Option<&Identity>,
+        read_environment: bool,
+    ) -> Self {
+        let mut identity = match previous {
+            Some(previous) => previous.clone(),
+            None => Identity {
+                context: None,
+                environment: read_environment
+                    .then(|| environment::read(pid).map(Arc::new))
+                    .flatten(),
+                checked_at: Instant::now(),
+                check_after: MIN_SEARCH_INTERVAL,
+            },
+        };
+        identity.checked_at = Instant::now();
+        identity.take_context(pid, maps);
+        identity
+    }
+
+    /// A process /proc could not show: nothing known, nothing to re-check
+    /// (the whole process is read again instead).
+    pub(super) fn unknown() -> Self {
+        Identity {
+            context: None,
+            environment: None,
+            checked_at: Instant::now(),
+            check_after: MAX_SEARCH_INTERVAL,
+        }
+    }
+
+    /// A forked child's: the environment is inherited, the context is not
+    /// (the OTEP's writers map it `MADV_DONTFORK`, so the child has none
+    /// until its own SDK publishes one).
+    pub(super) fn forked(&self) -> Self {
+        Identity {
+            context: None,
+            environment: self.environment.clone(),
+            checked_at: Instant::now(),
+            check_after: MIN_SEARCH_INTERVAL,
+        }
+    }
+
+    /// The context's resource, else the environment's.
+    pub(super) fn service(&self) -> Option<Arc<ServiceResource>> {
+        match &self.context {
+            Some(context) => Some(context.resource.clone()),
+            None => self.environment.clone(),
+        }
+    }
+
+    /// Time for [`Identity::recheck`].
+    pub(super) fn due(&self) -> bool {
+        self.checked_at.elapsed() >= self.check_after
+    }
+
+    /// Looks again; true when [`Identity::service`] changed. `reads` counts
+    /// `/proc` reads.
+    pub(super) fn recheck(&mut self, pid: u32, reads: &mut u64) -> bool {
+        let before = self.service();
+        self.checked_at = Instant::now();
+        match &mut self.context {
+            Some(context) => {
+                let known = Some(context.published_at_ns);
+                match otel_ctx::read_context(&mut reader(pid), context.address, known) {
+                    Ok(Reading::Unchanged) => {}
+                    Ok(Reading::Published {
+                        published_at_ns,
+                        resource,
+                    }) => {
+                        context.published_at_ns = published_at_ns;
+                        context.resource = Arc::new(resource);
+                    }
+                    // Mid-update for every attempt: keep what was read, try
+                    // again next time.
+                    Err(Refusal::Unsettled) => otel_ctx::count_refusal(pid, Refusal::Unsettled),
+                    // Unmapped or overwritten: the context is gone, search
+                    // the maps again from the shortest wait.
+                    Err(reason) => {
+                        if reason != Refusal::Unreadable {
+                            otel_ctx::count_refusal(pid, reason);
+                        }
+                        self.context = None;
+                        self.check_after = MIN_SEARCH_INTERVAL;
+                    }
+                }
+            }
+            None => {
+                *reads += 1;
+                match std::fs::read(format!("/proc/{pid}/maps")) {
+                    Ok(maps) => self.take_context(pid, &maps),
+                    // Gone: nothing more to learn.
+                    Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
+                }
+            }
+        }
+        self.service() != before
+    }
+
+    /// Reads the context of the mapping named in `maps`, if any (the payload
+    /// only if it is not the one already read), and sets when to look again.
+    fn take_context(&mut self, pid: u32, maps: &[u8]) {
+        let found = otel_ctx::locate(maps).and_then(|address| {
+            let known = self
+                .context
+                .as_ref()
+                .filter(|known| known.address == address);
+            let at = known.map(|known| known.published_at_ns);
+            match otel_ctx::read_context(&mut reader(pid), address, at) {
+                Ok(Reading::Published {
+                    published_at_ns,
+                    resource,
+                }) => Some(Context {
+                    address,
+                    published_at_ns,
+                    resource: Arc::new(resource),
+                }),
+                Ok(Reading::Unchanged) => known.cloned(),
+                Err(reason) => {
+                    otel_ctx::count_refusal(pid, reason);
+                    None
+                }
+            }
+        });
+        self.check_after = match (&found, &self.context) {
+            (Some(_), _) => CONTEXT_RECHECK,
+            (None, Some(_)) => MIN_SEARCH_INTERVAL,
+            (None, None) => (self.check_after * 2).min(MAX_SEARCH_INTERVAL),
+        };
+        self.context = found;
+    }
+}
+
+/// Reads process `pid`'s memory (`process_vm_readv`).
+fn reader(pid: u32) -> impl FnMut(u64, &mut [u8]) -> bool {
+    move |address, buf| crate::procs::memory::read(pid, address, buf)
+}
