@@ -6,6 +6,7 @@
 pub mod btf;
 mod error;
 mod kernel;
+mod memory;
 mod reader;
 mod record;
 
@@ -25,6 +26,7 @@ use aya::{
 pub use error::SamplerError;
 use hostprof_common::Counter;
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
+pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{StackCopy, decode_sample, decode_stack_copy};
 
@@ -126,6 +128,9 @@ pub struct Sampler {
     links: Vec<PerfEventLinkId>,
     /// The off-CPU program is loaded, to attach with the perf events.
     off_cpu: bool,
+    /// Kernel memory of each map, largest first, read at the load (the
+    /// maps never grow; others take some of them later).
+    map_memory: Vec<MapMemory>,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -287,11 +292,13 @@ impl Sampler {
             )
             .load(EBPF_OBJECT)
             .map_err(SamplerError::load)?;
+        let map_memory = memory::measure(ebpf.maps());
         let mut sampler = Sampler {
             ebpf,
             variant,
             links: Vec::new(),
             off_cpu: false,
+            map_memory,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -433,6 +440,17 @@ impl Sampler {
             .ok_or(SamplerError::MissingObject(map))?;
         let mut tails = ProgramArray::try_from(map).map_err(SamplerError::map)?;
         tails.set(index, fd, 0).map_err(SamplerError::map)
+    }
+
+    /// What each of the maps costs the kernel (see [`MapMemory`]).
+    pub fn map_memory(&self) -> &[MapMemory] {
+        &self.map_memory
+    }
+
+    /// Kernel memory of all the maps, bytes: what `hostprof_bpf_map_bytes`
+    /// reports.
+    pub fn map_bytes(&self) -> u64 {
+        self.map_memory.iter().map(|map| map.bytes).sum()
     }
 
     /// The program variant this kernel runs.
