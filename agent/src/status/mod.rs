@@ -192,6 +192,12 @@ impl Snapshot {
             "Processes whose mappings and unwind tables were (re)loaded into the kernel.",
             &[("", loads)],
         );
+        metric(
+            "hostprof_runtime_processes_unregistered_total",
+            "counter",
+            "Python or Java processes sampled without their runtime's frames because the kernel's map of such processes was full.",
+            &[("", crate::runtime::unregistered_full())],
+        );
         // Process-wide counters of the file layer, not part of a snapshot.
         let refused = crate::files::refusals();
         metric(

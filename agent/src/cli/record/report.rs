@@ -92,29 +92,37 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
-    java + &format!(
-        "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
+    let runtimes = match crate::runtime::unregistered_full() {
+        0 => String::new(),
+        full => format!(
+            "hostprof: runtime capacity: {full} Python or Java processes sampled without their \
+             runtime's frames (the kernel's map of them was full)\n"
+        ),
+    };
+    java + &runtimes
+        + &format!(
+            "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
          {} with frame pointers before their tables were loaded\n\
          hostprof: unwind tables: {} files ({} idle), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
          {} did not fit, {} without CFI\n\
          hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
          {} mappings past the per-process limit, {} process loads\n",
-        counters.get(Counter::UnwindTables),
-        counters.get(Counter::UnwindComplete),
-        reasons,
-        counters.get(Counter::UnwindUnknownProcess),
-        tables.tables,
-        tables.idle_tables,
-        tables.rows,
-        mib(tables.bytes_used),
-        mib(tables.bytes_capacity),
-        mib(tables.text_bytes),
-        tables.table_full,
-        tables.build_failures,
-        tables.process_full,
-        tables.mappings_dropped,
-        tables.loads,
-    )
+            counters.get(Counter::UnwindTables),
+            counters.get(Counter::UnwindComplete),
+            reasons,
+            counters.get(Counter::UnwindUnknownProcess),
+            tables.tables,
+            tables.idle_tables,
+            tables.rows,
+            mib(tables.bytes_used),
+            mib(tables.bytes_capacity),
+            mib(tables.text_bytes),
+            tables.table_full,
+            tables.build_failures,
+            tables.process_full,
+            tables.mappings_dropped,
+            tables.loads,
+        )
 }
 
 /// What the recording cost in memory: hostprof's peak resident memory and
