@@ -5,19 +5,23 @@
 //! preallocated: perf_event programs before Linux 6.1 accept no other), and
 //! `sampler::memory` reports what they cost.
 //!
-//! What each map costs at its largest and why its size suffices (Linux
-//! 6.18, x86_64, 2 CPUs; `hostprof record -d 3` host-wide, see README):
+//! What each map costs host-wide with the defaults (Linux 6.18, x86_64,
+//! 2 CPUs; `hostprof record -d 3`; the table before sizing in
+//! ARCHITECTURE.md):
 //!
-//! | map | entries | memlock | sized by |
+//! | map | entries × value | memlock | sized by |
 //! |---|---|---|---|
 //! | `UNWIND_ROWS` | 8,192 × 4 KiB | 32 MiB | `--unwind-table-mib` |
-//! | `PROCESS_MAPPINGS` | 1,024 × 8 KiB | 8.1 MiB | the processes that can sample ([`max_entries`]) |
-//! | `SAMPLES` (ring) | 1–8 MiB | 2 MiB | CPUs × rate ([`ring_bytes`]) |
-//! | `PYTHON_PROCS` | 4,096 × 72 B | 0.56 MiB | as `PROCESS_MAPPINGS` |
-//! | `FILTER_TGIDS` | 4,096 × 1 B | 0.31 MiB | only with `-p` / a command |
-//! | `PROCESS_EVENTS` (ring) | 256 KiB | 0.26 MiB | fixed |
+//! | `PROCESS_MAPPINGS` | 1,024 × 8,200 B | 8.1 MiB | the processes that can sample |
+//! | `SAMPLES` (ring) | 2 MiB | 2 MiB | CPUs × rate ([`ring_bytes`]) |
+//! | `PROCESS_EVENTS` (ring) | 256 KiB | 269 KiB | fixed |
+//! | `PYTHON_PROCS` | 1,024 × 72 B | 145 KiB | as `PROCESS_MAPPINGS` (was 4,096: 577 KiB) |
 //! | `HOTSPOT_PROCS` | 256 × 176 B | 63 KiB | fixed |
+//! | `FILTER_TGIDS` | 1 × 1 B | 1 KiB | only with `-p` / a command (was 4,096: 321 KiB) |
 //! | per-CPU scratch, hints, counters | | about 28 KiB per CPU | the possible CPUs |
+//!
+//! In all 42.6 MiB (43.4 before); `record -p PID` 34.4 MiB, `--unwind fp`
+//! 2.6 MiB.
 use aya::util::online_cpus;
 use hostprof_common::{
     MAP_FILTER_TGIDS, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS, MAP_PYTHON_PROCESSES, MAP_SAMPLES,
