@@ -92,6 +92,37 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    java + &format!(
+        "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
+         {} with frame pointers before their tables were loaded\n\
+         hostprof: unwind tables: {} files ({} idle), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
+         {} did not fit, {} without CFI\n\
+         hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
+         {} mappings past the per-process limit, {} process loads\n",
+        counters.get(Counter::UnwindTables),
+        counters.get(Counter::UnwindComplete),
+        reasons,
+        counters.get(Counter::UnwindUnknownProcess),
+        tables.tables,
+        tables.idle_tables,
+        tables.rows,
+        mib(tables.bytes_used),
+        mib(tables.bytes_capacity),
+        mib(tables.text_bytes),
+        tables.table_full,
+        tables.build_failures,
+        tables.process_full,
+        tables.mappings_dropped,
+        tables.loads,
+    )
+}
+
+/// What the recording cost in memory: hostprof's peak resident memory and
+/// the kernel memory of its BPF maps (not part of the former; charged to
+/// its cgroup); and language runtimes' processes left without their frames because
+/// the kernel's map of them (sized at load) was full.
+pub(super) fn memory_report(map_bytes: u64) -> String {
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     let runtimes = match crate::runtime::unregistered_full() {
         0 => String::new(),
         full => format!(
@@ -99,39 +130,8 @@ pub(in crate::cli) fn unwind_report(
              runtime's frames (the kernel's map of them was full)\n"
         ),
     };
-    java + &runtimes
-        + &format!(
-            "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
-         {} with frame pointers before their tables were loaded\n\
-         hostprof: unwind tables: {} files ({} idle), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
-         {} did not fit, {} without CFI\n\
-         hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
-         {} mappings past the per-process limit, {} process loads\n",
-            counters.get(Counter::UnwindTables),
-            counters.get(Counter::UnwindComplete),
-            reasons,
-            counters.get(Counter::UnwindUnknownProcess),
-            tables.tables,
-            tables.idle_tables,
-            tables.rows,
-            mib(tables.bytes_used),
-            mib(tables.bytes_capacity),
-            mib(tables.text_bytes),
-            tables.table_full,
-            tables.build_failures,
-            tables.process_full,
-            tables.mappings_dropped,
-            tables.loads,
-        )
-}
-
-/// What the recording cost in memory: hostprof's peak resident memory and
-/// the kernel memory of its BPF maps (not part of the former; charged to
-/// its cgroup).
-pub(super) fn memory_report(map_bytes: u64) -> String {
-    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     format!(
-        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n",
+        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n{runtimes}",
         mib(crate::status::peak_rss()),
         mib(map_bytes)
     )
