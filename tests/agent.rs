@@ -32,6 +32,27 @@ fn held_ids(pid: u32, field: &str) -> Vec<u32> {
     ids
 }
 
+/// Kernel memory of the BPF maps `pid` holds open: the `memlock` of each
+/// map (by `map_id`, once however many fds it has) in its fds' fdinfo.
+fn held_map_bytes(pid: u32) -> u64 {
+    let mut maps = std::collections::BTreeMap::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .expect("fdinfo")
+        .flatten()
+    {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:")) {
+            maps.insert(id, bytes);
+        }
+    }
+    maps.values().sum()
+}
+
 /// How many BPF links (each perf event's attachment, each tracepoint's)
 /// `pid` holds open.
 fn bpf_link_fds(pid: u32) -> usize {
@@ -134,6 +155,19 @@ fn sigterm_detaches_every_bpf_program_and_exits() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     // One perf event link per CPU, plus the tracepoint's.
     assert!(bpf_link_fds(agent.pid()) > cpus);
+    // The kernel memory of its maps, as it reports it and as /proc says:
+    // the same maps, none of which grows (a few KiB of slack for a map
+    // the kernel might size differently between the readings).
+    let reported = agent
+        .metric("hostprof_bpf_map_bytes")
+        .expect("hostprof_bpf_map_bytes");
+    let held_bytes = held_map_bytes(agent.pid());
+    assert!(reported > 1 << 20, "hostprof_bpf_map_bytes {reported}");
+    assert!(
+        reported.abs_diff(held_bytes) <= 64 << 10,
+        "hostprof_bpf_map_bytes {reported}, /proc/{}/fdinfo says {held_bytes}",
+        agent.pid()
+    );
 
     // After setup every thread has given up loading programs and opening
     // perf events (and every other capability but the four it reads with)...

@@ -189,6 +189,15 @@ fn summary_reports_samples_losses_and_top_functions() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(" samples from 1 processes"), "{stderr}");
     assert!(stderr.contains("lost 0 samples"), "{stderr}");
+    // What it cost in memory, its own and the kernel's (tests/agent.rs
+    // checks the kernel's figure against /proc).
+    let maps = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("hostprof: memory: peak RSS "))
+        .and_then(|line| line.split("; BPF maps ").nth(1))
+        .and_then(|rest| rest.split(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no memory line: {stderr}"));
+    assert!(maps > 1.0, "{stderr}");
     let self_section = stderr
         .split("top functions by self share:")
         .nth(1)

@@ -254,7 +254,7 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// The decimal number right before `marker` in `text` (`"2.02 s at"`).
-fn number_before_f64(text: &str, marker: &str) -> Option<f64> {
+pub(crate) fn number_before_f64(text: &str, marker: &str) -> Option<f64> {
     let end = text.find(marker)?;
     let digits: String = text[..end]
         .chars()

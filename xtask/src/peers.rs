@@ -34,6 +34,9 @@ struct Peer {
     processes: Option<u64>,
     /// The eBPF program's run time per run (BPF stats).
     kernel_ns: Option<f64>,
+    /// Kernel memory of its BPF maps (their fdinfo's `memlock`), MiB: not
+    /// in its RSS, but charged to its cgroup all the same.
+    bpf_map_mib: Option<f64>,
 }
 
 impl Peer {
@@ -170,11 +173,12 @@ fn print_split(long: &[Peer], short: &[Peer], seconds: u64) {
 
 fn print_table(peers: &[Peer]) {
     println!(
-        "{:<34} {:>9} {:>17} {:>10} {:>11} {:>10} {:>10} {:>10}",
+        "{:<34} {:>9} {:>17} {:>10} {:>13} {:>11} {:>10} {:>10} {:>10}",
         "profiler",
         "workload",
         "CPU ms/1k samples",
         "peak MiB",
+        "BPF maps MiB",
         "reach main",
         "eBPF ns",
         "own share",
@@ -182,11 +186,13 @@ fn print_table(peers: &[Peer]) {
     );
     for peer in peers {
         println!(
-            "{:<34} {:>9} {:>17.1} {:>10.1} {:>11.3} {:>10} {:>10} {:>10}",
+            "{:<34} {:>9} {:>17.1} {:>10.1} {:>13} {:>11.3} {:>10} {:>10} {:>10}",
             peer.name,
             peer.workload,
             peer.cpu_ms_per_1k(),
             peer.rss_mib(),
+            peer.bpf_map_mib
+                .map_or("n/a".into(), |mib| format!("{mib:.1}")),
             peer.main_share(),
             peer.kernel_ns.map_or("n/a".into(), |ns| format!("{ns:.0}")),
             peer.own.map_or("n/a".into(), |own| format!(
@@ -284,6 +290,7 @@ fn hostprof_run(
         own: Some(own),
         processes: crate::bench::number_before(&stderr, " processes in"),
         kernel_ns: crate::bench::number_before(&stderr, " ns per run").map(|ns| ns as f64),
+        bpf_map_mib: crate::bench::number_before_f64(&stderr, " MiB of kernel memory"),
     })
 }
 
@@ -344,6 +351,7 @@ fn perf_run(dir: &Path, seconds: u64, name: &'static str, call_graph: &[&str]) -
         own: Some(own),
         processes: None,
         kernel_ns: None,
+        bpf_map_mib: None,
     })
 }
 
@@ -388,10 +396,11 @@ fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> R
     // Its programs' stats, read while it still runs (they go with it).
     let pid = child.id();
     let started = Instant::now();
-    let mut kernel = None;
+    let (mut kernel, mut maps) = (None, None);
     while started.elapsed() < Duration::from_millis(seconds * 1000 - 500) {
         std::thread::sleep(Duration::from_millis(200));
         kernel = perf_event_prog_ns(pid).or(kernel);
+        maps = map_bytes(pid).or(maps);
     }
     let usage = crate::bench::wait_usage(child)?;
     if stats.trim() == "0" {
@@ -408,6 +417,7 @@ fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> R
         own: Some(own),
         processes: None,
         kernel_ns: kernel,
+        bpf_map_mib: maps.map(|bytes| bytes as f64 / (1 << 20) as f64),
     })
 }
 
@@ -415,21 +425,46 @@ fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> R
 /// process `pid` holds, from its fds' fdinfo.
 fn perf_event_prog_ns(pid: u32) -> Option<f64> {
     let (mut time, mut count) = (0u64, 0u64);
-    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?.flatten() {
-        let Ok(info) = fs::read_to_string(entry.path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|value| value.trim().parse::<u64>().ok())
-        };
-        if field("prog_type:") == Some(7) {
-            time += field("run_time_ns:").unwrap_or(0);
-            count += field("run_cnt:").unwrap_or(0);
+    for info in fdinfos(pid) {
+        if fdinfo_field(&info, "prog_type:") == Some(7) {
+            time += fdinfo_field(&info, "run_time_ns:").unwrap_or(0);
+            count += fdinfo_field(&info, "run_cnt:").unwrap_or(0);
         }
     }
     (count > 0).then(|| time as f64 / count as f64)
+}
+
+/// Kernel memory of the BPF maps process `pid` holds: each map's
+/// `memlock` (once per `map_id`) from its fds' fdinfo.
+fn map_bytes(pid: u32) -> Option<u64> {
+    let maps: std::collections::BTreeMap<u64, u64> = fdinfos(pid)
+        .iter()
+        .filter_map(|info| {
+            Some((
+                fdinfo_field(info, "map_id:")?,
+                fdinfo_field(info, "memlock:")?,
+            ))
+        })
+        .collect();
+    (!maps.is_empty()).then(|| maps.values().sum())
+}
+
+/// The fdinfo text of each of process `pid`'s fds.
+fn fdinfos(pid: u32) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| fs::read_to_string(entry.path()).ok())
+        .collect()
+}
+
+/// A number field (`name` with its colon) of an fdinfo text.
+fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name))
+        .and_then(|value| value.trim().parse::<u64>().ok())
 }
 
 #[cfg(test)]
@@ -449,6 +484,7 @@ mod tests {
             own: None,
             processes: None,
             kernel_ns: None,
+            bpf_map_mib: None,
         }
     }
 

@@ -171,6 +171,7 @@ async fn watch_until_end<T: Send + 'static>(
                     reader: *session.reader_progress.borrow(),
                     export: *export.borrow(),
                     rss_bytes,
+                    bpf_map_bytes: session.sampler.map_bytes(),
                     cpu_ns,
                     tracked_processes: session.pipeline.tracked_processes.load(Ordering::Relaxed),
                     process_sweeps: session.pipeline.process_sweeps.load(Ordering::Relaxed),

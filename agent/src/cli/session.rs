@@ -74,6 +74,8 @@ pub(super) struct Finished<T> {
     pub counters: Counters,
     /// The sampling program's run time and verification.
     pub program_stats: crate::sampler::ProgramStats,
+    /// Kernel memory of the BPF maps, bytes.
+    pub map_bytes: u64,
     /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
     pub unwind: Option<LoaderStats>,
     /// Samples taken before their tables were loaded: (unwound on the host
@@ -277,6 +279,7 @@ impl<T: Send + 'static> Session<T> {
             reader,
             counters,
             program_stats,
+            map_bytes: self.sampler.map_bytes(),
             unwind,
         })
     }

@@ -571,7 +571,10 @@ fn pid_namespace(pid: u32) -> Option<(u64, u64)> {
 
 fn register(map: &mut ProcessMap, pid: u32, interpreter: &Interpreter) -> Result<(), String> {
     map.insert(pid, interpreter.layout.kernel, 0)
-        .map_err(|err| err.to_string())
+        .map_err(|err| {
+            crate::runtime::count_if_full(&err);
+            err.to_string()
+        })
 }
 
 #[cfg(test)]

@@ -93,6 +93,7 @@ impl Runtime for Java {
         if let Some(map) = &mut self.map
             && let Err(err) = map.insert(pid, jvm.kernel_process(), 0)
         {
+            super::count_if_full(&err);
             tracing::info!("pid {pid}: cannot register its JVM with the kernel: {err}");
         }
         self.code.set(pid, jvm.code_ranges());

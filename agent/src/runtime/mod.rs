@@ -14,7 +14,10 @@ pub mod java;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use crate::model::{Frame, Mapping};
@@ -45,6 +48,27 @@ impl RuntimeCode {
         let code = self.0.lock().unwrap_or_else(|e| e.into_inner());
         code.get(&pid).cloned().unwrap_or_default()
     }
+}
+
+/// Processes a runtime was found in but could not be registered with the
+/// kernel because the map of its processes was full (sized at load by
+/// `crate::sampler`): sampled without that runtime's frames.
+static UNREGISTERED_FULL: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a failed registration of a process in a runtime's kernel map
+/// when the kernel says the map is full (E2BIG).
+pub fn count_if_full(err: &aya::maps::MapError) {
+    if let aya::maps::MapError::SyscallError(call) = err
+        && call.io_error.raw_os_error() == Some(libc::E2BIG)
+    {
+        UNREGISTERED_FULL.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Processes left without their runtime's frames because its kernel map
+/// was full, so far in this process.
+pub fn unregistered_full() -> u64 {
+    UNREGISTERED_FULL.load(Ordering::Relaxed)
 }
 
 /// One language runtime on the host: finds it in a process, tells the

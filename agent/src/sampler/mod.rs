@@ -6,8 +6,10 @@
 pub mod btf;
 mod error;
 mod kernel;
+mod memory;
 mod reader;
 mod record;
+mod sizes;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
@@ -25,6 +27,7 @@ use aya::{
 pub use error::SamplerError;
 use hostprof_common::Counter;
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
+pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{StackCopy, decode_sample, decode_stack_copy};
 
@@ -130,6 +133,9 @@ pub struct Sampler {
     links: Vec<PerfEventLinkId>,
     /// The off-CPU program is loaded, to attach with the perf events.
     off_cpu: bool,
+    /// Kernel memory of each map, largest first, read at the load (the
+    /// maps never grow; others take some of them later).
+    map_memory: Vec<MapMemory>,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -239,7 +245,8 @@ impl Sampler {
         // skips parsing all of vmlinux's (~20 ms and several MB at every
         // start). The object carrying no CO-RE relocation is checked by
         // `the_ebpf_object_has_no_core_relocations`.
-        let ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(None)
             .override_global(
                 hostprof_common::GLOBAL_TASK_STACK_OFFSET,
@@ -257,10 +264,6 @@ impl Sampler {
                 true,
             )
             .override_global(hostprof_common::GLOBAL_UNWIND_MODE, &unwind_mode, true)
-            .map_max_entries(
-                hostprof_common::MAP_UNWIND_ROWS,
-                options.unwind_chunks.max(1),
-            )
             .override_global(hostprof_common::GLOBAL_TASK_TGID_OFFSET, &tgid_offset, true)
             .override_global(
                 hostprof_common::GLOBAL_TASK_STATE_OFFSET,
@@ -277,25 +280,18 @@ impl Sampler {
                 hostprof_common::GLOBAL_OFF_CPU_SAMPLE_PPM,
                 &sample_ppm,
                 true,
-            )
-            .map_max_entries(hostprof_common::MAP_SAMPLES, ring_bytes(options))
-            // Preallocated (an LRU map), a whole Sample each: 4,096 of them
-            // are 17 MiB of kernel memory, wanted only with --off-cpu.
-            .map_max_entries(
-                hostprof_common::MAP_OFF_CPU_START,
-                if options.off_cpu.is_some() {
-                    hostprof_common::MAX_OFF_CPU_THREADS
-                } else {
-                    1
-                },
-            )
-            .load(EBPF_OBJECT)
-            .map_err(SamplerError::load)?;
+            );
+        for (map, entries) in sizes::max_entries(options) {
+            loader.map_max_entries(map, entries);
+        }
+        let ebpf = loader.load(EBPF_OBJECT).map_err(SamplerError::load)?;
+        let map_memory = memory::measure(ebpf.maps());
         let mut sampler = Sampler {
             ebpf,
             variant,
             links: Vec::new(),
             off_cpu: false,
+            map_memory,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -437,6 +433,17 @@ impl Sampler {
             .ok_or(SamplerError::MissingObject(map))?;
         let mut tails = ProgramArray::try_from(map).map_err(SamplerError::map)?;
         tails.set(index, fd, 0).map_err(SamplerError::map)
+    }
+
+    /// What each of the maps costs the kernel (see [`MapMemory`]).
+    pub fn map_memory(&self) -> &[MapMemory] {
+        &self.map_memory
+    }
+
+    /// Kernel memory of all the maps, bytes: what `hostprof_bpf_map_bytes`
+    /// reports.
+    pub fn map_bytes(&self) -> u64 {
+        self.map_memory.iter().map(|map| map.bytes).sum()
     }
 
     /// The program variant this kernel runs.
@@ -640,40 +647,6 @@ const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
 /// The running kernel is `since` or newer.
 fn verified_since(since: (u32, u32)) -> bool {
     kernel::parse_version(&kernel::kernel_release()).is_some_and(|version| version >= since)
-}
-
-/// Typical size of a ring record: the header and a few dozen frames.
-const TYPICAL_RECORD_BYTES: u64 = 512;
-/// Smallest ring: a few times the wakeup threshold.
-const MIN_RING_BYTES: u64 = 1 << 20;
-const _: () = assert!(MIN_RING_BYTES >= 4 * hostprof_common::RING_WAKEUP_BYTES);
-/// Smallest ring with early stack copies: room for about a hundred.
-const EARLY_COPY_RING_BYTES: u64 = 2 << 20;
-
-/// The ring's size: about a second of samples at full rate on every CPU
-/// (the reader drains it ten times a second), at least [`MIN_RING_BYTES`],
-/// at most `options.ring_bytes`. Its pages count in the agent's memory once
-/// written, and with records only as long as their frames a 2-CPU host at
-/// 999 Hz needs 1 MiB, not 8. Early stack copies (18 KiB records, a burst
-/// whenever processes start) get [`EARLY_COPY_RING_BYTES`] at least: when
-/// the ring cannot take a copy the kernel writes the sample without it.
-/// Stack copies asked for (`--stack-copy`, every sample) and off-CPU bursts
-/// keep the whole size.
-fn ring_bytes(options: &SamplerOptions) -> u32 {
-    if options.stack_copy_bytes != 0 || options.off_cpu.is_some() {
-        return options.ring_bytes;
-    }
-    let cpus = online_cpus().map_or(1, |cpus| cpus.len()) as u64;
-    let second = cpus * options.frequency_hz * TYPICAL_RECORD_BYTES;
-    let least = if options.early_copy_bytes != 0 {
-        EARLY_COPY_RING_BYTES
-    } else {
-        MIN_RING_BYTES
-    };
-    second
-        .next_power_of_two()
-        .max(least)
-        .min(u64::from(options.ring_bytes)) as u32
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Record decoding (the kernel's compact layout) and ring sizing.
+//! Record decoding (the kernel's compact layout) and the object's relocations.
 use super::*;
 use hostprof_common::Sample;
 
@@ -62,38 +62,6 @@ fn records_shorter_than_their_frames_are_malformed() {
     record.truncate(record.len() - 8);
     assert!(decode_sample(&record).is_none());
     assert!(decode_sample(&record[..10]).is_none());
-}
-
-#[test]
-fn the_ring_is_sized_by_what_it_carries() {
-    let cpus = online_cpus().map_or(1, |cpus| cpus.len()) as u64;
-    let second = cpus * 999 * TYPICAL_RECORD_BYTES;
-    let plain = SamplerOptions {
-        frequency_hz: 999,
-        early_copy_bytes: 0,
-        ..SamplerOptions::default()
-    };
-    let expected = second.next_power_of_two().clamp(
-        MIN_RING_BYTES,
-        u64::from(hostprof_common::DEFAULT_RING_BYTES),
-    );
-    assert_eq!(u64::from(ring_bytes(&plain)), expected);
-    // Early copies: room for bursts of them, not the whole default.
-    let early = SamplerOptions {
-        early_copy_bytes: 8192,
-        ..plain.clone()
-    };
-    let with_copies = u64::from(ring_bytes(&early));
-    assert!(with_copies >= EARLY_COPY_RING_BYTES && with_copies >= expected);
-    if second <= EARLY_COPY_RING_BYTES {
-        assert_eq!(with_copies, EARLY_COPY_RING_BYTES);
-    }
-    // Copies of every sample, or off-CPU bursts: the whole size.
-    let every = SamplerOptions {
-        stack_copy_bytes: 4096,
-        ..plain.clone()
-    };
-    assert_eq!(ring_bytes(&every), hostprof_common::DEFAULT_RING_BYTES);
 }
 
 /// `Sampler::load` gives aya no target BTF, which is only right while the

@@ -18,6 +18,9 @@ pub struct Snapshot {
     pub export: ExportStats,
     /// Resident memory of the agent, bytes.
     pub rss_bytes: u64,
+    /// Kernel memory of the agent's BPF maps, bytes (their fdinfo's
+    /// `memlock`; charged to the agent's cgroup, not in `rss_bytes`).
+    pub bpf_map_bytes: u64,
     /// User + system CPU time of the agent, in clock ticks' worth of nanoseconds.
     pub cpu_ns: u64,
     /// Processes whose metadata the pipeline caches.
@@ -52,7 +55,7 @@ impl Snapshot {
     pub fn status_line(&self) -> String {
         format!(
             "samples={} lost={} unsymbolized={} stack_errors={} exported={} export_failures={} export_dropped={} \
-             queue_bytes={} processes={} symbol_cache_mib={:.1} rss_mib={:.1} cpu_s={:.2}",
+             queue_bytes={} processes={} symbol_cache_mib={:.1} rss_mib={:.1} bpf_map_mib={:.1} cpu_s={:.2}",
             self.reader.samples,
             self.lost(),
             self.unsymbolized,
@@ -64,6 +67,7 @@ impl Snapshot {
             self.tracked_processes,
             self.symbol_cache_bytes as f64 / (1 << 20) as f64,
             self.rss_bytes as f64 / (1 << 20) as f64,
+            self.bpf_map_bytes as f64 / (1 << 20) as f64,
             self.cpu_ns as f64 / 1e9,
         )
     }
@@ -188,6 +192,12 @@ impl Snapshot {
             "Processes whose mappings and unwind tables were (re)loaded into the kernel.",
             &[("", loads)],
         );
+        metric(
+            "hostprof_runtime_processes_unregistered_total",
+            "counter",
+            "Python or Java processes sampled without their runtime's frames because the kernel's map of such processes was full.",
+            &[("", crate::runtime::unregistered_full())],
+        );
         // Process-wide counters of the file layer, not part of a snapshot.
         let refused = crate::files::refusals();
         metric(
@@ -224,6 +234,12 @@ impl Snapshot {
             &refused,
         );
         metric(
+            "hostprof_bpf_map_bytes",
+            "gauge",
+            "Kernel memory of the agent's BPF maps (their memlock; charged to its cgroup, not in its resident memory).",
+            &[("", self.bpf_map_bytes)],
+        );
+        metric(
             "process_resident_memory_bytes",
             "gauge",
             "Resident memory size in bytes.",
@@ -252,6 +268,17 @@ pub fn own_usage() -> (u64, u64) {
         .and_then(|stat| cpu_ticks(&stat))
         .map_or(0, |ticks| ticks * 1_000_000_000 / clock_ticks());
     (rss, cpu)
+}
+
+/// This process's peak resident memory (`VmHWM`), bytes.
+pub fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// utime + stime of a `/proc/PID/stat` line (fields 14 and 15, counted after
@@ -308,7 +335,9 @@ mod tests {
         snapshot.reader.samples = 10;
         snapshot.reader.dropped_backlog = 2;
         snapshot.export.queue_bytes = 77;
+        snapshot.bpf_map_bytes = 45 << 20;
         let text = snapshot.prometheus();
+        assert!(text.contains("hostprof_bpf_map_bytes 47185920\n"));
         assert!(text.contains("hostprof_samples_lost_total{where=\"ring_buffer\"} 3\n"));
         assert!(text.contains("hostprof_samples_lost_total{where=\"pipeline\"} 2\n"));
         assert!(text.contains("hostprof_export_queue_bytes 77\n"));
@@ -328,5 +357,6 @@ mod tests {
         assert!(text.contains("hostprof_context_refused_total{reason=\"too_large\"} "));
         assert_eq!(snapshot.lost(), 5);
         assert!(snapshot.status_line().contains("lost=5 "));
+        assert!(snapshot.status_line().contains(" bpf_map_mib=45.0 "));
     }
 }

@@ -82,6 +82,10 @@ impl<M: TableMaps> TableMaps for Mirrored<M> {
         drop(mirror);
         self.inner.remove_process(tgid)
     }
+
+    fn process_capacity(&self) -> usize {
+        self.inner.process_capacity()
+    }
 }
 
 /// Counts, for status lines and the recording's summary.

@@ -79,6 +79,18 @@ impl TableMaps for KernelMaps {
                 source,
             })
     }
+
+    /// The map's own size: the sampler sizes it by the processes that can
+    /// sample.
+    fn process_capacity(&self) -> usize {
+        use aya::maps::IterableMap;
+        self.processes
+            .map()
+            .info()
+            .map_or(hostprof_common::MAX_UNWIND_PROCESSES, |info| {
+                info.max_entries()
+            }) as usize
+    }
 }
 
 /// Files of live processes, read through [`crate::files`]:

@@ -131,6 +131,26 @@ pub(in crate::cli) fn unwind_report(
         )
 }
 
+/// What the recording cost in memory: hostprof's peak resident memory and
+/// the kernel memory of its BPF maps (not part of the former; charged to
+/// its cgroup); and language runtimes' processes left without their frames because
+/// the kernel's map of them (sized at load) was full.
+pub(super) fn memory_report(map_bytes: u64) -> String {
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let runtimes = match crate::runtime::unregistered_full() {
+        0 => String::new(),
+        full => format!(
+            "hostprof: runtime capacity: {full} Python or Java processes sampled without their \
+             runtime's frames (the kernel's map of them was full)\n"
+        ),
+    };
+    format!(
+        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n{runtimes}",
+        mib(crate::status::peak_rss()),
+        mib(map_bytes)
+    )
+}
+
 /// `name count, …` of each of `stops`, named without `prefix`.
 fn stop_list(counters: &Counters, stops: &[hostprof_common::Counter], prefix: &str) -> String {
     let names: Vec<String> = stops

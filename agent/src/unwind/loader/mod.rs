@@ -41,6 +41,11 @@ pub trait TableMaps {
     fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError>;
     fn set_process(&mut self, tgid: u32, mappings: &ProcessMappings) -> Result<(), UnwindError>;
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError>;
+    /// Processes the kernel's map holds at most (sized at load by
+    /// `crate::sampler`).
+    fn process_capacity(&self) -> usize {
+        MAX_UNWIND_PROCESSES as usize
+    }
 }
 
 /// Which file a table belongs to.
@@ -180,7 +185,7 @@ pub struct TableLoader<M: TableMaps> {
     max_idle: usize,
     /// Per process: the files it uses, a digest of its mappings, when loaded.
     processes: HashMap<u32, (Vec<FileKey>, u64, Instant)>,
-    /// Processes the kernel's map holds at most ([`MAX_UNWIND_PROCESSES`]).
+    /// Processes the kernel's map holds at most ([`TableMaps::process_capacity`]).
     process_capacity: usize,
     /// Processes waiting before their next load (see [`Backoff`]).
     backoff: HashMap<u32, Backoff>,
@@ -202,6 +207,7 @@ const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(200);
 
 impl<M: TableMaps> TableLoader<M> {
     pub fn new(maps: M, capacity_chunks: u32) -> Self {
+        let process_capacity = maps.process_capacity();
         TableLoader {
             maps,
             capacity_chunks,
@@ -213,7 +219,7 @@ impl<M: TableMaps> TableLoader<M> {
             idle_seq: 0,
             max_idle: MAX_IDLE,
             processes: HashMap::new(),
-            process_capacity: MAX_UNWIND_PROCESSES as usize,
+            process_capacity,
             backoff: HashMap::new(),
             runtime_code: HashMap::new(),
             stats: LoaderStats {
