@@ -124,6 +124,10 @@ fn huge_debug_offsets_are_refused_and_the_process_keeps_its_native_frames() {
         "no refusal line:\n{log}"
     );
     assert!(!log.contains("Python stacks:"), "walked anyway:\n{log}");
+    assert!(
+        log.contains("Python values past hostprof's caps: 1 processes not walked"),
+        "not counted:\n{log}"
+    );
 }
 
 #[test]
@@ -158,6 +162,11 @@ fn cyclic_frames_and_huge_code_objects_are_bounded_and_left_unnamed() {
     let walked = count("Python stacks: ");
     assert!(walked >= 100, "{line}");
     assert_eq!(count("depth limit "), walked, "{line}");
+    // Its code object was refused (once: the refusal is cached with it).
+    assert!(
+        log.contains("processes not walked (offsets), 1 code objects left out (too long 1"),
+        "code object not refused:\n{log}"
+    );
     // Its memory stayed small: nothing sized by the claimed 2^40 bytes.
     let rss = log
         .lines()

@@ -104,7 +104,22 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    // What the CPython reader refused since the start (README, Python).
+    let refused = crate::python::refusals();
+    let python_refused = if refused != crate::python::Refusals::default() {
+        format!(
+            "hostprof: Python values past hostprof's caps: {} processes not walked (offsets), \
+             {} code objects left out (too long {}, overflowing pointers {})\n",
+            refused.offsets,
+            refused.too_long + refused.overflow,
+            refused.too_long,
+            refused.overflow
+        )
+    } else {
+        String::new()
+    };
     python
+        + &python_refused
         + &java
         + &format!(
             "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
