@@ -555,12 +555,18 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     // hostprof saw 0.62 in hotLoop and 0.14 under that frame (in the VM,
     // not in Java): a reference that lost most samples judges nothing, and
     // is only said; with the default GC it must hold.
+    // The same loss can keep half the samples and drop only the hot loop's
+    // (a CI run: 415 of ~800, all but 30 at that frame, none in hotLoop,
+    // hostprof 0.334): with a non-default collector, a reference with no
+    // sample in the hot loop is as blind there.
     let expected = CPU_SECONDS * JFR_HZ;
-    if (truth.samples as f64) < 0.5 * expected {
+    let lost = (truth.samples as f64) < 0.5 * expected;
+    let blind = !jvm.flags.is_empty() && truth.hot == 0.0;
+    if lost || blind {
         let why = format!(
-            "JFR (the reference, not hostprof) kept {} worker samples of about {expected:.0} \
-             (top frames {:?}): hot share not compared",
-            truth.samples, truth.tops
+            "JFR (the reference, not hostprof) kept {} worker samples of about {expected:.0}, \
+             {:.3} in the hot loop (top frames {:?}): hot share not compared",
+            truth.samples, truth.hot, truth.tops
         );
         if jvm.flags.is_empty() {
             failures.push(why);
