@@ -35,6 +35,28 @@ pub struct Mapping {
     pub build_ids: BuildIds,
 }
 
+/// A range of a language runtime's code in a process, which the kernel
+/// hands to that runtime's walker: every anonymous mapping it overlaps
+/// (a JIT's code space), or with `in_files` the part of file mappings it
+/// covers (code a runtime ships in its binary, such as V8's builtins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CodeRange {
+    pub low: u64,
+    pub high: u64,
+    pub in_files: bool,
+}
+
+impl CodeRange {
+    /// Anonymous code overlapping `[low, high)`.
+    pub const fn anonymous(low: u64, high: u64) -> CodeRange {
+        CodeRange {
+            low,
+            high,
+            in_files: false,
+        }
+    }
+}
+
 impl Mapping {
     /// The file name, for display (`libc.so.6`); `[anon]` for anonymous memory.
     pub fn file_name(&self) -> &str {
@@ -55,6 +77,8 @@ pub enum FrameKind {
     Python,
     /// Java code run by HotSpot (interpreted or compiled).
     Java,
+    /// JavaScript run by V8 (interpreted or compiled).
+    JavaScript,
 }
 
 impl FrameKind {
@@ -66,6 +90,7 @@ impl FrameKind {
             FrameKind::Go => "go",
             FrameKind::Python => "cpython",
             FrameKind::Java => "jvm",
+            FrameKind::JavaScript => "v8js",
         }
     }
 }

@@ -16,6 +16,7 @@
 pub mod hotspot;
 pub mod python;
 pub mod runtime;
+pub mod v8;
 pub use hostprof_unwind as unwind;
 
 /// Frames kept per kernel stack; the kernel's `bpf_get_stack` limit for the
@@ -157,6 +158,9 @@ pub const MAP_PYTHON_THREADS: &str = "PYTHON_THREADS";
 /// tgid -> [`hotspot::Process`]: the JVMs and where their code heaps and
 /// fields are.
 pub const MAP_HOTSPOT_PROCESSES: &str = "HOTSPOT_PROCS";
+/// tgid -> [`v8::Process`]: the V8 (Node.js) processes and where their
+/// builtins and fields are.
+pub const MAP_V8_PROCESSES: &str = "V8_PROCS";
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
@@ -252,10 +256,11 @@ pub const GLOBAL_EARLY_COPY_BYTES: &str = "EARLY_COPY_BYTES";
 /// registered Python processes; 0 leaves the walk out of the program (the
 /// verifier prunes it), for kernels whose verifier rejects it.
 pub const GLOBAL_PYTHON_WALK: &str = "PYTHON_WALK";
-/// Global (u32, set at load): 1 walks HotSpot's Java frames of the
-/// registered JVMs; 0 leaves the walk out of the program (the verifier
-/// prunes it), for kernels whose verifier it was not checked on.
-pub const GLOBAL_HOTSPOT_WALK: &str = "HOTSPOT_WALK";
+/// Global (u32, set at load): 1 walks the frames of JIT runtimes (HotSpot's
+/// Java frames, V8's JavaScript frames) of the registered processes; 0
+/// leaves the walks out of the program (the verifier prunes them), for
+/// kernels whose verifier they were not checked on.
+pub const GLOBAL_RUNTIME_WALK: &str = "RUNTIME_WALK";
 /// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
 pub const MAX_STACK_COPY: usize = 16384;
 const _: () = assert!(MAX_STACK_COPY.is_power_of_two());
@@ -425,11 +430,23 @@ pub enum Counter {
     HotspotDepthLimit = 34,
     /// Python walks whose thread state came from the thread map.
     PythonThreadCached = 35,
+    /// JavaScript frames walked in V8's code.
+    V8Frames = 36,
+    /// V8 walks of processes without a V8 record.
+    V8NoProcess = 37,
+    /// V8 walks stopped when reading the process's memory failed.
+    V8ReadFault = 38,
+    /// V8 walks stopped at an implausible frame.
+    V8BadFrame = 39,
+    /// V8 walks stopped at `runtime::MAX_FRAMES` runtime frames.
+    V8DepthLimit = 40,
+    /// V8 frames whose function slot held no `JSFunction` (kept as native).
+    V8NotFunction = 41,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 36] = [
+    pub const ALL: [Counter; 42] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -466,6 +483,12 @@ impl Counter {
         Counter::HotspotBadFrame,
         Counter::HotspotDepthLimit,
         Counter::PythonThreadCached,
+        Counter::V8Frames,
+        Counter::V8NoProcess,
+        Counter::V8ReadFault,
+        Counter::V8BadFrame,
+        Counter::V8DepthLimit,
+        Counter::V8NotFunction,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -494,6 +517,13 @@ impl Counter {
         Counter::HotspotReadFault,
         Counter::HotspotBadFrame,
         Counter::HotspotDepthLimit,
+    ];
+    /// Every reason a walk of JavaScript frames stops short of native code.
+    pub const V8_STOPS: [Counter; 4] = [
+        Counter::V8NoProcess,
+        Counter::V8ReadFault,
+        Counter::V8BadFrame,
+        Counter::V8DepthLimit,
     ];
     /// Size of the [`MAP_COUNTERS`] array.
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -537,6 +567,12 @@ impl Counter {
             Counter::HotspotBadFrame => "hotspot_bad_frame",
             Counter::HotspotDepthLimit => "hotspot_depth_limit",
             Counter::PythonThreadCached => "python_thread_cached",
+            Counter::V8Frames => "v8_frames",
+            Counter::V8NoProcess => "v8_no_process",
+            Counter::V8ReadFault => "v8_read_fault",
+            Counter::V8BadFrame => "v8_bad_frame",
+            Counter::V8DepthLimit => "v8_depth_limit",
+            Counter::V8NotFunction => "v8_not_function",
         }
     }
 
@@ -580,6 +616,18 @@ impl Counter {
             _ => return None,
         })
     }
+
+    /// The counter of a `v8::reason` that ends a JavaScript walk (`None`
+    /// for `NATIVE`, where the native walk goes on).
+    pub const fn for_v8_reason(reason: u32) -> Option<Counter> {
+        Some(match reason {
+            v8::reason::NO_PROCESS => Counter::V8NoProcess,
+            v8::reason::READ_FAULT => Counter::V8ReadFault,
+            v8::reason::BAD_FRAME => Counter::V8BadFrame,
+            v8::reason::DEPTH_LIMIT => Counter::V8DepthLimit,
+            _ => return None,
+        })
+    }
 }
 
 #[cfg(feature = "user")]
@@ -596,6 +644,9 @@ mod user {
     const _: () = assert!(core::mem::size_of::<super::python::ThreadKey>() == 8);
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::hotspot::Process {}
+    // SAFETY: as above, integers only, no padding (asserted below).
+    unsafe impl aya::Pod for super::v8::Process {}
+    const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 72);
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 

@@ -29,6 +29,8 @@ pub mod tag {
     pub const CPYTHON: u8 = 0;
     /// HotSpot: `HOTSPOT | kind` (`crate::hotspot::kind`).
     pub const HOTSPOT: u8 = 0x10;
+    /// V8: `V8 | kind` (`crate::v8::kind`).
+    pub const V8: u8 = 0x20;
     /// The runtime bits of a tag.
     pub const RUNTIME_MASK: u8 = 0xf0;
 

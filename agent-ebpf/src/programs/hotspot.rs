@@ -13,9 +13,10 @@
 //! offset; the agent names it. Modern variant only.
 use super::*;
 
+use super::unwinder::Entered;
 use hostprof_common::{
     hotspot::{self as hs, kind},
-    runtime::{self, FRAME_MARK, MAX_FRAMES, tag},
+    runtime::{self, tag},
 };
 
 #[map(name = "HOTSPOT_PROCS")]
@@ -80,39 +81,16 @@ fn step_frame(state: &mut UnwindState) -> u32 {
         Ok(caller) => caller,
         Err(why) => return why,
     };
-    let len = unsafe { read_volatile(&state.len) } as usize;
-    let runtime_len = unsafe { read_volatile(&state.runtime_len) } as usize;
-    if runtime_len >= MAX_FRAMES {
-        return DEPTH_LIMIT;
-    }
-    if len >= MAX_USER_STACK_DEPTH || len == 0 {
-        return DEPTH_LIMIT;
-    }
-    // Stacks grow down; a return address of 0 is no caller.
-    let caller_pc = unwind::strip_pointer_auth(ARCH, caller.pc);
-    if caller_pc == 0 || caller.sp < regs.sp || (caller.sp == regs.sp && caller_pc == regs.pc) {
-        return BAD_FRAME;
-    }
-    // The frame's native entry (its pc, pushed by the previous step)
-    // becomes a mark of its runtime frame.
-    state.runtime[runtime_len & (MAX_FRAMES - 1)] = runtime::Frame {
+    let frame = runtime::Frame {
         code: caller.code,
         instr: caller.instr,
     };
-    state.frames[(len - 1) & (MAX_USER_STACK_DEPTH - 1)] = FRAME_MARK | runtime_len as u64;
-    unsafe { write_volatile(&mut state.runtime_len, runtime_len as u32 + 1) };
-    state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = caller_pc;
-    unsafe { write_volatile(&mut state.len, len as u32 + 1) };
-    let next = Regs {
-        pc: caller_pc,
-        sp: caller.sp,
-        fp: caller.fp,
-        lr: 0,
-        interrupted: 0,
-        fp_valid: 1,
-    };
-    unsafe { write_volatile(&mut state.regs, next) };
-    NATIVE
+    match super::unwinder::enter_caller(state, &regs, caller.pc, caller.sp, caller.fp, Some(frame))
+    {
+        Entered::Caller => NATIVE,
+        Entered::DepthLimit => DEPTH_LIMIT,
+        Entered::BadFrame => BAD_FRAME,
+    }
 }
 
 /// The code heap holding `pc`.

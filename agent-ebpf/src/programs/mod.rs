@@ -12,7 +12,8 @@
 //!   callbacks or in chains of tail calls;
 //! - `python`: CPython's interpreter frames;
 //! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
-//!   cache.
+//!   cache;
+//! - `v8`: V8's JavaScript frames, stepped by the unwinder in V8's code.
 mod hotspot;
 mod kernel;
 mod off_cpu;
@@ -20,6 +21,7 @@ mod process;
 mod python;
 mod sample;
 mod unwinder;
+mod v8;
 
 use core::{
     ffi::c_void,
@@ -133,9 +135,9 @@ static EARLY_COPY_BYTES: u32 = 0;
 #[unsafe(no_mangle)]
 static PYTHON_WALK: u32 = 0;
 
-/// Set by the agent at load time (`hostprof_common::GLOBAL_HOTSPOT_WALK`).
+/// Set by the agent at load time (`hostprof_common::GLOBAL_RUNTIME_WALK`).
 #[unsafe(no_mangle)]
-static HOTSPOT_WALK: u32 = 0;
+static RUNTIME_WALK: u32 = 0;
 
 #[map(name = "UNWIND_ROWS")]
 static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);

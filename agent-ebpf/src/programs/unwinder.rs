@@ -148,14 +148,77 @@ pub(super) fn frame<K: Kernel>(
             unsafe { write_volatile(&mut state.reason, reason) };
             true
         }
-        Step::Runtime if K::RUNTIME_WALKS && unsafe { read_volatile(&HOTSPOT_WALK) } != 0 => {
-            super::hotspot::step(state)
+        Step::Runtime if K::RUNTIME_WALKS && unsafe { read_volatile(&RUNTIME_WALK) } != 0 => {
+            // The runtime that marked the code: a process runs one JIT.
+            if let Some(process) = unsafe { super::v8::process(state.tgid) } {
+                super::v8::step(state, process)
+            } else {
+                super::hotspot::step(state)
+            }
         }
         Step::Runtime => {
             unsafe { write_volatile(&mut state.reason, unwind::reason::NO_TABLE) };
             true
         }
     }
+}
+
+/// How a runtime's step into its caller went.
+pub(super) enum Entered {
+    Caller,
+    /// No room for another frame.
+    DepthLimit,
+    /// The caller is not above the frame, or has no return address.
+    BadFrame,
+}
+
+/// Moves the unwind from the runtime frame at `regs` (the last native
+/// entry, its pc) to its caller (`pc`, `sp`, `fp`). With `frame`, that
+/// native entry becomes a [`runtime::FRAME_MARK`] of `frame`, so runtime
+/// and native frames stay interleaved as they ran.
+#[inline(always)]
+pub(super) fn enter_caller(
+    state: &mut UnwindState,
+    regs: &Regs,
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    frame: Option<runtime::Frame>,
+) -> Entered {
+    let len = unsafe { read_volatile(&state.len) } as usize;
+    let runtime_len = unsafe { read_volatile(&state.runtime_len) } as usize;
+    if runtime_len >= runtime::MAX_FRAMES || len >= MAX_USER_STACK_DEPTH || len == 0 {
+        return Entered::DepthLimit;
+    }
+    // Stacks grow down; a return address of 0 is no caller.
+    let pc = unwind::strip_pointer_auth(ARCH, pc);
+    if pc == 0 || sp < regs.sp || (sp == regs.sp && pc == regs.pc) {
+        return Entered::BadFrame;
+    }
+    // The masks, not just the checks, are what the verifier sees; through
+    // `opaque`, or LLVM drops them where the checks above imply them.
+    let (len_slot, runtime_slot) = (
+        unwind::opaque(len as u64),
+        unwind::opaque(runtime_len as u64),
+    );
+    if let Some(frame) = frame {
+        state.runtime[runtime_slot as usize & (runtime::MAX_FRAMES - 1)] = frame;
+        state.frames[(len_slot as usize).wrapping_sub(1) & (MAX_USER_STACK_DEPTH - 1)] =
+            runtime::FRAME_MARK | runtime_len as u64;
+        unsafe { write_volatile(&mut state.runtime_len, runtime_len as u32 + 1) };
+    }
+    state.frames[len_slot as usize & (MAX_USER_STACK_DEPTH - 1)] = pc;
+    unsafe { write_volatile(&mut state.len, len as u32 + 1) };
+    let next = Regs {
+        pc,
+        sp,
+        fp,
+        lr: 0,
+        interrupted: 0,
+        fp_valid: 1,
+    };
+    unsafe { write_volatile(&mut state.regs, next) };
+    Entered::Caller
 }
 
 /// Starts an unwind of the current task in `state`; `None` when its

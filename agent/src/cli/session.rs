@@ -134,6 +134,15 @@ impl<T: Send + 'static> Session<T> {
                 Some(sampler.take_hash_map(hostprof_common::MAP_HOTSPOT_PROCESSES)?),
                 runtime_code.clone(),
             )),
+            // Without the kernel's runtime walks, V8's code is left to the
+            // frame-pointer walk (anonymous frames, but whole stacks).
+            Box::new(crate::runtime::v8::V8::new(
+                sampler
+                    .runtime_walks()
+                    .then(|| sampler.take_hash_map(hostprof_common::MAP_V8_PROCESSES))
+                    .transpose()?,
+                runtime_code.clone(),
+            )),
         ];
         {
             let mut procs = crate::procs::ProcessTable::new();

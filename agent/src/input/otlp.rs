@@ -162,6 +162,7 @@ impl<'a> Tables<'a> {
                     Some("go") => FrameKind::Go,
                     Some("cpython") => FrameKind::Python,
                     Some("jvm") => FrameKind::Java,
+                    Some("v8js") => FrameKind::JavaScript,
                     _ => FrameKind::Native,
                 };
             }

@@ -99,7 +99,7 @@ pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
     let named = frame.lines.iter().rev().map(move |line| match frame.kind {
         FrameKind::Kernel => format!("{}_[k]", line.function),
         FrameKind::Python => python_label(line),
-        FrameKind::Java => java_label(line),
+        FrameKind::Java | FrameKind::JavaScript => java_label(line),
         _ => line.function.to_string(),
     });
     unsymbolized.into_iter().chain(named)
@@ -111,8 +111,9 @@ fn python_label(line: &crate::model::Line) -> String {
     format!("{} ({file}:{})", line.function, line.line)
 }
 
-/// `Class.method (File.java:line)`, as a Java stack trace shows a frame;
-/// without a line `(File.java)`, without a file (a stub) the name alone.
+/// `Class.method (File.java:line)`, as a Java stack trace shows a frame
+/// (JavaScript: `function (/app/file.js:line)`, as Node's do); without a
+/// line `(File.java)`, without a file (a stub, a builtin) the name alone.
 fn java_label(line: &crate::model::Line) -> String {
     match line.file.as_deref() {
         Some(file) if line.line != 0 => format!("{} ({file}:{})", line.function, line.line),

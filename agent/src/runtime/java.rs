@@ -18,7 +18,7 @@ use super::{
     Runtime, RuntimeCode,
     hotspot::{HotspotError, JavaFrame, Jvm, LibjvmCache},
 };
-use crate::model::{Frame, FrameKind, Line, Mapping};
+use crate::model::{CodeRange, Frame, FrameKind, Line, Mapping};
 
 /// The kernel map of Java processes.
 pub type ProcessMap = BpfHashMap<MapData, u32, hotspot::Process>;
@@ -96,7 +96,12 @@ impl Runtime for Java {
             super::count_if_full(&err);
             tracing::info!("pid {pid}: cannot register its JVM with the kernel: {err}");
         }
-        self.code.set(pid, jvm.code_ranges());
+        let code = jvm.code_ranges().into_iter();
+        self.code.set(
+            pid,
+            code.map(|(low, high)| CodeRange::anonymous(low, high))
+                .collect(),
+        );
         tracing::debug!(
             "pid {pid}: Java {}: its frames are walked",
             jvm.version().as_deref().unwrap_or("(unknown version)")

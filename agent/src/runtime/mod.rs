@@ -7,10 +7,13 @@
 //! - `crate::python`: CPython (interpreter frames merged in place of the
 //!   evaluation loop's native frames);
 //! - [`java`]: JVMs, their frames named by [`hotspot`] (JIT and
-//!   interpreted code, found by the kernel's walk in the code cache).
+//!   interpreted code, found by the kernel's walk in the code cache);
+//! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
+//!   kernel's frame-pointer walk of V8's code).
 pub mod elf;
 pub mod hotspot;
 pub mod java;
+pub mod v8;
 
 use std::{
     collections::HashMap,
@@ -20,21 +23,21 @@ use std::{
     },
 };
 
-use crate::model::{Frame, Mapping};
+use crate::model::{CodeRange, Frame, Mapping};
 
 /// Per process, the address ranges of a runtime's code that the kernel's
-/// walker steps (a JVM's code heaps): written by the attribution thread
+/// walker steps (a JVM's code heaps, V8's code space and builtins): written by the attribution thread
 /// when it finds the runtime, read by the unwind service at each load of
 /// the process, which marks the mappings there for the kernel.
 #[derive(Clone, Debug, Default)]
 pub struct RuntimeCode(Arc<Mutex<CodeRanges>>);
 
-/// pid -> [low, high) of each range of its runtime code.
-type CodeRanges = HashMap<u32, Vec<(u64, u64)>>;
+/// pid -> each range of its runtime code.
+type CodeRanges = HashMap<u32, Vec<CodeRange>>;
 
 impl RuntimeCode {
     /// Says where `pid`'s runtime code is (none: `ranges` empty).
-    pub fn set(&self, pid: u32, ranges: Vec<(u64, u64)>) {
+    pub fn set(&self, pid: u32, ranges: Vec<CodeRange>) {
         let mut code = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if ranges.is_empty() {
             code.remove(&pid);
@@ -44,7 +47,7 @@ impl RuntimeCode {
     }
 
     /// Where `pid`'s runtime code is; empty when it has none.
-    pub fn get(&self, pid: u32) -> Vec<(u64, u64)> {
+    pub fn get(&self, pid: u32) -> Vec<CodeRange> {
         let code = self.0.lock().unwrap_or_else(|e| e.into_inner());
         code.get(&pid).cloned().unwrap_or_default()
     }

@@ -136,6 +136,8 @@ pub struct Sampler {
     /// Kernel memory of each map, largest first, read at the load (the
     /// maps never grow; others take some of them later).
     map_memory: Vec<MapMemory>,
+    /// The kernel walks JIT runtimes' frames (HotSpot, V8) on this kernel.
+    runtime_walks: bool,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -239,7 +241,7 @@ impl Sampler {
             );
         }
         // The same kernels for Java's walk (the same `bpf_loop` callbacks).
-        let hotspot_walk = python_walk;
+        let runtime_walk = python_walk;
         // No CO-RE: every kernel offset the programs use is a global set
         // above from our own read of the BTF. Without a target BTF, aya
         // skips parsing all of vmlinux's (~20 ms and several MB at every
@@ -257,7 +259,7 @@ impl Sampler {
             .override_global(hostprof_common::GLOBAL_STACK_COPY_BYTES, &stack_copy, true)
             .override_global(hostprof_common::GLOBAL_EARLY_COPY_BYTES, &early_copy, true)
             .override_global(hostprof_common::GLOBAL_PYTHON_WALK, &python_walk, true)
-            .override_global(hostprof_common::GLOBAL_HOTSPOT_WALK, &hotspot_walk, true)
+            .override_global(hostprof_common::GLOBAL_RUNTIME_WALK, &runtime_walk, true)
             .override_global(
                 hostprof_common::GLOBAL_FILTER_BY_TGID,
                 &filter_by_tgid,
@@ -292,6 +294,7 @@ impl Sampler {
             links: Vec::new(),
             off_cpu: false,
             map_memory,
+            runtime_walks: runtime_walk != 0,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -557,9 +560,15 @@ impl Sampler {
         RingBuf::try_from(map).map_err(SamplerError::map)
     }
 
+    /// True when the kernel walks JIT runtimes' frames (HotSpot, V8): the
+    /// kernels their walks were checked on.
+    pub fn runtime_walks(&self) -> bool {
+        self.runtime_walks
+    }
+
     /// Takes one of the language runtimes' hash maps (`MAP_PYTHON_*`,
-    /// `MAP_HOTSPOT_*`: see [`crate::python`], [`crate::runtime::java`]);
-    /// call once per map.
+    /// `MAP_HOTSPOT_*`, `MAP_V8_*`: see [`crate::python`],
+    /// [`crate::runtime::java`], [`crate::runtime::v8`]); call once per map.
     pub fn take_hash_map<K: aya::Pod, V: aya::Pod>(
         &mut self,
         name: &'static str,

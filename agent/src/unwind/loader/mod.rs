@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::model::Mapping;
+use crate::model::{CodeRange, Mapping};
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
@@ -190,9 +190,9 @@ pub struct TableLoader<M: TableMaps> {
     /// Processes waiting before their next load (see [`Backoff`]).
     backoff: HashMap<u32, Backoff>,
     /// Per process: the address ranges of a language runtime's code (a
-    /// JVM's code heaps), whose anonymous mappings the kernel hands to
-    /// that runtime's walker.
-    runtime_code: HashMap<u32, Vec<(u64, u64)>>,
+    /// JVM's code heaps, V8's code space and builtins), which the kernel
+    /// hands to that runtime's walker.
+    runtime_code: HashMap<u32, Vec<CodeRange>>,
     stats: LoaderStats,
 }
 
@@ -303,7 +303,7 @@ impl<M: TableMaps> TableLoader<M> {
 
     /// Says where `pid`'s runtime code is (none: `ranges` empty), for its
     /// next load.
-    pub fn set_runtime_code(&mut self, pid: u32, ranges: Vec<(u64, u64)>) {
+    pub fn set_runtime_code(&mut self, pid: u32, ranges: Vec<CodeRange>) {
         if ranges.is_empty() {
             self.runtime_code.remove(&pid);
         } else {
@@ -339,37 +339,32 @@ impl<M: TableMaps> TableLoader<M> {
         PROCESS_LOADS.fetch_add(1, Ordering::Relaxed);
         let mut entries = ProcessMappings::default();
         let mut keys = Vec::new();
-        let mut sorted: Vec<&Mapping> = mappings.iter().collect();
         let runtime_code = self.runtime_code.get(&pid).cloned().unwrap_or_default();
-        let is_runtime = |mapping: &Mapping| {
-            mapping.inode == 0
-                && runtime_code
-                    .iter()
-                    .any(|&(low, high)| mapping.start < high && low < mapping.end)
-        };
+        let pieces = runtime_pieces(mappings, &runtime_code);
+        let mut sorted: Vec<&(Mapping, bool)> = pieces.iter().collect();
         let truncated = sorted.len() > MAX_PROCESS_MAPPINGS;
         if truncated {
             // File-backed code and a runtime's code first: other anonymous
             // code (JIT without a walker) has no table anyway. The rest's
             // addresses read as "no mapping"; their samples asking again
             // wait out a backoff.
-            sorted.sort_by_key(|mapping| {
+            sorted.sort_by_key(|(mapping, runtime)| {
                 (
-                    mapping.inode == 0 && &*mapping.path != "[vdso]" && !is_runtime(mapping),
+                    mapping.inode == 0 && &*mapping.path != "[vdso]" && !runtime,
                     mapping.start,
                 )
             });
             self.stats.mappings_dropped += (sorted.len() - MAX_PROCESS_MAPPINGS) as u64;
             sorted.truncate(MAX_PROCESS_MAPPINGS);
         }
-        sorted.sort_by_key(|mapping| mapping.start);
-        for (slot, mapping) in sorted.into_iter().enumerate() {
+        sorted.sort_by_key(|(mapping, _)| mapping.start);
+        for (slot, (mapping, runtime)) in sorted.into_iter().enumerate() {
+            let runtime = *runtime;
             let mut entry = ExecMapping {
                 start: mapping.start,
                 end: mapping.end,
                 ..Default::default()
             };
-            let runtime = is_runtime(mapping);
             let known = if runtime {
                 None
             } else {
@@ -641,7 +636,47 @@ impl<M: TableMaps> TableLoader<M> {
 }
 
 /// Identifies a set of mappings (which files, where).
-fn digest_of(mappings: &[Mapping], runtime_code: &[(u64, u64)]) -> u64 {
+/// `mappings` cut where `code` says (each piece: the mapping, or part of
+/// it, and whether it is a runtime's code): an anonymous mapping is a
+/// runtime's whole when a range overlaps it; a file mapping is cut at the
+/// edges of the ranges `in_files` (a runtime's code inside a binary).
+fn runtime_pieces(mappings: &[Mapping], code: &[CodeRange]) -> Vec<(Mapping, bool)> {
+    let mut pieces = Vec::with_capacity(mappings.len());
+    for mapping in mappings {
+        if mapping.inode == 0 {
+            let runtime = &*mapping.path != "[vdso]"
+                && code.iter().any(|range| {
+                    !range.in_files && mapping.start < range.high && range.low < mapping.end
+                });
+            pieces.push((mapping.clone(), runtime));
+            continue;
+        }
+        let mut cuts = vec![mapping.start, mapping.end];
+        for range in code.iter().filter(|range| range.in_files) {
+            for edge in [range.low, range.high] {
+                if mapping.start < edge && edge < mapping.end {
+                    cuts.push(edge);
+                }
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        for pair in cuts.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            let runtime = code
+                .iter()
+                .any(|range| range.in_files && range.low <= start && end <= range.high);
+            let mut piece = mapping.clone();
+            piece.start = start;
+            piece.end = end;
+            piece.file_offset = mapping.file_offset + (start - mapping.start);
+            pieces.push((piece, runtime));
+        }
+    }
+    pieces
+}
+
+fn digest_of(mappings: &[Mapping], runtime_code: &[CodeRange]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     runtime_code.hash(&mut hasher);

@@ -141,7 +141,7 @@ fn runtime_code_is_marked_for_its_walker_and_reloads() {
     loader.load_process(1, &all, &mut NoFiles).unwrap();
     assert!(loader.recently_loaded(1, &all));
     // A runtime found since: the same mappings load again, at once.
-    loader.set_runtime_code(1, vec![(0x7000_0800, 0x7000_1000)]);
+    loader.set_runtime_code(1, vec![CodeRange::anonymous(0x7000_0800, 0x7000_1000)]);
     assert!(!loader.recently_loaded(1, &all));
     loader.load_process(1, &all, &mut NoFiles).unwrap();
     drop(loader);
@@ -260,4 +260,37 @@ fn idle_tables_are_bounded_in_number() {
         .unwrap();
     assert_eq!(files.1, opened);
     assert_eq!(loader.stats().idle_tables, 1);
+}
+
+#[test]
+fn runtime_code_inside_a_file_is_cut_out_of_its_mapping() {
+    let mut text = mapping(10, 0x40_0000);
+    text.end = 0x40_0000 + 0x10_0000;
+    text.file_offset = 0x1000;
+    let blob = CodeRange {
+        low: 0x44_0000,
+        high: 0x46_0000,
+        in_files: true,
+    };
+    let jit = CodeRange::anonymous(0, u64::MAX);
+    let mut anonymous = mapping(0, 0x7000_0000);
+    anonymous.path = "".into();
+    let mut vdso = mapping(0, 0x7100_0000);
+    vdso.path = "[vdso]".into();
+    let pieces = runtime_pieces(&[text.clone(), anonymous.clone(), vdso], &[blob, jit]);
+    let cut: Vec<(u64, u64, u64, bool)> = pieces
+        .iter()
+        .map(|(piece, runtime)| (piece.start, piece.end, piece.file_offset, *runtime))
+        .collect();
+    assert_eq!(
+        cut[..4],
+        [
+            (0x40_0000, 0x44_0000, 0x1000, false),
+            (0x44_0000, 0x46_0000, 0x4_1000, true),
+            (0x46_0000, 0x50_0000, 0x6_1000, false),
+            (anonymous.start, anonymous.end, 0, true),
+        ]
+    );
+    assert_eq!(pieces.len(), 5);
+    assert!(!pieces[4].1, "the vdso is never a runtime's code");
 }

@@ -1,0 +1,138 @@
+//! V8's JavaScript frames, walked in the kernel when the native unwinder
+//! reaches V8's code (its JIT code space or its embedded builtins, which
+//! the agent marked `unwind::RUNTIME_TABLE`; see `hostprof_common::v8`).
+//!
+//! V8 keeps frame pointers in all the code it generates, so each step is
+//! one frame-pointer step, from the same `bpf_loop` callback as the native
+//! frames: JavaScript and native frames interleave as they ran (native
+//! add-ons called from JavaScript, C++ calling back into it) and the
+//! native walk resumes by itself below V8's entry frame. A JavaScript
+//! frame (a context, not a type marker, below its frame pointer) is
+//! recorded as its function's `SharedFunctionInfo` and where in it the
+//! frame was; frames of other types (entry, exit, stubs) stay native
+//! addresses (the builtins have symbols). Modern variant only.
+use super::*;
+
+use super::unwinder::Entered;
+use hostprof_common::{
+    runtime::{self, tag},
+    v8::{self, kind},
+};
+
+#[map(name = "V8_PROCS")]
+static V8_PROCS: HashMap<u32, v8::Process> = HashMap::with_max_entries(v8::MAX_PROCESSES, 0);
+
+/// The V8 record of `tgid`, when it is a V8 process.
+///
+/// # Safety
+/// The reference is to a map value, valid for the program run.
+#[inline(always)]
+pub(super) unsafe fn process(tgid: u32) -> Option<&'static v8::Process> {
+    unsafe { V8_PROCS.get(&tgid) }
+}
+
+/// Walks the frame at `state.regs` (a pc in V8's code): records it when
+/// it is JavaScript and moves the registers to its caller. True when the
+/// unwind stops here (`state.reason` set).
+#[inline(always)]
+pub(super) fn step(state: &mut UnwindState, process: &v8::Process) -> bool {
+    let why = step_frame(state, process);
+    if why == v8::reason::NATIVE {
+        return false;
+    }
+    if let Some(counter) = Counter::for_v8_reason(why) {
+        bump(counter);
+    }
+    state.reason = unwind::reason::NO_TABLE;
+    true
+}
+
+/// A tagged heap pointer's address (V8 tags them with 1 in the low bits);
+/// `None` for a small integer or anything else.
+#[inline(always)]
+fn heap_object(tagged: u64) -> Option<u64> {
+    (tagged & 3 == 1).then_some(tagged & !3)
+}
+
+/// The instance type of the heap object at `object`.
+#[inline(always)]
+fn instance_type(process: &v8::Process, object: u64) -> Option<u32> {
+    let map = read_user::<u64>(object.wrapping_add(u64::from(process.heap_object_map)))?;
+    let map = heap_object(map)?;
+    read_user::<u16>(map.wrapping_add(u64::from(process.map_instance_type))).map(u32::from)
+}
+
+/// The `SharedFunctionInfo` of the `JSFunction` tagged `function`.
+#[inline(always)]
+fn shared_info(process: &v8::Process, function: u64) -> Option<u64> {
+    let function = heap_object(function)?;
+    let kind = instance_type(process, function)?;
+    if kind < process.type_function_first || kind > process.type_function_last {
+        return None;
+    }
+    let shared = read_user::<u64>(function.wrapping_add(u64::from(process.function_shared)))?;
+    let shared = heap_object(shared)?;
+    (instance_type(process, shared)? == process.type_shared_info).then_some(shared)
+}
+
+/// True when `pc` is in one of the process's embedded builtins.
+#[inline(always)]
+fn in_builtins(process: &v8::Process, pc: u64) -> bool {
+    let mut found = false;
+    for blob in &process.blobs {
+        found |= blob.low <= pc && pc < blob.high;
+    }
+    found
+}
+
+#[inline(always)]
+fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
+    use v8::reason::*;
+    let regs = unsafe { read_volatile(&state.regs) };
+    let fp = regs.fp;
+    // A frame pointer below the stack pointer, or far above it, is not
+    // this frame's (code before its frame is set up, or no frame).
+    if regs.fp_valid == 0 || fp < regs.sp || fp - regs.sp > v8::MAX_FRAME_BYTES {
+        return BAD_FRAME;
+    }
+    let Some(window) = read_user::<[u64; v8::WINDOW_WORDS]>(fp.wrapping_sub(v8::WINDOW_LOW)) else {
+        return READ_FAULT;
+    };
+    let slot = |index: u32| window[index as usize & (v8::WINDOW_WORDS - 1)];
+    let header = (v8::WINDOW_LOW / 8) as usize;
+    let caller_fp = window[header];
+    let return_address = window[header + 1];
+    let marker = slot(process.slot_marker);
+    // A type marker (a small integer: low bit clear) is a frame of V8's
+    // own; a context (a heap pointer) a JavaScript frame.
+    let frame = if marker & 1 == 0 {
+        None
+    } else if let Some(shared) = shared_info(process, slot(process.slot_function)) {
+        bump(Counter::V8Frames);
+        let (kind, instr) = if in_builtins(process, regs.pc) {
+            let offset = slot(process.slot_bytecode_offset);
+            // The interpreter keeps the bytecode offset as a small
+            // integer (in the upper half); a JavaScript builtin does not.
+            if offset & 1 == 0 {
+                (kind::INTERPRETED, offset >> 32)
+            } else {
+                (kind::BUILTIN, regs.pc)
+            }
+        } else {
+            (kind::COMPILED, regs.pc)
+        };
+        Some(runtime::Frame {
+            code: tag::apply(tag::V8 | kind, shared),
+            instr,
+        })
+    } else {
+        bump(Counter::V8NotFunction);
+        None
+    };
+    let caller_sp = fp.wrapping_add(v8::FRAME_HEADER);
+    match super::unwinder::enter_caller(state, &regs, return_address, caller_sp, caller_fp, frame) {
+        Entered::Caller => NATIVE,
+        Entered::DepthLimit => DEPTH_LIMIT,
+        Entered::BadFrame => BAD_FRAME,
+    }
+}

@@ -1,0 +1,257 @@
+//! Where V8's structures are, from the binary's own postmortem constants:
+//! `node` exports `v8dbg_*` symbols (for debuggers such as llnode), each a
+//! 32-bit value: frame slot offsets, field offsets, instance types. The
+//! few that some versions do not export have kept one value for years and
+//! are defaulted, with the version that decides.
+use std::collections::HashMap;
+
+use hostprof_common::v8;
+
+use super::V8Error;
+use crate::procs::memory::Memory;
+
+/// The V8 constants and symbols one binary has, by name (link-time
+/// addresses; the values are read from the process).
+pub const SYMBOLS: &[&str] = &[
+    "v8dbg_off_fp_context_or_frame_type",
+    "v8dbg_off_fp_function",
+    "v8dbg_off_fp_bytecode_offset",
+    "v8dbg_class_HeapObject__map__Map",
+    "v8dbg_class_Map__instance_type__uint16_t",
+    "v8dbg_class_JSFunction__shared__SharedFunctionInfo",
+    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object",
+    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+    "v8dbg_class_SharedFunctionInfo__script_or_debug_info__HeapObject",
+    "v8dbg_class_SharedFunctionInfo__script__Tagged_HeapObject_",
+    "v8dbg_class_SharedFunctionInfo__function_data__Object",
+    "v8dbg_class_Script__name__Object",
+    "v8dbg_class_Script__source__Object",
+    "v8dbg_class_Script__line_ends__Object",
+    "v8dbg_class_String__length__int32_t",
+    "v8dbg_class_SeqOneByteString__chars__char",
+    "v8dbg_class_SeqTwoByteString__chars__char",
+    "v8dbg_class_ConsString__first__String",
+    "v8dbg_class_ConsString__second__String",
+    "v8dbg_class_SlicedString__parent__String",
+    "v8dbg_class_SlicedString__offset__SMI",
+    "v8dbg_class_ThinString__actual__String",
+    "v8dbg_class_FixedArrayBase__length__SMI",
+    "v8dbg_class_FixedArray__data__uintptr_t",
+    "v8dbg_class_BytecodeArray__data__uintptr_t",
+    "v8dbg_type_JSFunction__JS_FUNCTION_TYPE",
+    "v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
+    "v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE",
+    "v8dbg_type_Script__SCRIPT_TYPE",
+    "v8dbg_type_FixedArray__FIXED_ARRAY_TYPE",
+    "v8dbg_type_BytecodeArray__BYTECODE_ARRAY_TYPE",
+    "v8dbg_FirstNonstringType",
+    "v8dbg_StringRepresentationMask",
+    "v8dbg_StringEncodingMask",
+    "v8dbg_OneByteStringTag",
+    "v8dbg_ConsStringTag",
+    "v8dbg_SlicedStringTag",
+    "v8dbg_ThinStringTag",
+    "v8dbg_ExternalStringTag",
+    "v8dbg_scopeinfo_idx_first_vars",
+    "v8dbg_scopeinfo_idx_ncontextlocals",
+    "_ZN2v88internal7Version6major_E",
+    "_ZN2v88internal7Version6minor_E",
+    "_ZN2v88internal7Version6patch_E",
+    "v8_Default_embedded_blob_code_",
+    "v8_Default_embedded_blob_code_size_",
+];
+
+/// Largest field offset believed (V8's objects are a few hundred bytes).
+const MAX_OFFSET: i64 = 4096;
+
+/// The offsets and constants the walk and the naming use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub version: (u32, u32, u32),
+    pub fp_marker: i64,
+    pub fp_function: i64,
+    pub fp_bytecode_offset: i64,
+    pub map: u64,
+    pub instance_type: u64,
+    pub function_shared: u64,
+    pub shared_name: u64,
+    pub shared_script: u64,
+    pub shared_function_data: u64,
+    pub script_name: u64,
+    pub script_source: u64,
+    pub script_line_ends: u64,
+    pub string_length: u64,
+    pub seq_one_byte_chars: u64,
+    pub seq_two_byte_chars: u64,
+    pub cons_first: u64,
+    pub cons_second: u64,
+    pub sliced_parent: u64,
+    pub sliced_offset: u64,
+    pub thin_actual: u64,
+    pub array_length: u64,
+    pub fixed_array_data: u64,
+    pub bytecode_data: u64,
+    pub type_function: u32,
+    pub type_shared_info: u32,
+    pub type_scope_info: u32,
+    pub type_script: u32,
+    pub type_fixed_array: u32,
+    pub type_bytecode_array: u32,
+    pub first_nonstring_type: u32,
+    pub representation_mask: u32,
+    pub encoding_mask: u32,
+    pub one_byte_tag: u32,
+    pub cons_tag: u32,
+    pub sliced_tag: u32,
+    pub thin_tag: u32,
+    pub external_tag: u32,
+    pub scope_first_vars: u64,
+    pub scope_context_locals: u64,
+}
+
+/// A binary's V8 symbols, link-time addresses by name.
+pub type Symbols = HashMap<&'static str, u64>;
+
+impl Layout {
+    /// Reads the constants at `symbols` (moved by `bias`) from `memory`.
+    pub fn read(memory: &impl Memory, symbols: &Symbols, bias: u64) -> Result<Layout, V8Error> {
+        let value = |name: &'static str| -> Option<i64> {
+            let address = symbols.get(name)?.wrapping_add(bias);
+            memory
+                .read_u32(address)
+                .map(|value| i64::from(value as i32))
+        };
+        let need = |name: &'static str| value(name).ok_or(V8Error::MissingConstant(name));
+        let either = |a: &'static str, b: &'static str| value(a).or_else(|| value(b));
+        let offset = |value: i64, what: &'static str| -> Result<u64, V8Error> {
+            if (0..MAX_OFFSET).contains(&value) {
+                Ok(value as u64)
+            } else {
+                Err(V8Error::Implausible(what))
+            }
+        };
+        let field = |name: &'static str| offset(need(name)?, name);
+        let small = |name: &'static str| -> Result<u32, V8Error> {
+            u32::try_from(need(name)?).map_err(|_| V8Error::Implausible(name))
+        };
+        let version = (
+            need("_ZN2v88internal7Version6major_E")? as u32,
+            need("_ZN2v88internal7Version6minor_E")? as u32,
+            need("_ZN2v88internal7Version6patch_E")? as u32,
+        );
+        let layout = Layout {
+            version,
+            fp_marker: need("v8dbg_off_fp_context_or_frame_type")?,
+            fp_function: need("v8dbg_off_fp_function")?,
+            fp_bytecode_offset: need("v8dbg_off_fp_bytecode_offset")?,
+            // The map is every heap object's first field.
+            map: offset(
+                value("v8dbg_class_HeapObject__map__Map").unwrap_or(0),
+                "map",
+            )?,
+            instance_type: field("v8dbg_class_Map__instance_type__uint16_t")?,
+            function_shared: field("v8dbg_class_JSFunction__shared__SharedFunctionInfo")?,
+            shared_name: offset(
+                either(
+                    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object",
+                    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+                )
+                .ok_or(V8Error::MissingConstant(
+                    "SharedFunctionInfo::name_or_scope_info",
+                ))?,
+                "name_or_scope_info",
+            )?,
+            shared_script: offset(
+                either(
+                    "v8dbg_class_SharedFunctionInfo__script_or_debug_info__HeapObject",
+                    "v8dbg_class_SharedFunctionInfo__script__Tagged_HeapObject_",
+                )
+                .ok_or(V8Error::MissingConstant("SharedFunctionInfo::script"))?,
+                "script",
+            )?,
+            // Not exported since V8 11.x; 8 since V8 8 (node's builds have
+            // no sandbox, which would move it).
+            shared_function_data: offset(
+                value("v8dbg_class_SharedFunctionInfo__function_data__Object").unwrap_or(8),
+                "function_data",
+            )?,
+            script_name: field("v8dbg_class_Script__name__Object")?,
+            script_source: field("v8dbg_class_Script__source__Object")?,
+            script_line_ends: field("v8dbg_class_Script__line_ends__Object")?,
+            string_length: field("v8dbg_class_String__length__int32_t")?,
+            seq_one_byte_chars: field("v8dbg_class_SeqOneByteString__chars__char")?,
+            seq_two_byte_chars: field("v8dbg_class_SeqTwoByteString__chars__char")?,
+            cons_first: field("v8dbg_class_ConsString__first__String")?,
+            cons_second: field("v8dbg_class_ConsString__second__String")?,
+            sliced_parent: field("v8dbg_class_SlicedString__parent__String")?,
+            sliced_offset: field("v8dbg_class_SlicedString__offset__SMI")?,
+            thin_actual: field("v8dbg_class_ThinString__actual__String")?,
+            array_length: field("v8dbg_class_FixedArrayBase__length__SMI")?,
+            fixed_array_data: field("v8dbg_class_FixedArray__data__uintptr_t")?,
+            bytecode_data: field("v8dbg_class_BytecodeArray__data__uintptr_t")?,
+            type_function: small("v8dbg_type_JSFunction__JS_FUNCTION_TYPE")?,
+            type_shared_info: small("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE")?,
+            type_scope_info: small("v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE")?,
+            type_script: small("v8dbg_type_Script__SCRIPT_TYPE")?,
+            type_fixed_array: small("v8dbg_type_FixedArray__FIXED_ARRAY_TYPE")?,
+            type_bytecode_array: small("v8dbg_type_BytecodeArray__BYTECODE_ARRAY_TYPE")?,
+            first_nonstring_type: small("v8dbg_FirstNonstringType")?,
+            representation_mask: small("v8dbg_StringRepresentationMask")?,
+            encoding_mask: small("v8dbg_StringEncodingMask")?,
+            one_byte_tag: small("v8dbg_OneByteStringTag")?,
+            cons_tag: small("v8dbg_ConsStringTag")?,
+            sliced_tag: small("v8dbg_SlicedStringTag")?,
+            thin_tag: small("v8dbg_ThinStringTag")?,
+            external_tag: small("v8dbg_ExternalStringTag")?,
+            scope_first_vars: field("v8dbg_scopeinfo_idx_first_vars")?,
+            scope_context_locals: field("v8dbg_scopeinfo_idx_ncontextlocals")?,
+        };
+        layout.slots()?;
+        Ok(layout)
+    }
+
+    /// The frame slots' word indices in the kernel's window.
+    fn slots(&self) -> Result<(u32, u32, u32), V8Error> {
+        let slot = |offset: i64, what: &'static str| -> Result<u32, V8Error> {
+            let from_low = offset + v8::WINDOW_LOW as i64;
+            if offset < 0 && from_low >= 0 && from_low % 8 == 0 {
+                Ok((from_low / 8) as u32)
+            } else {
+                Err(V8Error::Implausible(what))
+            }
+        };
+        Ok((
+            slot(self.fp_marker, "frame marker slot")?,
+            slot(self.fp_function, "frame function slot")?,
+            slot(self.fp_bytecode_offset, "frame bytecode offset slot")?,
+        ))
+    }
+
+    /// The kernel's record of a process with this layout and `blobs`.
+    pub fn kernel_process(&self, blobs: &[(u64, u64)]) -> v8::Process {
+        let (slot_marker, slot_function, slot_bytecode_offset) = self.slots().unwrap_or_default();
+        let mut ranges = [v8::Range::default(); v8::MAX_BLOBS];
+        for (slot, &(low, high)) in ranges.iter_mut().zip(blobs) {
+            *slot = v8::Range { low, high };
+        }
+        v8::Process {
+            blobs: ranges,
+            slot_marker,
+            slot_function,
+            slot_bytecode_offset,
+            heap_object_map: self.map as u32,
+            map_instance_type: self.instance_type as u32,
+            function_shared: self.function_shared as u32,
+            type_function_first: self.type_function,
+            type_function_last: self.type_function + v8::FUNCTION_TYPES - 1,
+            type_shared_info: self.type_shared_info,
+            _pad: 0,
+        }
+    }
+
+    /// True for V8 12.8.44 and later, whose `ScopeInfo` keeps the
+    /// function's source positions at fixed slots.
+    pub fn fixed_scope_positions(&self) -> bool {
+        self.version >= (12, 8, 44)
+    }
+}

@@ -1,0 +1,380 @@
+//! Node.js (V8) processes: finds V8 in a process (a `node` binary or
+//! `libnode.so` exporting V8's postmortem constants), tells the kernel
+//! where its builtins and fields are (the `V8_PROCS` map, and the code
+//! the unwind service marks: every anonymous executable mapping, V8's
+//! code space, and the embedded builtins inside the binary), and names
+//! the JavaScript frames the kernel recorded ([`names`]).
+mod layout;
+mod names;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use hostprof_common::{
+    runtime::{self, FRAME_INDEX_MASK, FRAME_MARK, tag},
+    v8,
+};
+
+use super::{Runtime, RuntimeCode, elf};
+use crate::{
+    model::{CodeRange, Frame, FrameKind, Line, Mapping},
+    procs::memory::{self, Memory},
+};
+use layout::{Layout, Symbols};
+use names::{Heap, Named};
+
+/// The kernel map of V8 processes.
+pub type ProcessMap = BpfHashMap<MapData, u32, v8::Process>;
+
+/// How often a process without V8 found is looked at again (a `node`
+/// binary is seen at once; this is for ones not yet mapped).
+const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a function's name is trusted before its `SharedFunctionInfo`
+/// is checked again (the garbage collector moves and frees them).
+const NAME_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Names kept per process; past it the cache starts over.
+const MAX_NAMES: usize = 65536;
+/// Scripts whose line ends are kept per process.
+const MAX_SCRIPTS: usize = 1024;
+/// Binaries whose symbols are kept.
+const MAX_BINARIES: usize = 16;
+/// A frame the kernel recorded that could not be named.
+const UNNAMED: &str = "[unknown JavaScript frame]";
+
+/// Why V8 cannot be walked in a process.
+#[derive(Debug, thiserror::Error)]
+pub enum V8Error {
+    #[error("cannot read the binary: {0}")]
+    Elf(String),
+    #[error("the binary has no V8 constants")]
+    NotV8,
+    #[error("V8 constant {0} missing")]
+    MissingConstant(&'static str),
+    #[error("V8 constant {0} out of range")]
+    Implausible(&'static str),
+}
+
+/// A binary's V8 symbols and segments, read once per file.
+struct Binary {
+    symbols: Symbols,
+    segments: Vec<(u64, u64, u64)>,
+}
+
+/// One V8 process.
+struct Node {
+    layout: Layout,
+    /// The binary's device and inode, and the file range of its builtins.
+    binary: (u64, u64),
+    blob_file: (u64, u64),
+    /// Where the builtins are mapped now.
+    blobs: Vec<(u64, u64)>,
+    names: HashMap<u64, (Option<Arc<Named>>, u64, Instant)>,
+    scripts: HashMap<u64, Arc<Vec<u32>>>,
+}
+
+/// What is known of a process.
+enum State {
+    Node(Box<Node>),
+    NotYet(Instant),
+    Unsupported,
+}
+
+/// The V8 processes seen (the attribution thread owns it).
+pub struct V8 {
+    map: Option<ProcessMap>,
+    code: RuntimeCode,
+    processes: HashMap<u32, State>,
+    binaries: HashMap<(u64, u64), Arc<Binary>>,
+}
+
+impl V8 {
+    /// With the kernel's map (none: nothing is registered, e.g. tests or a
+    /// kernel without runtime walks) and where to publish the code ranges.
+    pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
+        V8 {
+            map,
+            code,
+            processes: HashMap::new(),
+            binaries: HashMap::new(),
+        }
+    }
+
+    fn binary(&mut self, pid: u32, mapping: &Mapping) -> Result<Arc<Binary>, V8Error> {
+        let key = (mapping.dev, mapping.inode);
+        if let Some(binary) = self.binaries.get(&key) {
+            return Ok(binary.clone());
+        }
+        use object::{Object, ObjectSymbol};
+        let data = elf::read(pid, mapping).map_err(|err| V8Error::Elf(err.to_string()))?;
+        let file = object::File::parse(&*data).map_err(|err| V8Error::Elf(err.to_string()))?;
+        let mut symbols = Symbols::new();
+        for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            if let Ok(name) = symbol.name()
+                && let Some(wanted) = layout::SYMBOLS.iter().find(|wanted| **wanted == name)
+            {
+                symbols.entry(wanted).or_insert(symbol.address());
+            }
+        }
+        if !symbols.contains_key("v8dbg_off_fp_function") {
+            return Err(V8Error::NotV8);
+        }
+        let binary = Arc::new(Binary {
+            symbols,
+            segments: elf::segments(&file),
+        });
+        if self.binaries.len() >= MAX_BINARIES {
+            self.binaries.clear();
+        }
+        self.binaries.insert(key, binary.clone());
+        Ok(binary)
+    }
+
+    fn start(&mut self, pid: u32, mapping: &Mapping) -> Result<Node, V8Error> {
+        let binary = self.binary(pid, mapping)?;
+        let bias = elf::load_bias(&binary.segments, mapping)
+            .ok_or_else(|| V8Error::Elf("no segment holds the mapping".into()))?;
+        let memory = memory::Process(pid);
+        let layout = Layout::read(&memory, &binary.symbols, bias)?;
+        let blob_file = binary
+            .symbols
+            .get("v8_Default_embedded_blob_code_")
+            .zip(binary.symbols.get("v8_Default_embedded_blob_code_size_"))
+            .and_then(|(&code, &size)| {
+                let size = memory.read_u32(size.wrapping_add(bias))?;
+                let offset = file_offset(&binary.segments, code)?;
+                Some((offset, offset + u64::from(size)))
+            })
+            .unwrap_or((0, 0));
+        Ok(Node {
+            layout,
+            binary: (mapping.dev, mapping.inode),
+            blob_file,
+            blobs: Vec::new(),
+            names: HashMap::new(),
+            scripts: HashMap::new(),
+        })
+    }
+
+    /// Tells the kernel and the unwind service about `node`'s code.
+    fn register(&mut self, pid: u32, node: &Node) {
+        if let Some(map) = &mut self.map
+            && let Err(err) = map.insert(pid, node.layout.kernel_process(&node.blobs), 0)
+        {
+            super::count_if_full(&err);
+            tracing::info!("pid {pid}: cannot register its V8 with the kernel: {err}");
+        }
+        let mut code = vec![CodeRange::anonymous(0, u64::MAX)];
+        code.extend(node.blobs.iter().map(|&(low, high)| CodeRange {
+            low,
+            high,
+            in_files: true,
+        }));
+        self.code.set(pid, code);
+    }
+}
+
+/// The file offset of link-time address `address`.
+fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
+    segments.iter().find_map(|&(offset, size, start)| {
+        (start <= address && address < start + size).then(|| offset + (address - start))
+    })
+}
+
+/// Where the builtins (file range `blob`) of binary `binary` are mapped.
+fn blob_ranges(mappings: &[Arc<Mapping>], binary: (u64, u64), blob: (u64, u64)) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = mappings
+        .iter()
+        .filter(|mapping| (mapping.dev, mapping.inode) == binary && blob.0 < blob.1)
+        .filter_map(|mapping| {
+            let file_end = mapping.file_offset + (mapping.end - mapping.start);
+            let low = blob.0.max(mapping.file_offset);
+            let high = blob.1.min(file_end);
+            (low < high).then(|| {
+                let at = |offset: u64| mapping.start + (offset - mapping.file_offset);
+                (at(low), at(high))
+            })
+        })
+        .collect();
+    ranges.sort_unstable();
+    ranges.truncate(v8::MAX_BLOBS);
+    ranges
+}
+
+/// True for a binary that may hold V8: `node`, `nodejs`, `libnode.so.*`.
+fn may_be_node(mapping: &Mapping) -> bool {
+    let name = mapping.file_name();
+    mapping.inode != 0 && (name.starts_with("node") || name.starts_with("libnode"))
+}
+
+impl Runtime for V8 {
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
+        match self.processes.get_mut(&pid) {
+            Some(State::Unsupported) => return false,
+            Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            Some(State::Node(node)) => {
+                // V8 maps a copy of its builtins next to its code space
+                // once it starts: hand it to the walker too.
+                let blobs = blob_ranges(mappings, node.binary, node.blob_file);
+                if blobs == node.blobs {
+                    return false;
+                }
+                node.blobs = blobs;
+                let State::Node(node) = self.processes.remove(&pid).expect("just seen") else {
+                    unreachable!()
+                };
+                self.register(pid, &node);
+                self.processes.insert(pid, State::Node(node));
+                return true;
+            }
+            _ => {}
+        }
+        if self.map.is_none() {
+            return false;
+        }
+        let Some(binary) = mappings.iter().find(|mapping| may_be_node(mapping)) else {
+            self.processes.insert(pid, State::NotYet(Instant::now()));
+            return false;
+        };
+        let mut node = match self.start(pid, binary) {
+            Ok(node) => node,
+            Err(V8Error::NotV8) => {
+                self.processes.insert(pid, State::Unsupported);
+                return false;
+            }
+            Err(err) => {
+                tracing::info!("pid {pid}: its JavaScript frames cannot be walked: {err}");
+                self.processes.insert(pid, State::Unsupported);
+                return false;
+            }
+        };
+        node.blobs = blob_ranges(mappings, node.binary, node.blob_file);
+        let (major, minor, patch) = node.layout.version;
+        tracing::debug!("pid {pid}: V8 {major}.{minor}.{patch}: its frames are walked");
+        self.register(pid, &node);
+        self.processes.insert(pid, State::Node(Box::new(node)));
+        true
+    }
+
+    fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
+        let Some(State::Node(node)) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        let len = (stack.len as usize).min(stack.frames.len());
+        for frame in frames.iter_mut() {
+            if frame.kind != FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK {
+                continue;
+            }
+            let index = (frame.address & FRAME_INDEX_MASK) as usize;
+            let Some(&recorded) = stack.frames[..len].get(index) else {
+                continue;
+            };
+            if tag::of(recorded.code) & tag::RUNTIME_MASK != tag::V8 {
+                continue;
+            }
+            let shared = recorded.code & tag::ADDRESS_MASK;
+            let memory = memory::Process(pid);
+            let named = node.name(&memory, shared);
+            let line = named
+                .as_deref()
+                .and_then(|named| node.line(&memory, named))
+                .unwrap_or(0);
+            *frame = javascript_frame(recorded, named.as_deref(), line);
+        }
+    }
+
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        for pid in super::gone(&self.processes, alive) {
+            self.forget(pid);
+        }
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let (Some(State::Node(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+            let _ = map.remove(&pid);
+        }
+        self.code.set(pid, Vec::new());
+    }
+}
+
+impl Node {
+    /// The name of the function whose `SharedFunctionInfo` is at `shared`,
+    /// cached, and checked again now and then: the collector moves and
+    /// frees these objects.
+    fn name(&mut self, memory: &impl Memory, shared: u64) -> Option<Arc<Named>> {
+        let token = || memory.read_u64(shared + self.layout.shared_name);
+        if let Some((named, seen, at)) = self.names.get_mut(&shared) {
+            if at.elapsed() < NAME_CHECK_INTERVAL {
+                return named.clone();
+            }
+            if token() == Some(*seen) {
+                *at = Instant::now();
+                return named.clone();
+            }
+        }
+        let heap = Heap {
+            memory,
+            layout: &self.layout,
+        };
+        let named = heap.name(shared).map(Arc::new);
+        if self.names.len() >= MAX_NAMES {
+            self.names.clear();
+        }
+        self.names.insert(
+            shared,
+            (named.clone(), token().unwrap_or(0), Instant::now()),
+        );
+        named
+    }
+
+    /// The line `named`'s definition starts on.
+    fn line(&mut self, memory: &impl Memory, named: &Named) -> Option<u32> {
+        let start = named.start?;
+        if named.script == 0 {
+            return None;
+        }
+        let ends = match self.scripts.get(&named.script) {
+            Some(ends) => ends.clone(),
+            None => {
+                let heap = Heap {
+                    memory,
+                    layout: &self.layout,
+                };
+                let ends = Arc::new(heap.line_ends(named.script).unwrap_or_default());
+                if self.scripts.len() >= MAX_SCRIPTS {
+                    self.scripts.clear();
+                }
+                self.scripts.insert(named.script, ends.clone());
+                ends
+            }
+        };
+        (!ends.is_empty()).then(|| names::line_at(&ends, start))
+    }
+}
+
+/// The frame of a recorded JavaScript frame.
+fn javascript_frame(recorded: runtime::Frame, named: Option<&Named>, line: u32) -> Frame {
+    let line = match named {
+        Some(named) => Line {
+            system_name: named.function.as_str().into(),
+            function: named.function.as_str().into(),
+            file: named.file.as_deref().map(Arc::from),
+            line,
+            column: 0,
+            start_line: line,
+        },
+        None => Line::named(UNNAMED.into(), UNNAMED.into()),
+    };
+    Frame {
+        kind: FrameKind::JavaScript,
+        address: recorded.code & tag::ADDRESS_MASK,
+        mapping: None,
+        file_offset: recorded.instr,
+        lines: vec![line],
+    }
+}
