@@ -646,7 +646,7 @@ mod user {
     unsafe impl aya::Pod for super::hotspot::Process {}
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::v8::Process {}
-    const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 72);
+    const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 168);
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 

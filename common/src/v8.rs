@@ -17,10 +17,10 @@
 
 /// Capacity of the processes map.
 pub const MAX_PROCESSES: u32 = 256;
-/// Ranges of embedded builtins a process may have: the copy in the
-/// binary, and the copy V8 remaps next to its code space (short builtin
-/// calls).
-pub const MAX_BLOBS: usize = 2;
+/// Ranges of embedded builtins the kernel tells apart per process: the
+/// copy in the binary, and the copy V8 maps next to each isolate's code
+/// space (short builtin calls: one per worker thread too).
+pub const MAX_BLOBS: usize = 8;
 /// Words of a frame read at once: from [`WINDOW_LOW`] bytes below the
 /// frame pointer to the return address above it.
 pub const WINDOW_WORDS: usize = 8;

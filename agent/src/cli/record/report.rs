@@ -92,6 +92,21 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    let javascript_stopped: u64 = Counter::V8_STOPS
+        .iter()
+        .map(|counter| counters.get(*counter))
+        .sum();
+    let javascript = if counters.get(Counter::V8Frames) + javascript_stopped > 0 {
+        format!(
+            "hostprof: JavaScript frames: {} walked in the kernel ({} frames of V8 without a \
+             function kept as native); walks stopped: {}\n",
+            counters.get(Counter::V8Frames),
+            counters.get(Counter::V8NotFunction),
+            stop_list(counters, &Counter::V8_STOPS, "v8_")
+        )
+    } else {
+        String::new()
+    };
     let python = if counters.get(Counter::PythonStacks) > 0 {
         format!(
             "hostprof: Python stacks: {} walked in the kernel ({} complete, {} threads found \
@@ -121,6 +136,7 @@ pub(in crate::cli) fn unwind_report(
     python
         + &python_refused
         + &java
+        + &javascript
         + &format!(
             "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
          {} with frame pointers before their tables were loaded\n\

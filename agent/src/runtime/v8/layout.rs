@@ -58,6 +58,7 @@ pub const SYMBOLS: &[&str] = &[
     "_ZN2v88internal7Version6minor_E",
     "_ZN2v88internal7Version6patch_E",
     "v8_Default_embedded_blob_code_",
+    "v8_Default_embedded_blob_code_data_",
     "v8_Default_embedded_blob_code_size_",
 ];
 

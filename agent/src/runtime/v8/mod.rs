@@ -72,7 +72,9 @@ struct Node {
     /// The binary's device and inode, and the file range of its builtins.
     binary: (u64, u64),
     blob_file: (u64, u64),
-    /// Where the builtins are mapped now.
+    /// Where the builtins are mapped now (the kernel tells the first
+    /// `v8::MAX_BLOBS` apart: interpreted frames in others are recorded
+    /// as builtins).
     blobs: Vec<(u64, u64)>,
     names: HashMap<u64, (Option<Arc<Named>>, u64, Instant)>,
     scripts: HashMap<u64, Arc<Vec<u32>>>,
@@ -141,9 +143,15 @@ impl V8 {
             .ok_or_else(|| V8Error::Elf("no segment holds the mapping".into()))?;
         let memory = memory::Process(pid);
         let layout = Layout::read(&memory, &binary.symbols, bias)?;
-        let blob_file = binary
-            .symbols
-            .get("v8_Default_embedded_blob_code_")
+        // The builtins' code: `v8_Default_embedded_blob_code_` itself, or
+        // (V8 10 and older) the data it points to, named `…_data_`.
+        let code = [
+            "v8_Default_embedded_blob_code_data_",
+            "v8_Default_embedded_blob_code_",
+        ]
+        .iter()
+        .find_map(|name| binary.symbols.get(name));
+        let blob_file = code
             .zip(binary.symbols.get("v8_Default_embedded_blob_code_size_"))
             .and_then(|(&code, &size)| {
                 let size = memory.read_u32(size.wrapping_add(bias))?;
@@ -202,7 +210,6 @@ fn blob_ranges(mappings: &[Arc<Mapping>], binary: (u64, u64), blob: (u64, u64)) 
         })
         .collect();
     ranges.sort_unstable();
-    ranges.truncate(v8::MAX_BLOBS);
     ranges
 }
 
