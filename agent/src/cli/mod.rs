@@ -178,6 +178,19 @@ impl config::SharedSettings {
         }
     }
 
+    /// Where built unwind tables are kept on disk; `None`: not kept.
+    pub fn table_cache_options(&self) -> Option<crate::unwind::cache::CacheOptions> {
+        match (&self.unwind_cache_dir, self.unwind) {
+            (config::CacheDir::Dir(dir), config::UnwindMethod::Dwarf) => {
+                Some(crate::unwind::cache::CacheOptions {
+                    dir: dir.clone(),
+                    max_bytes: self.unwind_cache_mib.saturating_mul(1 << 20),
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The symbolizer's options.
     pub fn symbolizer_options(&self) -> crate::symbolize::SymbolizerOptions {
         crate::symbolize::SymbolizerOptions {
