@@ -172,7 +172,7 @@ impl config::SharedSettings {
     /// process's tables are loaded (0: none; see `unwind::early`).
     pub fn early_copy_bytes(&self) -> u32 {
         if self.early_stack_copy {
-            crate::unwind::early::EARLY_COPY_BYTES
+            crate::sampler::EARLY_COPY_BYTES
         } else {
             0
         }

@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+use aya::maps::MapError;
 use hostprof_common::{RowChunk, unwind::ProcessMappings};
 
 use crate::{files, model::Mapping};
@@ -49,11 +49,9 @@ pub enum UnwindError {
 /// Bytes of a mapped file.
 pub type FileData = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
-/// The kernel's unwind maps, taken from the sampler.
-pub struct KernelMaps {
-    pub rows: Array<MapData, RowChunk>,
-    pub processes: BpfHashMap<MapData, u32, ProcessMappings>,
-}
+/// The kernel's unwind maps, taken from the sampler (which defines them:
+/// data flows from the sampler to this module, never back).
+pub use crate::sampler::UnwindMaps as KernelMaps;
 
 impl TableMaps for KernelMaps {
     fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError> {
