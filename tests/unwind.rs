@@ -489,3 +489,71 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
         "the verifier walked {walked} instructions to load sample_cpu"
     );
 }
+
+/// The `hostprof: unwind table cache: …` line's (hits, misses, corrupt).
+fn cache_line(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("hostprof: unwind table cache: "))
+        .unwrap_or_else(|| panic!("no cache line\n{stderr}"));
+    let number_before = |word: &str| -> u64 {
+        let at = line.find(word).unwrap_or_else(|| panic!("{word}: {line}"));
+        let digits = line[..at].trim_end();
+        let start = digits
+            .rfind(|c: char| !c.is_ascii_digit())
+            .map_or(0, |i| i + 1);
+        digits[start..].parse().unwrap()
+    };
+    (
+        number_before(" hits"),
+        number_before(" misses"),
+        number_before(" corrupt"),
+    )
+}
+
+#[test]
+fn a_second_record_takes_the_table_from_the_cache() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    use sha2::Digest;
+    let program = build_c("unwind_c.c", "unwind_cached", FLAGS);
+    let dir = work_dir().join("table-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = ["--unwind-cache-dir", dir.to_str().unwrap()];
+    let hex: String = sha2::Sha256::digest(std::fs::read(&program).unwrap())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let file = dir.join(format!("{hex}.table"));
+
+    // Cold: every table built, and stored.
+    let (stacks, stderr) = record(&program, &["split", "2"], &cache);
+    assert_complete(&stacks, "unwind_cached", &stderr);
+    let (hits, misses, corrupt) = cache_line(&stderr);
+    assert!(misses >= 1 && corrupt == 0, "{stderr}");
+    assert!(file.exists(), "no {}\n{stderr}", file.display());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700);
+
+    // Warm: the program's table (and libc's…) from the cache, none built.
+    let (stacks, stderr) = record(&program, &["split", "2"], &cache);
+    assert_complete(&stacks, "unwind_cached", &stderr);
+    let (warm_hits, warm_misses, _) = cache_line(&stderr);
+    assert!(
+        warm_hits >= misses.max(1) && warm_misses == 0,
+        "cold {hits}/{misses}\n{stderr}"
+    );
+
+    // Damaged: ignored and counted, the table built again, stacks complete.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let (stacks, stderr) = record(&program, &["split", "2"], &cache);
+    assert_complete(&stacks, "unwind_cached", &stderr);
+    let (_, misses, corrupt) = cache_line(&stderr);
+    assert!(corrupt == 1 && misses == 0, "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -14,12 +14,16 @@ use crate::{build, root, run_cmd};
 
 mod java;
 mod python;
+mod scale;
 
 /// One part of the bench to run alone (`--only`).
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Only {
     /// hostprof on the Java program, next to JFR's slowdown of it.
     Java,
+    /// Many distinct binaries without frame pointers at once: how fast
+    /// their tables arrive, with a cold and a warm table cache.
+    Scale,
 }
 
 /// CPU time and peak memory of a finished child.
@@ -94,8 +98,10 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     let hostprof = build(None)?;
     let dir = root().join("target/bench");
     fs::create_dir_all(&dir)?;
-    if let Some(Only::Java) = only {
-        return java::bench_java(&hostprof, &dir, seconds);
+    match only {
+        Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
+        Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir),
+        None => {}
     }
     let workload = compile_workload(&dir)?;
     println!(
@@ -157,7 +163,8 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
         ]))
     };
     with_workload(&workload, 10, encode)?;
-    Ok(())
+    println!();
+    scale::bench_scale(&hostprof, &dir)
 }
 
 /// Issue 8: what off-CPU tracing costs a context-switch-heavy program.

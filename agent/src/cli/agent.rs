@@ -67,12 +67,19 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let symbolizer = config.shared.symbolizer_options();
     let (frequency, interval) = (config.shared.frequency, config.agent.report_interval);
-    let session = Session::start(&options, symbolizer, Mode::Agent, None, move |batches| {
-        let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
-        let mut windows = Windows::new(builder, interval, requests_tx);
-        output::drain(batches, &mut [&mut windows]);
-        windows.finish()
-    })?;
+    let session = Session::start(
+        &options,
+        symbolizer,
+        config.shared.table_cache_options(),
+        Mode::Agent,
+        None,
+        move |batches| {
+            let builder = ProfileBuilder::new(resource, frequency, unix_nanos_now());
+            let mut windows = Windows::new(builder, interval, requests_tx);
+            output::drain(batches, &mut [&mut windows]);
+            windows.finish()
+        },
+    )?;
     let (snapshot_tx, snapshots) = watch::channel(Snapshot::default());
     let server = metrics.map(|listener| {
         if let Ok(addr) = listener.local_addr() {

@@ -172,9 +172,22 @@ impl config::SharedSettings {
     /// process's tables are loaded (0: none; see `unwind::early`).
     pub fn early_copy_bytes(&self) -> u32 {
         if self.early_stack_copy {
-            crate::unwind::early::EARLY_COPY_BYTES
+            crate::sampler::EARLY_COPY_BYTES
         } else {
             0
+        }
+    }
+
+    /// Where built unwind tables are kept on disk; `None`: not kept.
+    pub fn table_cache_options(&self) -> Option<crate::unwind::cache::CacheOptions> {
+        match (&self.unwind_cache_dir, self.unwind) {
+            (config::CacheDir::Dir(dir), config::UnwindMethod::Dwarf) => {
+                Some(crate::unwind::cache::CacheOptions {
+                    dir: dir.clone(),
+                    max_bytes: self.unwind_cache_mib.saturating_mul(1 << 20),
+                })
+            }
+            _ => None,
         }
     }
 

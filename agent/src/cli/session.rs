@@ -93,6 +93,7 @@ impl<T: Send + 'static> Session<T> {
     pub fn start(
         options: &SamplerOptions,
         symbolizer: SymbolizerOptions,
+        table_cache: Option<crate::unwind::cache::CacheOptions>,
         mode: Mode,
         copies: Option<mpsc::SyncSender<StackCopy>>,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
@@ -160,6 +161,7 @@ impl<T: Send + 'static> Session<T> {
                 let (requests, stats, preloaded, mirror) = crate::unwind::spawn_service(
                     maps,
                     options.unwind_chunks,
+                    table_cache,
                     preload,
                     mode == Mode::Agent,
                     options.pids.is_some(),

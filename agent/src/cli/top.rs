@@ -96,6 +96,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     let session = Session::start(
         &options,
         settings.symbolizer_options(),
+        settings.table_cache_options(),
         Mode::Live,
         None,
         move |batches| output::drain(batches, &mut [&mut worker_sink]),

@@ -20,6 +20,22 @@ pub enum UnwindMethod {
     Fp,
 }
 
+/// Where built unwind tables are kept between runs, or nowhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheDir {
+    Off,
+    Dir(PathBuf),
+}
+
+/// A directory, or `off`.
+pub fn parse_cache_dir(text: &str) -> Result<CacheDir, String> {
+    match text.trim() {
+        "" => Err("empty (give a directory, or off)".into()),
+        "off" => Ok(CacheDir::Off),
+        dir => Ok(CacheDir::Dir(PathBuf::from(dir))),
+    }
+}
+
 pub fn parse_frequency(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
         Ok(hz @ 1..=10_000) => Ok(hz),

@@ -18,10 +18,11 @@ use super::{
     ConfigError, Role,
     layers::Resolver,
     parse::{
-        LogFormat, UnwindMethod, parse_bool, parse_cache_mib, parse_dirs, parse_duration,
-        parse_endpoint, parse_frequency, parse_headers, parse_log_format, parse_log_level,
-        parse_metrics_addr, parse_path, parse_probability, parse_seconds, parse_seconds_or_zero,
-        parse_text, parse_u64, parse_unwind, parse_unwind_table_mib,
+        CacheDir, LogFormat, UnwindMethod, parse_bool, parse_cache_dir, parse_cache_mib,
+        parse_dirs, parse_duration, parse_endpoint, parse_frequency, parse_headers,
+        parse_log_format, parse_log_level, parse_metrics_addr, parse_path, parse_probability,
+        parse_seconds, parse_seconds_or_zero, parse_text, parse_u64, parse_unwind,
+        parse_unwind_table_mib,
     },
 };
 
@@ -231,6 +232,36 @@ settings! {
         parse: parse_unwind_table_mib,
         default: |_| 32,
         show: |mib: &u32| mib.to_string(),
+    }
+    /// Directory where built unwind tables are kept (by the SHA-256 of each
+    /// binary), so a restart does not build them again; `off` keeps none. Made
+    /// private (0700) [default: /var/cache/hostprof/tables for agent, off for
+    /// record and top].
+    #[arg(long = "unwind-cache-dir", value_name = "DIR", value_parser = parse_cache_dir)]
+    unwind_cache_dir: CacheDir {
+        key: "unwind-cache-dir",
+        allowed: "a directory, or off",
+        otel_env: [],
+        parse: parse_cache_dir,
+        default: |role| match role {
+            Role::Agent => CacheDir::Dir(PathBuf::from("/var/cache/hostprof/tables")),
+            Role::Record => CacheDir::Off,
+        },
+        show: |dir: &CacheDir| toml_text(&match dir {
+            CacheDir::Off => "off".into(),
+            CacheDir::Dir(dir) => dir.to_string_lossy(),
+        }),
+    }
+    /// Disk space for the unwind table cache, in MiB; the least recently
+    /// used tables are deleted beyond it [default: 256].
+    #[arg(long = "unwind-cache-mib", value_name = "MIB", value_parser = parse_u64)]
+    unwind_cache_mib: u64 {
+        key: "unwind-cache-mib",
+        allowed: "MiB of disk for cached unwind tables, 0 or more",
+        otel_env: [],
+        parse: parse_u64,
+        default: |_| 256,
+        show: |mib: &u64| mib.to_string(),
     }
     /// Do not copy the top of the user stack of samples taken before their
     /// process's unwind tables are loaded (they then keep frame-pointer

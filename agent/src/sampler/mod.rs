@@ -67,6 +67,19 @@ pub struct SamplerOptions {
     pub process_environment: bool,
 }
 
+/// Bytes of stack the kernel copies for a sample taken before its
+/// process's tables are loaded (`crate::unwind::early` unwinds them):
+/// enough for the frames of most programs up to `main`, half the record's
+/// room, half its cost.
+pub const EARLY_COPY_BYTES: u32 = 8192;
+
+/// The kernel's unwind maps ([`Sampler::take_unwind_maps`]), which the
+/// unwind tables are written to.
+pub struct UnwindMaps {
+    pub rows: Array<MapData, hostprof_common::RowChunk>,
+    pub processes: HashMap<MapData, u32, hostprof_common::unwind::ProcessMappings>,
+}
+
 /// How the kernel walks user stacks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum UnwindMode {
@@ -98,7 +111,7 @@ impl Default for SamplerOptions {
             unwind: UnwindMode::default(),
             unwind_chunks: hostprof_common::DEFAULT_UNWIND_CHUNKS,
             stack_copy_bytes: 0,
-            early_copy_bytes: crate::unwind::early::EARLY_COPY_BYTES,
+            early_copy_bytes: EARLY_COPY_BYTES,
             process_environment: true,
         }
     }
@@ -356,7 +369,7 @@ impl Sampler {
     }
 
     /// Takes the unwind table maps (for `crate::unwind`); call once.
-    pub fn take_unwind_maps(&mut self) -> Result<crate::unwind::KernelMaps, SamplerError> {
+    pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps, SamplerError> {
         let rows = self.ebpf.take_map(hostprof_common::MAP_UNWIND_ROWS).ok_or(
             SamplerError::MissingObject(hostprof_common::MAP_UNWIND_ROWS),
         )?;
@@ -366,7 +379,7 @@ impl Sampler {
             .ok_or(SamplerError::MissingObject(
                 hostprof_common::MAP_PROCESS_MAPPINGS,
             ))?;
-        Ok(crate::unwind::KernelMaps {
+        Ok(UnwindMaps {
             rows: Array::try_from(rows).map_err(SamplerError::map)?,
             processes: HashMap::try_from(processes).map_err(SamplerError::map)?,
         })

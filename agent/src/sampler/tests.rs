@@ -91,3 +91,30 @@ fn the_ebpf_object_has_no_core_relocations() {
     assert!(u32_at(12) > 0, "func_info_len");
     assert!(u32_at(20) > 0, "line_info_len");
 }
+
+/// Data flows from the sampler to `unwind` (tables, stack copies), never
+/// back: the sampler names nothing of it but in comments.
+#[test]
+fn the_sampler_imports_nothing_from_unwind() {
+    let files = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("btf.rs", include_str!("btf.rs")),
+        ("error.rs", include_str!("error.rs")),
+        ("kernel.rs", include_str!("kernel.rs")),
+        ("memory.rs", include_str!("memory.rs")),
+        ("reader.rs", include_str!("reader.rs")),
+        ("record.rs", include_str!("record.rs")),
+        ("sizes.rs", include_str!("sizes.rs")),
+    ];
+    for (name, text) in files {
+        let code = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"));
+        for line in code {
+            assert!(
+                !line.contains("crate::unwind") && !line.contains("super::super::unwind"),
+                "sampler/{name}: {line}"
+            );
+        }
+    }
+}

@@ -192,6 +192,24 @@ impl Snapshot {
             "Processes whose mappings and unwind tables were (re)loaded into the kernel.",
             &[("", loads)],
         );
+        let cache = crate::unwind::cache::totals();
+        metric(
+            "hostprof_unwind_table_cache_total",
+            "counter",
+            "Unwind table lookups in the disk cache: hit (not built), miss (built and stored), stale (another format version, built again), corrupt (failed a check, ignored and built again).",
+            &[
+                ("{result=\"hit\"}", cache.hits),
+                ("{result=\"miss\"}", cache.misses),
+                ("{result=\"stale\"}", cache.stale),
+                ("{result=\"corrupt\"}", cache.corrupt),
+            ],
+        );
+        metric(
+            "hostprof_unwind_table_cache_write_errors_total",
+            "counter",
+            "Built unwind tables that could not be written to the disk cache.",
+            &[("", cache.write_errors)],
+        );
         metric(
             "hostprof_runtime_processes_unregistered_total",
             "counter",

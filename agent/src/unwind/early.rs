@@ -30,12 +30,8 @@ use super::{TableMaps, UnwindError, replay::HOST_ARCH};
 use crate::sampler::StackCopy;
 
 /// Samples held at most (and copies queued on their way here): with
-/// [`EARLY_COPY_BYTES`] each, at most 4 MiB in all.
+/// [`crate::sampler::EARLY_COPY_BYTES`] each, at most 4 MiB in all.
 pub const MAX_HELD: usize = 256;
-
-/// Bytes of stack copied for an early sample: enough for the frames of
-/// most programs up to `main`, half the record's room, half its cost.
-pub const EARLY_COPY_BYTES: u32 = 8192;
 
 /// How long a sample waits for its process's tables before it goes on with
 /// its frame-pointer stack.

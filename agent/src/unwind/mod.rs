@@ -6,6 +6,8 @@
 //! - [`TableLoader`]: shares tables between processes in the kernel's maps,
 //!   keeps them idle after their last process until their room is needed,
 //!   bounds their memory.
+//! - [`cache`]: tables built before, on disk by content id, so a restart
+//!   does not build them again.
 //! - [`spawn_service`]: the thread that loads processes' tables, busiest first, when the
 //!   sampler asks for them (its samples say the process is unknown, or an
 //!   address is outside its known mappings).
@@ -13,6 +15,7 @@
 //!   `hostprof_unwind`, the code the eBPF program runs.
 //!
 //! [`UnwindRow`]: hostprof_unwind::UnwindRow
+pub mod cache;
 pub mod early;
 mod loader;
 pub mod replay;
@@ -24,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+use aya::maps::MapError;
 use hostprof_common::{RowChunk, unwind::ProcessMappings};
 
 use crate::{files, model::Mapping};
@@ -46,11 +49,9 @@ pub enum UnwindError {
 /// Bytes of a mapped file.
 pub type FileData = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
-/// The kernel's unwind maps, taken from the sampler.
-pub struct KernelMaps {
-    pub rows: Array<MapData, RowChunk>,
-    pub processes: BpfHashMap<MapData, u32, ProcessMappings>,
-}
+/// The kernel's unwind maps, taken from the sampler (which defines them:
+/// data flows from the sampler to this module, never back).
+pub use crate::sampler::UnwindMaps as KernelMaps;
 
 impl TableMaps for KernelMaps {
     fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError> {
@@ -342,10 +343,12 @@ pub type SharedStats = Arc<Mutex<LoaderStats>>;
 /// and `top` want their tables at once. `eager`: ask for a process's
 /// tables at its exec (a targeted session, where every exec is wanted).
 /// `runtime_code`: where processes' runtime code is (see
-/// [`crate::runtime::RuntimeCode`]).
+/// [`crate::runtime::RuntimeCode`]). `cache`: where built tables are kept
+/// on disk (none: built at every start).
 pub fn spawn_service(
     maps: KernelMaps,
     capacity_chunks: u32,
+    cache: Option<cache::CacheOptions>,
     preload: Vec<u32>,
     background: bool,
     eager: bool,
@@ -373,7 +376,18 @@ pub fn spawn_service(
                 // SAFETY: setpriority on our own thread id.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             }
-            let mut loader = TableLoader::new(maps, capacity_chunks);
+            let cache = cache.and_then(|options| {
+                let dir = options.dir.clone();
+                cache::TableCache::open(options)
+                    .map_err(|err| {
+                        tracing::warn!(
+                            "unwind table cache off: cannot use {}: {err}",
+                            dir.display()
+                        )
+                    })
+                    .ok()
+            });
+            let mut loader = TableLoader::new(maps, capacity_chunks).with_cache(cache);
             let mut files = ProcFiles::default();
             let own_exe = std::env::current_exe().unwrap_or_default();
             let mut own_loaded = false;

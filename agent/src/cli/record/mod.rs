@@ -106,6 +106,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
     let mut session = Session::start(
         &options,
         settings.symbolizer_options(),
+        settings.table_cache_options(),
         Mode::Record,
         copies,
         move |batches| {

@@ -133,6 +133,17 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    // Tables taken from the disk cache rather than built (--unwind-cache-dir).
+    let cache = crate::unwind::cache::totals();
+    let cache = if cache != crate::unwind::cache::CacheTotals::default() {
+        format!(
+            "hostprof: unwind table cache: {} hits, {} misses (built, stored), {} stale, \
+             {} corrupt (ignored), {} not written\n",
+            cache.hits, cache.misses, cache.stale, cache.corrupt, cache.write_errors
+        )
+    } else {
+        String::new()
+    };
     python
         + &python_refused
         + &java
@@ -160,6 +171,7 @@ pub(in crate::cli) fn unwind_report(
             tables.mappings_dropped,
             tables.loads,
         )
+        + &cache
 }
 
 /// What the recording cost in memory: hostprof's peak resident memory and

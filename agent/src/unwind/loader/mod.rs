@@ -34,7 +34,7 @@ use hostprof_common::{
 
 use hostprof_unwind::table::{self, TableKind, UnwindTable};
 
-use super::{FileData, UnwindError};
+use super::{FileData, UnwindError, cache::TableCache};
 
 /// Writes to the kernel's unwind maps; tests swap in a fake.
 pub trait TableMaps {
@@ -193,6 +193,8 @@ pub struct TableLoader<M: TableMaps> {
     /// JVM's code heaps, V8's code space and builtins), which the kernel
     /// hands to that runtime's walker.
     runtime_code: HashMap<u32, Vec<CodeRange>>,
+    /// Tables built before, on disk (none: every table is built).
+    cache: Option<TableCache>,
     stats: LoaderStats,
 }
 
@@ -222,6 +224,7 @@ impl<M: TableMaps> TableLoader<M> {
             process_capacity,
             backoff: HashMap::new(),
             runtime_code: HashMap::new(),
+            cache: None,
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -231,6 +234,13 @@ impl<M: TableMaps> TableLoader<M> {
 
     pub fn stats(&self) -> LoaderStats {
         self.stats
+    }
+
+    /// Takes tables from `cache` before building them, and stores the ones
+    /// it builds there.
+    pub fn with_cache(mut self, cache: Option<TableCache>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// A smaller process capacity than the kernel's (tests).
@@ -475,7 +485,7 @@ impl<M: TableMaps> TableLoader<M> {
         if self.failed.contains_key(key) {
             return None;
         }
-        let table = match table::build(data) {
+        let table = match super::cache::table_of(self.cache.as_ref(), key, data) {
             Ok(table) => table,
             Err(err) => {
                 tracing::debug!("no unwind table for {key:?}: {err}");

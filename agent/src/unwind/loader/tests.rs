@@ -294,3 +294,82 @@ fn runtime_code_inside_a_file_is_cut_out_of_its_mapping() {
     assert_eq!(pieces.len(), 5);
     assert!(!pieces[4].1, "the vdso is never a runtime's code");
 }
+
+/// Our own executable under a content id: what the cache keeps.
+struct OwnExeByContent(FileData);
+
+impl FileSource for OwnExeByContent {
+    fn open(&mut self, _pid: u32, _mapping: &Mapping) -> Option<(FileKey, FileData)> {
+        let id = crate::files::content_id((*self.0).as_ref());
+        Some((FileKey::Content(id), self.0.clone()))
+    }
+}
+
+#[test]
+fn a_new_loader_takes_the_tables_it_built_before_from_the_cache() {
+    use super::super::cache::{CacheOptions, CacheTotals, TableCache};
+    let dir = std::env::temp_dir().join(format!("hostprof-loader-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let open = || {
+        TableCache::open(CacheOptions {
+            dir: dir.clone(),
+            max_bytes: 1 << 30,
+        })
+        .unwrap()
+    };
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let rows_written = |cache: TableCache| {
+        let mut maps = FakeMaps::default();
+        let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(cache));
+        loader
+            .load_process(
+                1,
+                &[mapping(10, 0x10000)],
+                &mut OwnExeByContent(exe.clone()),
+            )
+            .unwrap();
+        let totals = loader.cache.as_ref().unwrap().totals();
+        assert_eq!(loader.stats().tables, 1);
+        drop(loader);
+        let mut chunks: Vec<(u32, Box<RowChunk>)> = maps.chunks.into_iter().collect();
+        chunks.sort_by_key(|(index, _)| *index);
+        (chunks, totals)
+    };
+    let (built, totals) = rows_written(open());
+    assert_eq!(
+        totals,
+        CacheTotals {
+            misses: 1,
+            ..Default::default()
+        }
+    );
+    // After a restart: the same rows in the kernel, none built.
+    let (cached, totals) = rows_written(open());
+    assert_eq!(
+        totals,
+        CacheTotals {
+            hits: 1,
+            ..Default::default()
+        }
+    );
+    assert!(!built.is_empty());
+    assert!(
+        built.len() == cached.len()
+            && built
+                .iter()
+                .zip(&cached)
+                .all(|(a, b)| a.0 == b.0 && a.1.0 == b.1.0)
+    );
+    // A key that names no bytes is never cached.
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(open()));
+    let mut files = OwnExe(exe.clone(), 0);
+    loader
+        .load_process(1, &[mapping(10, 0x10000)], &mut files)
+        .unwrap();
+    assert_eq!(
+        loader.cache.as_ref().unwrap().totals(),
+        CacheTotals::default()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,473 @@
+//! Unwind tables on disk, so that an agent restart (or a second `record`)
+//! does not build again the tables of files it has seen.
+//!
+//! One file per table, named by the hex SHA-256 of the ELF file's bytes
+//! (the loader's [`FileKey::Content`]), in a directory private to the agent
+//! (mode 0700, owned by us: anyone who could write there could choose the
+//! rows the kernel walks stacks with). A file is checked before use (magic,
+//! format version, the row layout's size, the key, the exact length, a
+//! CRC-32 of every other byte, rows sorted by address); one that fails is
+//! ignored and counted, and the table built again overwrites it. Writes go
+//! to a temporary file renamed into place: a reader sees a whole file or
+//! none. The directory is bounded in bytes: past the bound, the files used
+//! least recently (a hit refreshes a file's time) are deleted.
+//!
+//! Layout (little endian), [`HEADER_BYTES`] then the key then the rows:
+//!
+//! | bytes | field |
+//! | --- | --- |
+//! | 0..8 | [`MAGIC`] |
+//! | 8..12 | [`FORMAT_VERSION`] |
+//! | 12..16 | row size (`size_of::<UnwindRow>()`) |
+//! | 16..20 | architecture (0 x86_64, 1 aarch64) |
+//! | 20..24 | kind (0 rows, 1 frame pointers) |
+//! | 24..32 | bytes of executable code |
+//! | 32..40 | rows |
+//! | 40..44 | key length |
+//! | 44..48 | CRC-32 of the file with this field zero |
+use std::{
+    fs::File,
+    io::{Read, Write},
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+    time::SystemTime,
+};
+
+use hostprof_unwind::{
+    Arch, UnwindRow,
+    table::{self, TableError, TableKind, UnwindTable},
+};
+
+use super::FileKey;
+
+/// The first bytes of every cache file.
+pub const MAGIC: [u8; 8] = *b"HPUWTAB\0";
+/// Bumped whenever the file's layout or the rows' meaning changes: an agent
+/// never reads another version's files (they count as stale and are built
+/// again).
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes before the key.
+pub const HEADER_BYTES: usize = 48;
+/// Bytes of one row in the file.
+const ROW_BYTES: usize = 16;
+const _: () = assert!(size_of::<UnwindRow>() == ROW_BYTES);
+/// Longest key accepted (`sha256:` and 64 hex digits fit well within it).
+const MAX_KEY_BYTES: usize = 256;
+
+/// Where the cache lives and how large it may grow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheOptions {
+    pub dir: PathBuf,
+    /// Most bytes of cache files; the least recently used go first.
+    pub max_bytes: u64,
+}
+
+/// Why a cache file was not used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CacheFormatError {
+    #[error("shorter than its header")]
+    Truncated,
+    #[error("not a hostprof unwind table file")]
+    Magic,
+    #[error("format version {0}, this agent reads {FORMAT_VERSION}")]
+    Version(u32),
+    #[error("rows of {0} bytes, this agent's are {ROW_BYTES}")]
+    RowSize(u32),
+    #[error("a field out of range")]
+    Field,
+    #[error("written for another file")]
+    Key,
+    #[error("length does not match its header")]
+    Length,
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("rows out of order")]
+    Unsorted,
+}
+
+impl CacheFormatError {
+    /// Written by another version of hostprof: not damage.
+    fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            CacheFormatError::Version(_) | CacheFormatError::RowSize(_)
+        )
+    }
+}
+
+/// What lookups and writes of the cache came to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheTotals {
+    /// Tables read from the cache (not built).
+    pub hits: u64,
+    /// Tables not in the cache (built, then stored).
+    pub misses: u64,
+    /// Files of another format version or row layout (built again).
+    pub stale: u64,
+    /// Files that failed a check (ignored, built again, overwritten).
+    pub corrupt: u64,
+    /// Tables that could not be stored (full disk, permissions).
+    pub write_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    stale: AtomicU64,
+    corrupt: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+impl Counters {
+    fn totals(&self) -> CacheTotals {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        CacheTotals {
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            stale: get(&self.stale),
+            corrupt: get(&self.corrupt),
+            write_errors: get(&self.write_errors),
+        }
+    }
+}
+
+/// Process-wide totals, for the agent's metrics and record's report.
+static TOTALS: Counters = Counters {
+    hits: AtomicU64::new(0),
+    misses: AtomicU64::new(0),
+    stale: AtomicU64::new(0),
+    corrupt: AtomicU64::new(0),
+    write_errors: AtomicU64::new(0),
+};
+
+/// Every cache's lookups and writes so far in this process.
+pub fn totals() -> CacheTotals {
+    TOTALS.totals()
+}
+
+/// Bumps a counter of this cache and the process-wide one.
+fn count(mine: &AtomicU64, global: &AtomicU64) {
+    mine.fetch_add(1, Ordering::Relaxed);
+    global.fetch_add(1, Ordering::Relaxed);
+}
+
+/// An open cache directory.
+pub struct TableCache {
+    options: CacheOptions,
+    counters: Counters,
+}
+
+impl TableCache {
+    /// Creates the directory (mode 0700) if needed; refuses one that is not
+    /// a directory owned by us, or that others may read or write.
+    pub fn open(options: CacheOptions) -> std::io::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&options.dir)?;
+        let meta = std::fs::symlink_metadata(&options.dir)?;
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if !meta.is_dir() || meta.uid() != euid {
+            return Err(std::io::Error::other(format!(
+                "{} is not a directory owned by uid {euid}",
+                options.dir.display()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            // An existing directory (systemd's CacheDirectory= is 0755
+            // unless told): ours, so make it private.
+            std::fs::set_permissions(&options.dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(TableCache {
+            options,
+            counters: Counters::default(),
+        })
+    }
+
+    /// This cache's lookups and writes so far.
+    pub fn totals(&self) -> CacheTotals {
+        self.counters.totals()
+    }
+
+    /// The table of `key` if the cache has a good one.
+    pub fn get(&self, key: &str) -> Option<UnwindTable> {
+        let path = self.path(key)?;
+        let bytes = match self.read(&path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                count(&self.counters.misses, &TOTALS.misses);
+                return None;
+            }
+            Err(err) => {
+                tracing::debug!("unwind table cache {}: {err}", path.display());
+                count(&self.counters.corrupt, &TOTALS.corrupt);
+                return None;
+            }
+        };
+        match decode(key, &bytes) {
+            Ok(table) => {
+                count(&self.counters.hits, &TOTALS.hits);
+                // Used now: the last to be evicted.
+                if let Ok(file) = File::open(&path) {
+                    let _ = file.set_modified(SystemTime::now());
+                }
+                Some(table)
+            }
+            Err(err) if err.is_stale() => {
+                tracing::debug!("unwind table cache {}: {err}", path.display());
+                count(&self.counters.stale, &TOTALS.stale);
+                None
+            }
+            Err(err) => {
+                tracing::debug!("unwind table cache {}: {err}: ignored", path.display());
+                count(&self.counters.corrupt, &TOTALS.corrupt);
+                None
+            }
+        }
+    }
+
+    /// Stores `table` as `key`'s, then evicts past the bound. Failures are
+    /// counted, never fatal.
+    pub fn put(&self, key: &str, table: &UnwindTable) {
+        let Some(path) = self.path(key) else {
+            return;
+        };
+        let bytes = encode(key, table);
+        if bytes.len() as u64 > self.options.max_bytes {
+            return;
+        }
+        if let Err(err) = write_atomic(&path, &bytes) {
+            tracing::debug!("cannot store unwind table {}: {err}", path.display());
+            count(&self.counters.write_errors, &TOTALS.write_errors);
+            return;
+        }
+        evict(&self.options.dir, self.options.max_bytes);
+    }
+
+    /// The file of `key`; `None` for a key that is not a content id (never
+    /// a path from outside the directory).
+    fn path(&self, key: &str) -> Option<PathBuf> {
+        let hex = key.strip_prefix("sha256:")?;
+        (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| self.options.dir.join(format!("{hex}.table")))
+    }
+
+    /// The file's bytes; `None` when there is none. A file that is not
+    /// regular, or larger than the whole cache may be, is an error.
+    fn read(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+        let mut file = match File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(file) => file,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.len() > self.options.max_bytes {
+            return Err(std::io::Error::other("not a regular file within the bound"));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        // Bounded even if the file grows meanwhile.
+        (&mut file)
+            .take(self.options.max_bytes + 1)
+            .read_to_end(&mut bytes)?;
+        Ok(Some(bytes))
+    }
+}
+
+/// `key`'s table: from `cache` when it has it, else built from `data` (and
+/// stored). Only content ids are cached: other keys name no bytes.
+pub(super) fn table_of(
+    cache: Option<&TableCache>,
+    key: &FileKey,
+    data: &[u8],
+) -> Result<UnwindTable, TableError> {
+    let cached = match (cache, key) {
+        (Some(cache), FileKey::Content(id)) => Some((cache, id)),
+        _ => None,
+    };
+    if let Some((cache, id)) = cached
+        && let Some(table) = cache.get(id)
+    {
+        return Ok(table);
+    }
+    let table = table::build(data)?;
+    if let Some((cache, id)) = cached {
+        cache.put(id, &table);
+    }
+    Ok(table)
+}
+
+/// The file for `key`'s table.
+pub fn encode(key: &str, table: &UnwindTable) -> Vec<u8> {
+    let rows = table.rows();
+    let mut out = Vec::with_capacity(HEADER_BYTES + key.len() + rows.len() * ROW_BYTES);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(ROW_BYTES as u32).to_le_bytes());
+    let arch: u32 = match table.arch {
+        Arch::X86_64 => 0,
+        Arch::Aarch64 => 1,
+    };
+    out.extend_from_slice(&arch.to_le_bytes());
+    let kind: u32 = match table.kind {
+        TableKind::Rows(_) => 0,
+        TableKind::FramePointers => 1,
+    };
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&table.text_bytes.to_le_bytes());
+    out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    for row in rows {
+        out.extend_from_slice(&row.pc.to_le_bytes());
+        out.extend_from_slice(&row.cfa_offset.to_le_bytes());
+        out.extend_from_slice(&row.fp_offset.to_le_bytes());
+        out.extend_from_slice(&row.ra_offset.to_le_bytes());
+        out.extend_from_slice(&[row.cfa_rule, row.fp_rule, row.ra_rule, row.arg]);
+    }
+    let crc = crc32fast::hash(&out);
+    out[44..48].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The table in `bytes`, if they are a whole, intact file of this format
+/// for `key`.
+pub fn decode(key: &str, bytes: &[u8]) -> Result<UnwindTable, CacheFormatError> {
+    let header = bytes
+        .get(..HEADER_BYTES)
+        .ok_or(CacheFormatError::Truncated)?;
+    let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
+    if header[..8] != MAGIC {
+        return Err(CacheFormatError::Magic);
+    }
+    if u32_at(8) != FORMAT_VERSION {
+        return Err(CacheFormatError::Version(u32_at(8)));
+    }
+    if u32_at(12) != ROW_BYTES as u32 {
+        return Err(CacheFormatError::RowSize(u32_at(12)));
+    }
+    let arch = match u32_at(16) {
+        0 => Arch::X86_64,
+        1 => Arch::Aarch64,
+        _ => return Err(CacheFormatError::Field),
+    };
+    let (text_bytes, rows, key_len) = (u64_at(24), u64_at(32), u32_at(40) as usize);
+    let frame_pointers = match u32_at(20) {
+        0 => false,
+        1 if rows == 0 => true,
+        _ => return Err(CacheFormatError::Field),
+    };
+    if key_len > MAX_KEY_BYTES {
+        return Err(CacheFormatError::Key);
+    }
+    let expected = usize::try_from(rows)
+        .ok()
+        .and_then(|rows| rows.checked_mul(ROW_BYTES))
+        .and_then(|row_bytes| row_bytes.checked_add(HEADER_BYTES + key_len));
+    if expected != Some(bytes.len()) {
+        return Err(CacheFormatError::Length);
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&bytes[..44]);
+    hasher.update(&[0; 4]);
+    hasher.update(&bytes[HEADER_BYTES..]);
+    if hasher.finalize() != u32_at(44) {
+        return Err(CacheFormatError::Checksum);
+    }
+    if &bytes[HEADER_BYTES..HEADER_BYTES + key_len] != key.as_bytes() {
+        return Err(CacheFormatError::Key);
+    }
+    let rows: Vec<UnwindRow> = bytes[HEADER_BYTES + key_len..]
+        .chunks_exact(ROW_BYTES)
+        .map(|raw| {
+            let i16_at = |at: usize| i16::from_le_bytes([raw[at], raw[at + 1]]);
+            UnwindRow {
+                pc: u32::from_le_bytes(raw[0..4].try_into().unwrap()),
+                cfa_offset: i32::from_le_bytes(raw[4..8].try_into().unwrap()),
+                fp_offset: i16_at(8),
+                ra_offset: i16_at(10),
+                cfa_rule: raw[12],
+                fp_rule: raw[13],
+                ra_rule: raw[14],
+                arg: raw[15],
+            }
+        })
+        .collect();
+    // The kernel's search needs them sorted, as the builder leaves them.
+    if !rows.windows(2).all(|pair| pair[0].pc < pair[1].pc) {
+        return Err(CacheFormatError::Unsorted);
+    }
+    Ok(UnwindTable {
+        arch,
+        kind: if frame_pointers {
+            TableKind::FramePointers
+        } else {
+            TableKind::Rows(rows)
+        },
+        text_bytes,
+    })
+}
+
+/// Writes `bytes` next to `path`, then renames it into place.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .expect("cache files are in the cache directory");
+    let name = path.file_name().expect("a file name").to_string_lossy();
+    let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));
+    let result = File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&partial)
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| std::fs::rename(&partial, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    result
+}
+
+/// Deletes the least recently used files until at most `budget` bytes
+/// remain (leftover partial files of a crash count, and are old).
+fn evict(dir: &Path, budget: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let meta = entry.metadata().ok()?;
+            meta.is_file().then(|| {
+                let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                (used, meta.len(), entry.path())
+            })
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
+    if total <= budget {
+        return;
+    }
+    files.sort();
+    for (_, size, path) in files {
+        if total <= budget {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= size;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
