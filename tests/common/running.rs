@@ -126,6 +126,13 @@ impl Agent {
         if let Some(port) = metrics_port {
             command.args(["--metrics-addr", &port.to_string()]);
         }
+        // The tests' own table cache, not the machine's (the agent's
+        // default is /var/cache/hostprof/tables).
+        if !args.contains(&"--unwind-cache-dir") {
+            command
+                .arg("--unwind-cache-dir")
+                .arg(super::work_dir().join("agent-table-cache"));
+        }
         let mut child = command.spawn().expect("start hostprof agent");
         let stderr = StderrLog::take(&mut child);
         Agent {

@@ -1,0 +1,43 @@
+//! A process's mappings as the kernel sees them: cut where a language
+//! runtime's code lies (see [`CodeRange`]).
+use crate::model::{CodeRange, Mapping};
+
+/// `mappings` cut where `code` says (each piece: the mapping, or part of
+/// it, and whether it is a runtime's code): an anonymous mapping is a
+/// runtime's whole when a range overlaps it; a file mapping is cut at the
+/// edges of the ranges `in_files` (a runtime's code inside a binary).
+pub(super) fn runtime_pieces(mappings: &[Mapping], code: &[CodeRange]) -> Vec<(Mapping, bool)> {
+    let mut pieces = Vec::with_capacity(mappings.len());
+    for mapping in mappings {
+        if mapping.inode == 0 {
+            let runtime = &*mapping.path != "[vdso]"
+                && code.iter().any(|range| {
+                    !range.in_files && mapping.start < range.high && range.low < mapping.end
+                });
+            pieces.push((mapping.clone(), runtime));
+            continue;
+        }
+        let mut cuts = vec![mapping.start, mapping.end];
+        for range in code.iter().filter(|range| range.in_files) {
+            for edge in [range.low, range.high] {
+                if mapping.start < edge && edge < mapping.end {
+                    cuts.push(edge);
+                }
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        for pair in cuts.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            let runtime = code
+                .iter()
+                .any(|range| range.in_files && range.low <= start && end <= range.high);
+            let mut piece = mapping.clone();
+            piece.start = start;
+            piece.end = end;
+            piece.file_offset = mapping.file_offset + (start - mapping.start);
+            pieces.push((piece, runtime));
+        }
+    }
+    pieces
+}
