@@ -127,6 +127,8 @@ pub struct Dictionary {
     mappings: Interner<MappingKey>,
     locations: Interner<LocationKey>,
     stacks: Interner<Vec<Index>>,
+    /// (trace id, span id) of each link; the zero value first.
+    links: Interner<([u8; 16], [u8; 8])>,
 }
 
 impl Default for Dictionary {
@@ -144,7 +146,13 @@ impl Dictionary {
             mappings: Interner::new(),
             locations: Interner::new(),
             stacks: Interner::new(),
+            links: Interner::new(),
         }
+    }
+
+    /// The index of a link to `span_id` of `trace_id`.
+    pub fn link(&mut self, trace_id: [u8; 16], span_id: [u8; 8]) -> Index {
+        self.links.intern((trace_id, span_id))
     }
 
     pub fn string(&mut self, text: &str) -> Index {
@@ -230,8 +238,7 @@ impl Dictionary {
             + self.stacks.len()
     }
 
-    /// The protobuf form. The link table holds only its zero value: hostprof
-    /// does not link samples to traces.
+    /// The protobuf form.
     pub fn into_proto(self) -> ProfilesDictionary {
         ProfilesDictionary {
             mapping_table: self
@@ -276,7 +283,15 @@ impl Dictionary {
                     start_line: key.start_line,
                 })
                 .collect(),
-            link_table: vec![Link::default()],
+            link_table: self
+                .links
+                .values
+                .into_iter()
+                .map(|(trace_id, span_id)| Link {
+                    trace_id: trace_id.to_vec(),
+                    span_id: span_id.to_vec(),
+                })
+                .collect(),
             string_table: self.strings.values,
             attribute_table: self
                 .attributes

@@ -7,10 +7,13 @@
 //! - `crate::python`: CPython (interpreter frames merged in place of the
 //!   evaluation loop's native frames);
 //! - [`java`]: JVMs, their frames named by [`hotspot`] (JIT and
-//!   interpreted code, found by the kernel's walk in the code cache).
+//!   interpreted code, found by the kernel's walk in the code cache);
+//! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
+//!   4947), whose thread-local it locates for the kernel.
 pub mod elf;
 pub mod hotspot;
 pub mod java;
+pub mod thread_ctx;
 
 use std::{
     collections::HashMap,
