@@ -3,13 +3,14 @@
  * `otel_thread_ctx_v1` is a thread-local of this executable (static TLS),
  * exported in .dynsym (build with -Wl,--export-dynamic-symbol=otel_thread_ctx_v1).
  *
- *   otel_thread_ctx LOG SECONDS [THREADS]
- *     THREADS threads (default 3) burn CPU for SECONDS, cycling through:
- *     a new span attached for 4 ms (a fresh record, valid = 1, then the
- *     pointer), detached (pointer NULL) for 2 ms, and a record marked
- *     under modification (valid = 0) for 2 ms. Each switch is logged, at
- *     exit, to LOG as "tid monotonic_ns state trace_hex span_hex", state
- *     1 linked, 0 none; the first line is "offset REALTIME-MONOTONIC_ns".
+ *   otel_thread_ctx LOG STOP SECONDS [THREADS]
+ *     THREADS threads (default 3) burn CPU until the file STOP exists (at
+ *     most SECONDS), cycling through: a new span attached for 6 ms (a
+ *     fresh record, valid = 1, then the pointer), detached (pointer NULL)
+ *     for 3 ms, and a record marked under modification (valid = 0) for
+ *     3 ms. Each switch is logged, at exit, to LOG as
+ *     "tid monotonic_ns state trace_hex span_hex", state 1 linked, 0 none;
+ *     the first line is "offset REALTIME-MONOTONIC_ns".
  *   otel_thread_ctx --hostile SECONDS
  *     points the variable at unmapped memory and burns CPU.
  *
@@ -37,8 +38,8 @@ struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
 
 __thread struct otel_thread_ctx_record *otel_thread_ctx_v1;
 
-#define SPAN_NS 4000000L
-#define GAP_NS 2000000L
+#define SPAN_NS 6000000L
+#define GAP_NS 3000000L
 #define MAX_SWITCHES 20000
 
 struct switch_log {
@@ -57,6 +58,7 @@ struct thread_arg {
 };
 
 static volatile uint64_t sink;
+static volatile int stopping;
 
 static uint64_t now_ns(clockid_t clock) {
     struct timespec ts;
@@ -93,7 +95,7 @@ static void *run(void *p) {
     uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(arg->seconds * 1e9);
     uint64_t serial = 0;
     note(arg, 0, NULL);
-    while (now_ns(CLOCK_MONOTONIC) < end) {
+    while (!stopping && now_ns(CLOCK_MONOTONIC) < end) {
         struct otel_thread_ctx_record *record = &records[serial & 1];
         serial++;
         /* Attach: build the record, mark it valid, then point at it. */
@@ -143,11 +145,11 @@ int main(int argc, char **argv) {
         burn_until(now_ns(CLOCK_MONOTONIC) + (uint64_t)(atof(argv[2]) * 1e9));
         return 0;
     }
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s LOG SECONDS [THREADS] | --hostile SECONDS\n", argv[0]);
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s LOG STOP SECONDS [THREADS] | --hostile SECONDS\n", argv[0]);
         return 2;
     }
-    int threads = argc > 3 ? atoi(argv[3]) : 3;
+    int threads = argc > 4 ? atoi(argv[4]) : 3;
     if (threads < 1 || threads > 16)
         return 2;
     uint64_t mono = now_ns(CLOCK_MONOTONIC);
@@ -155,10 +157,14 @@ int main(int argc, char **argv) {
     struct thread_arg args[16];
     pthread_t ids[16];
     for (int i = 0; i < threads; i++) {
-        args[i] = (struct thread_arg){.index = i, .seconds = atof(argv[2])};
+        args[i] = (struct thread_arg){.index = i, .seconds = atof(argv[3])};
         args[i].log = calloc(MAX_SWITCHES, sizeof(struct switch_log));
         pthread_create(&ids[i], NULL, run, &args[i]);
     }
+    uint64_t end = mono + (uint64_t)(atof(argv[3]) * 1e9);
+    while (access(argv[2], F_OK) != 0 && now_ns(CLOCK_MONOTONIC) < end)
+        usleep(10000);
+    stopping = 1;
     for (int i = 0; i < threads; i++)
         pthread_join(ids[i], NULL);
     FILE *out = fopen(argv[1], "w");

@@ -287,9 +287,15 @@ impl Dictionary {
                 .links
                 .values
                 .into_iter()
-                .map(|(trace_id, span_id)| Link {
-                    trace_id: trace_id.to_vec(),
-                    span_id: span_id.to_vec(),
+                .map(|(trace_id, span_id)| {
+                    // The zero value (index 0) has empty ids, as the format's.
+                    if (trace_id, span_id) == Default::default() {
+                        return Link::default();
+                    }
+                    Link {
+                        trace_id: trace_id.to_vec(),
+                        span_id: span_id.to_vec(),
+                    }
                 })
                 .collect(),
             string_table: self.strings.values,
@@ -339,5 +345,18 @@ mod tests {
         assert_eq!(proto.link_table, [Link::default()]);
         assert_eq!(proto.stack_table, [Stack::default()]);
         assert_eq!(proto.function_table.len(), 3);
+    }
+
+    #[test]
+    fn links_are_interned_after_the_zero_value() {
+        let mut dictionary = Dictionary::new();
+        let one = dictionary.link([1; 16], [2; 8]);
+        assert_eq!(one, 1);
+        assert_eq!(dictionary.link([1; 16], [2; 8]), one);
+        assert_eq!(dictionary.link([1; 16], [3; 8]), 2);
+        let proto = dictionary.into_proto();
+        assert_eq!(proto.link_table[0], Link::default());
+        assert_eq!(proto.link_table[1].trace_id, vec![1; 16]);
+        assert_eq!(proto.link_table[2].span_id, vec![3; 8]);
     }
 }
