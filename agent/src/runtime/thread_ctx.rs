@@ -8,7 +8,11 @@
 //! agent reads). Static TLS of the main executable (local-exec or
 //! initial-exec, which a linker relaxes a writer's access to there) is
 //! supported; a variable in a shared library is reported, not read.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::trace;
@@ -22,6 +26,11 @@ pub type ProcessMap = BpfHashMap<MapData, u32, trace::Process>;
 
 /// The thread-local the SDK points at its current record.
 pub const VARIABLE: &str = "otel_thread_ctx_v1";
+
+/// How often a process whose executable is not among its mappings (a
+/// sample of the image before an exec, attributed after it) is looked at
+/// again.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Executables remembered (by device and inode) before the cache starts over.
 const MAX_FILES: usize = 4096;
@@ -112,6 +121,15 @@ enum State {
     Registered,
     /// No variable in its executable (or it could not be read).
     Absent,
+    /// Its executable was not among the mappings given, when last looked.
+    NotYet(Instant),
+}
+
+/// Where the variable of a process is, as far as its mappings tell.
+enum Found {
+    At(i64),
+    Absent,
+    NotYet,
 }
 
 /// The processes looked at (the attribution thread owns it).
@@ -134,34 +152,44 @@ impl ThreadContext {
     }
 
     /// The offset of the variable in `pid`'s executable, read once per file.
-    fn offset_of(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Option<i64> {
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    fn offset_of(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Found {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return Found::Absent;
+        };
         let exe = exe.to_string_lossy();
         let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
-        let mapping = mappings.iter().find(|mapping| &*mapping.path == exe)?;
+        let Some(mapping) = mappings.iter().find(|mapping| &*mapping.path == exe) else {
+            return Found::NotYet;
+        };
         let key = (mapping.dev, mapping.inode);
-        if let Some(&known) = self.files.get(&key) {
-            return known;
-        }
-        let offset = super::elf::read(pid, mapping)
-            .ok()
-            .and_then(|data| find_tls_symbol(&data))
-            .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE));
-        if self.files.len() >= MAX_FILES {
-            self.files.clear();
-        }
-        self.files.insert(key, offset);
-        offset
+        let offset = match self.files.get(&key) {
+            Some(&known) => known,
+            None => {
+                let offset = super::elf::read(pid, mapping)
+                    .ok()
+                    .and_then(|data| find_tls_symbol(&data))
+                    .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE));
+                if self.files.len() >= MAX_FILES {
+                    self.files.clear();
+                }
+                self.files.insert(key, offset);
+                offset
+            }
+        };
+        offset.map_or(Found::Absent, Found::At)
     }
 }
 
 impl Runtime for ThreadContext {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        if self.processes.contains_key(&pid) || mappings.is_empty() {
-            return false;
+        match self.processes.get(&pid) {
+            Some(State::Registered | State::Absent) => return false,
+            Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            _ if mappings.is_empty() => return false,
+            _ => {}
         }
         let state = match self.offset_of(pid, mappings) {
-            Some(tls_offset) => {
+            Found::At(tls_offset) => {
                 let process = trace::Process {
                     tls_offset,
                     _reserved: 0,
@@ -175,7 +203,8 @@ impl Runtime for ThreadContext {
                 tracing::debug!("pid {pid}: thread context at thread pointer {tls_offset:+}");
                 State::Registered
             }
-            None => State::Absent,
+            Found::Absent => State::Absent,
+            Found::NotYet => State::NotYet(Instant::now()),
         };
         self.processes.insert(pid, state);
         false
