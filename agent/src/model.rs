@@ -317,6 +317,42 @@ pub struct ResolvedSample {
     pub frames: Vec<Frame>,
     /// Set for off-CPU samples.
     pub off_cpu: Option<OffCpu>,
+    /// The trace and span the thread was working for, when its process
+    /// publishes an OpenTelemetry thread context.
+    pub trace: Option<TraceLink>,
+}
+
+/// A W3C trace id and span id (OTLP `Link`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TraceLink {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+}
+
+impl TraceLink {
+    /// The link of a kernel record; `None` for a record that names no
+    /// trace (all-zero ids: "none active").
+    pub fn from_kernel(link: &hostprof_common::trace::Link) -> Option<TraceLink> {
+        let link = TraceLink {
+            trace_id: link.trace_id,
+            span_id: link.span_id,
+        };
+        (link.trace_id != [0; 16] && link.span_id != [0; 8]).then_some(link)
+    }
+
+    /// The trace id in lowercase hex (W3C form).
+    pub fn trace_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    /// The span id in lowercase hex.
+    pub fn span_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// An entry of a `key=value,…` list that could not be read.

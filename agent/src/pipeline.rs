@@ -19,7 +19,7 @@ use hostprof_common::{Sample, runtime::FRAME_MARK};
 use crate::{sampler::StackCopy, unwind::early::EarlyStacks};
 
 use crate::{
-    model::{Frame, FrameKind, Line, Mapping, OffCpu, ResolvedSample, ThreadState},
+    model::{Frame, FrameKind, Line, Mapping, OffCpu, ResolvedSample, ThreadState, TraceLink},
     procs::{EventSource, ProcessTable},
     runtime::Runtime,
     symbolize::Symbolizer,
@@ -393,6 +393,9 @@ impl Attributor {
                 blocked_ns: sample.off_cpu_ns,
                 state: ThreadState::from_kernel(sample.thread_state),
             }),
+            trace: (sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0)
+                .then(|| TraceLink::from_kernel(&sample.trace))
+                .flatten(),
         }
     }
 }

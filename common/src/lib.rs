@@ -16,6 +16,7 @@
 pub mod hotspot;
 pub mod python;
 pub mod runtime;
+pub mod trace;
 pub mod v8;
 pub use hostprof_unwind as unwind;
 
@@ -161,6 +162,13 @@ pub const MAP_HOTSPOT_PROCESSES: &str = "HOTSPOT_PROCS";
 /// tgid -> [`v8::Process`]: the V8 (Node.js) processes and where their
 /// builtins and fields are.
 pub const MAP_V8_PROCESSES: &str = "V8_PROCS";
+/// tgid -> [`trace::Process`]: the processes that publish an OpenTelemetry
+/// thread context, and where its thread-local is.
+pub const MAP_TRACE_PROCESSES: &str = "TRACE_PROCS";
+/// Global `u32`: byte offset, in `task_struct`, of the saved user thread
+/// pointer (`thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64),
+/// from BTF; 0 reads no thread context.
+pub const GLOBAL_TASK_TP_OFFSET: &str = "TASK_TP_OFFSET";
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
@@ -324,9 +332,17 @@ pub struct Sample {
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_USER_STACK_DEPTH],
     /// Frames of language runtimes (CPython, HotSpot): only the used
-    /// ones are in the record, which ends with them.
+    /// ones are in the record, which ends with them (or with `trace`).
     pub runtime: runtime::Stack,
+    /// The thread's OpenTelemetry context, when [`SAMPLE_FLAG_TRACE`] is
+    /// set. Not at this place in a ring record: the sampler appends it
+    /// after the record's used part, whose last [`trace::LINK_BYTES`] it
+    /// then is (a stack-copy record keeps it here).
+    pub trace: trace::Link,
 }
+
+/// Where [`Sample::trace`] is: the used part of a record ends at or before it.
+pub const SAMPLE_TRACE_AT: usize = core::mem::offset_of!(Sample, trace);
 
 /// Bytes of a [`Sample`] before its frames (everything up to
 /// `kernel_stack`): the shortest ring record.
@@ -348,6 +364,9 @@ pub const SAMPLE_FLAG_KERNEL_ERROR: u32 = 1 << 2;
 pub const SAMPLE_FLAG_USER_ERROR: u32 = 1 << 3;
 /// The user stack was walked with unwind tables.
 pub const SAMPLE_FLAG_USER_TABLES: u32 = 1 << 4;
+/// The sample carries its thread's OpenTelemetry context (a
+/// [`trace::Link`] ends the record).
+pub const SAMPLE_FLAG_TRACE: u32 = 1 << 5;
 /// Bits 8..16 of the flags: why the table-driven unwind of the user stack
 /// stopped (an `unwind::reason`).
 pub const SAMPLE_UNWIND_SHIFT: u32 = 8;
@@ -442,11 +461,19 @@ pub enum Counter {
     V8DepthLimit = 40,
     /// V8 frames whose function slot held no `JSFunction` (kept as native).
     V8NotFunction = 41,
+    /// Samples that carry a valid OpenTelemetry thread context record.
+    TraceLinked = 42,
+    /// Samples of registered processes whose thread had no context
+    /// attached (a null pointer, or a record not marked valid).
+    TraceDetached = 43,
+    /// Thread-context reads that failed (thread pointer, variable or
+    /// record unreadable).
+    TraceReadFault = 44,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 42] = [
+    pub const ALL: [Counter; 45] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -489,6 +516,9 @@ impl Counter {
         Counter::V8BadFrame,
         Counter::V8DepthLimit,
         Counter::V8NotFunction,
+        Counter::TraceLinked,
+        Counter::TraceDetached,
+        Counter::TraceReadFault,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -573,6 +603,9 @@ impl Counter {
             Counter::V8BadFrame => "v8_bad_frame",
             Counter::V8DepthLimit => "v8_depth_limit",
             Counter::V8NotFunction => "v8_not_function",
+            Counter::TraceLinked => "trace_linked",
+            Counter::TraceDetached => "trace_detached",
+            Counter::TraceReadFault => "trace_read_fault",
         }
     }
 
@@ -647,6 +680,9 @@ mod user {
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::v8::Process {}
     const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 168);
+    // SAFETY: two integers, no padding (asserted below).
+    unsafe impl aya::Pod for super::trace::Process {}
+    const _: () = assert!(core::mem::size_of::<super::trace::Process>() == 16);
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 
@@ -660,6 +696,7 @@ mod user {
                 + 8 * (super::MAX_STACK_DEPTH + super::MAX_USER_STACK_DEPTH)
                 + 4 * 2
                 + 16 * super::runtime::MAX_FRAMES
+                + super::trace::LINK_BYTES
     );
     const _: () = assert!(
         core::mem::size_of::<super::hotspot::Process>() == 32 * super::hotspot::MAX_HEAPS + 4 * 12

@@ -11,6 +11,7 @@
 //! - `unwinder`: the table-driven unwinder's kernel side, in `bpf_loop`
 //!   callbacks or in chains of tail calls;
 //! - `python`: CPython's interpreter frames;
+//! - `trace`: the OpenTelemetry thread context of the sampled thread;
 //! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
 //!   cache;
 //! - `v8`: V8's JavaScript frames, stepped by the unwinder in V8's code.
@@ -20,6 +21,7 @@ mod off_cpu;
 mod process;
 mod python;
 mod sample;
+mod trace;
 mod unwinder;
 mod v8;
 
@@ -48,9 +50,10 @@ use hostprof_common::{
     MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
     MAX_USER_STACK_DEPTH, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK,
     PROCESS_EVENTS_BYTES, ProcessEvent, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
-    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES,
-    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU,
-    SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState, runtime,
+    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_TRACE, SAMPLE_FLAG_USER_ERROR,
+    SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU,
+    SAMPLE_KIND_OFF_CPU, SAMPLE_TRACE_AT, SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF,
+    UnwindState, runtime,
     unwind::{
         self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
     },
@@ -303,7 +306,10 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // the off-CPU writer), once each, after this.
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
-        (*sample).flags = kernel_flags | user_flags;
+        // The thread's trace context: CPU, off-CPU and early-copy records
+        // alike are filled here.
+        let trace = trace::read_context(tgid, &raw mut (*sample).trace);
+        (*sample).flags = kernel_flags | user_flags | trace;
     }
 }
 
@@ -336,7 +342,7 @@ fn read_user<T: Default>(address: u64) -> Option<T> {
 /// A record of a few hundred bytes instead of a fixed 2 KiB: less to copy
 /// here, to read there, and the ring holds more samples.
 #[inline(always)]
-fn output(sample: *const Sample) {
+fn output(sample: *mut Sample) {
     let (kernel, user, flags, runtime) = unsafe {
         (
             (*sample).kernel_stack_len as usize,
@@ -359,8 +365,13 @@ fn output(sample: *const Sample) {
         };
         len = RUNTIME_FRAMES_AT + runtime * size_of::<runtime::Frame>();
     }
+    if len > SAMPLE_TRACE_AT {
+        len = SAMPLE_TRACE_AT;
+    }
+    // The thread's trace context, only in the records that have one.
+    let len = trace::append_link(sample, len, flags);
     if len > size_of::<Sample>() {
-        len = size_of::<Sample>();
+        return;
     }
     // SAFETY: `sample` is a whole `Sample` (a map value) and len fits in it.
     let bytes = unsafe { core::slice::from_raw_parts(sample.cast::<u8>(), len) };

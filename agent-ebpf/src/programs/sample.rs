@@ -115,7 +115,7 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
 /// Writes `sample` followed by the task's user registers and the top
 /// `copy` bytes of its stack (a [`StackSample`]).
 #[inline(always)]
-fn output_with_stack<K: Kernel>(sample: *const Sample, copy: u32) {
+fn output_with_stack<K: Kernel>(sample: *mut Sample, copy: u32) {
     // A ring too full for a copy (18 KiB) may still take the sample: it
     // then keeps its frame-pointer stack (counted by the host) rather than
     // being lost, and the ring need not be sized for bursts of copies.

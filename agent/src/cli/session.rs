@@ -144,6 +144,9 @@ impl<T: Send + 'static> Session<T> {
                     .transpose()?,
                 runtime_code.clone(),
             )),
+            Box::new(crate::runtime::thread_ctx::ThreadContext::new(Some(
+                sampler.take_hash_map(hostprof_common::MAP_TRACE_PROCESSES)?,
+            ))),
         ];
         {
             let mut procs = crate::procs::ProcessTable::new();

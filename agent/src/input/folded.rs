@@ -84,6 +84,7 @@ pub(super) fn read(data: &[u8]) -> Result<InputProfile, InputError> {
                 blocked_ns: count.saturating_mul(1000),
                 state,
             }),
+            trace: None,
         };
         group.samples.push(Counted {
             count: if sample.off_cpu.is_some() { 1 } else { count },

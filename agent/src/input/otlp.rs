@@ -329,6 +329,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                             .unwrap_or(start),
                         frames,
                         off_cpu: None,
+                        trace: None,
                     };
                     match kind {
                         Kind::Cpu => {

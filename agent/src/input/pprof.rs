@@ -267,6 +267,7 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
                 time_unix_nano: input.start_unix_nano,
                 frames,
                 off_cpu,
+                trace: None,
             },
             count,
             timestamps: Vec::new(),

@@ -79,6 +79,7 @@ fn samples() -> Vec<ResolvedSample> {
         time_unix_nano: time,
         frames,
         off_cpu: None,
+        trace: None,
     };
     let mut all = Vec::new();
     for round in 0..5u64 {

@@ -132,6 +132,7 @@ mod tests {
                 frame(FrameKind::Native, &["main"]),
             ],
             off_cpu: None,
+            trace: None,
         };
         assert_eq!(
             FoldedStacks::fold(&sample),

@@ -1,7 +1,8 @@
 //! pprof's `profile.proto`, gzipped (`.pb.gz`): what `go tool pprof` reads.
 //!
 //! Samples carry two values (three with off-CPU samples: `off_cpu/nanoseconds`), `samples/count` and `cpu/nanoseconds` (count ×
-//! period), and `pid`/`thread` labels; locations are per process address with
+//! period), and `pid`/`thread` labels (`trace_id`/`span_id` for samples
+//! linked to a span); locations are per process address with
 //! their mapping, inlined functions as extra lines.
 use std::{
     collections::HashMap,
@@ -23,6 +24,15 @@ use crate::{
 /// A location's identity: mapping id, address, (function id, line) per line.
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
 
+/// What tells two pprof samples apart: stack, pid, tid, off-CPU state, span.
+type SampleKey = (
+    Vec<u64>,
+    u32,
+    u32,
+    Option<ThreadState>,
+    Option<crate::model::TraceLink>,
+);
+
 /// Collects samples into a pprof profile.
 pub struct PprofProfile {
     period_ns: i64,
@@ -34,7 +44,7 @@ pub struct PprofProfile {
     locations: HashMap<LocationKey, u64>,
     profile: Profile,
     /// (locations, pid, tid, off-CPU state) -> index in `profile.sample`.
-    samples: HashMap<(Vec<u64>, u32, u32, Option<ThreadState>), usize>,
+    samples: HashMap<SampleKey, usize>,
     /// Whether samples have a third value, off-CPU nanoseconds.
     off_cpu: bool,
 }
@@ -210,7 +220,13 @@ impl Sink for PprofProfile {
             let blocked = i64::try_from(off_cpu.blocked_ns).unwrap_or(i64::MAX);
             add = vec![0, 0, blocked.saturating_mul(count)];
         }
-        let key = (locations, sample.process.pid, sample.tid, state);
+        let key = (
+            locations,
+            sample.process.pid,
+            sample.tid,
+            state,
+            sample.trace,
+        );
         if let Some(&at) = self.samples.get(&key) {
             let values = &mut self.profile.sample[at].value;
             for (value, more) in values.iter_mut().zip(&add) {
@@ -236,6 +252,15 @@ impl Sink for PprofProfile {
                 str: self.string(state.name()),
                 ..Default::default()
             });
+        }
+        if let Some(link) = sample.trace {
+            for (name, value) in [("trace_id", link.trace_hex()), ("span_id", link.span_hex())] {
+                labels.push(Label {
+                    key: self.string(name),
+                    str: self.string(&value),
+                    ..Default::default()
+                });
+            }
         }
         self.samples.insert(key.clone(), self.profile.sample.len());
         self.profile.sample.push(Sample {

@@ -38,11 +38,12 @@ struct GroupKey {
     service: Option<Arc<ServiceResource>>,
 }
 
-/// A sample's identity: stack, attribute set (sorted) and link (always 0).
+/// A sample's identity: stack, attribute set (sorted) and link (0: none).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SampleKey {
     stack: Index,
     attributes: Vec<Index>,
+    link: Index,
 }
 
 /// Builds OTLP CPU profiles, one window at a time.
@@ -101,7 +102,7 @@ impl SampleSet {
                 Sample {
                     stack_index: key.stack,
                     attribute_indices: key.attributes,
-                    link_index: 0,
+                    link_index: key.link,
                     values: if with_values { values } else { Vec::new() },
                     timestamps_unix_nano: timestamps,
                 }
@@ -147,7 +148,14 @@ impl ProfileBuilder {
                 service: sample.process.service.clone(),
             })
             .or_default();
-        let key = SampleKey { stack, attributes };
+        let link = sample
+            .trace
+            .map_or(0, |link| self.dictionary.link(link.trace_id, link.span_id));
+        let key = SampleKey {
+            stack,
+            attributes,
+            link,
+        };
         match &sample.off_cpu {
             Some(off_cpu) => {
                 let blocked = i64::try_from(off_cpu.blocked_ns).unwrap_or(i64::MAX);

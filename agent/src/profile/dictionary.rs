@@ -127,6 +127,8 @@ pub struct Dictionary {
     mappings: Interner<MappingKey>,
     locations: Interner<LocationKey>,
     stacks: Interner<Vec<Index>>,
+    /// (trace id, span id) of each link; the zero value first.
+    links: Interner<([u8; 16], [u8; 8])>,
 }
 
 impl Default for Dictionary {
@@ -144,7 +146,13 @@ impl Dictionary {
             mappings: Interner::new(),
             locations: Interner::new(),
             stacks: Interner::new(),
+            links: Interner::new(),
         }
+    }
+
+    /// The index of a link to `span_id` of `trace_id`.
+    pub fn link(&mut self, trace_id: [u8; 16], span_id: [u8; 8]) -> Index {
+        self.links.intern((trace_id, span_id))
     }
 
     pub fn string(&mut self, text: &str) -> Index {
@@ -230,8 +238,7 @@ impl Dictionary {
             + self.stacks.len()
     }
 
-    /// The protobuf form. The link table holds only its zero value: hostprof
-    /// does not link samples to traces.
+    /// The protobuf form.
     pub fn into_proto(self) -> ProfilesDictionary {
         ProfilesDictionary {
             mapping_table: self
@@ -276,7 +283,21 @@ impl Dictionary {
                     start_line: key.start_line,
                 })
                 .collect(),
-            link_table: vec![Link::default()],
+            link_table: self
+                .links
+                .values
+                .into_iter()
+                .map(|(trace_id, span_id)| {
+                    // The zero value (index 0) has empty ids, as the format's.
+                    if (trace_id, span_id) == Default::default() {
+                        return Link::default();
+                    }
+                    Link {
+                        trace_id: trace_id.to_vec(),
+                        span_id: span_id.to_vec(),
+                    }
+                })
+                .collect(),
             string_table: self.strings.values,
             attribute_table: self
                 .attributes
@@ -324,5 +345,18 @@ mod tests {
         assert_eq!(proto.link_table, [Link::default()]);
         assert_eq!(proto.stack_table, [Stack::default()]);
         assert_eq!(proto.function_table.len(), 3);
+    }
+
+    #[test]
+    fn links_are_interned_after_the_zero_value() {
+        let mut dictionary = Dictionary::new();
+        let one = dictionary.link([1; 16], [2; 8]);
+        assert_eq!(one, 1);
+        assert_eq!(dictionary.link([1; 16], [2; 8]), one);
+        assert_eq!(dictionary.link([1; 16], [3; 8]), 2);
+        let proto = dictionary.into_proto();
+        assert_eq!(proto.link_table[0], Link::default());
+        assert_eq!(proto.link_table[1].trace_id, vec![1; 16]);
+        assert_eq!(proto.link_table[2].span_id, vec![3; 8]);
     }
 }

@@ -77,6 +77,7 @@ fn sample(process: &Arc<ProcessInfo>, time: u64) -> ResolvedSample {
         time_unix_nano: time,
         frames: frames(),
         off_cpu: None,
+        trace: None,
     }
 }
 

@@ -9,10 +9,13 @@
 //! - [`java`]: JVMs, their frames named by [`hotspot`] (JIT and
 //!   interpreted code, found by the kernel's walk in the code cache);
 //! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
-//!   kernel's frame-pointer walk of V8's code).
+//!   kernel's frame-pointer walk of V8's code);
+//! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
+//!   4947), whose thread-local it locates for the kernel.
 pub mod elf;
 pub mod hotspot;
 pub mod java;
+pub mod thread_ctx;
 pub mod v8;
 
 use std::{

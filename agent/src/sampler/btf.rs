@@ -29,6 +29,18 @@ pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
     found
 }
 
+/// Byte offset, in `task_struct`, of the task's saved user thread pointer:
+/// `thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64 (the first
+/// member of `uw`).
+pub fn thread_pointer_offset(btf: &[u8]) -> Option<u32> {
+    let thread = member_offset(btf, "task_struct", "thread")?;
+    #[cfg(target_arch = "aarch64")]
+    let member = member_offset(btf, "thread_struct", "uw")?;
+    #[cfg(not(target_arch = "aarch64"))]
+    let member = member_offset(btf, "thread_struct", "fsbase")?;
+    Some(thread + member)
+}
+
 /// `sizeof(struct name)`, if the BTF describes the struct.
 pub fn struct_size(btf: &[u8], name: &str) -> Option<u32> {
     let mut found = None;
@@ -145,6 +157,19 @@ mod tests {
         assert!(size >= 34 * 8);
         assert!(member_offset(&btf, "task_struct", "stack").is_some());
         assert!(struct_size(&btf, "no_such_struct").is_none());
+    }
+
+    #[test]
+    fn finds_the_thread_pointer_in_the_running_kernel() {
+        let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("skipping: this kernel has no BTF");
+            return;
+        };
+        let offset = thread_pointer_offset(&btf).expect("task_struct.thread's thread pointer");
+        // `thread` is task_struct's last member but for variable-size ones.
+        let stack = member_offset(&btf, "task_struct", "stack").expect("task_struct.stack");
+        assert!(offset > stack);
+        assert!(offset < struct_size(&btf, "task_struct").expect("struct task_struct"));
     }
 
     #[test]

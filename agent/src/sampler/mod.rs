@@ -255,6 +255,15 @@ impl Sampler {
         }
         // The same kernels for Java's walk (the same `bpf_loop` callbacks).
         let runtime_walk = python_walk;
+        // The OpenTelemetry thread context's thread pointer: without it
+        // (no BTF, an unknown layout) samples carry no trace context.
+        let tp_offset = read_btf()
+            .ok()
+            .and_then(|btf| btf::thread_pointer_offset(&btf))
+            .unwrap_or_else(|| {
+                tracing::info!("no trace context on this kernel (no thread pointer in its BTF)");
+                0
+            });
         // No CO-RE: every kernel offset the programs use is a global set
         // above from our own read of the BTF. Without a target BTF, aya
         // skips parsing all of vmlinux's (~20 ms and several MB at every
@@ -286,6 +295,7 @@ impl Sampler {
                 true,
             )
             .override_global(hostprof_common::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
+            .override_global(hostprof_common::GLOBAL_TASK_TP_OFFSET, &tp_offset, true)
             .override_global(
                 hostprof_common::GLOBAL_OFF_CPU_THRESHOLD_NS,
                 &threshold_ns,
@@ -580,8 +590,9 @@ impl Sampler {
     }
 
     /// Takes one of the language runtimes' hash maps (`MAP_PYTHON_*`,
-    /// `MAP_HOTSPOT_*`, `MAP_V8_*`: see [`crate::python`],
-    /// [`crate::runtime::java`], [`crate::runtime::v8`]); call once per map.
+    /// `MAP_HOTSPOT_*`, `MAP_V8_*`, `MAP_TRACE_PROCESSES`: see
+    /// [`crate::python`], [`crate::runtime::java`], [`crate::runtime::v8`],
+    /// [`crate::runtime::thread_ctx`]); call once per map.
     pub fn take_hash_map<K: aya::Pod, V: aya::Pod>(
         &mut self,
         name: &'static str,

@@ -40,13 +40,34 @@ pub fn decode_sample(record: &[u8]) -> Option<Sample> {
     if record.len() < header {
         return None;
     }
-    // A stack-copy record starts with a whole `Sample`.
+    // A stack-copy record starts with a whole `Sample`, its link in place.
+    let copy = record.len() > sample_len;
     let record = &record[..record.len().min(sample_len)];
     let mut bytes = [0u8; std::mem::size_of::<Sample>()];
     bytes[..record.len()].copy_from_slice(record);
     // SAFETY: `Sample` is plain old data (see hostprof_common) and `bytes` holds
     // exactly one; read_unaligned because a byte array has no alignment.
     let mut sample = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Sample>()) };
+    // A compact record with a trace context ends with it.
+    let link = hostprof_common::trace::LINK_BYTES;
+    let record = if sample.flags & hostprof_common::SAMPLE_FLAG_TRACE == 0 {
+        sample.trace = Default::default();
+        record
+    } else if copy {
+        record
+    } else {
+        let body = record
+            .len()
+            .checked_sub(link)
+            .filter(|&body| body >= header)?;
+        let tail = &record[body..];
+        // SAFETY: a `Link` is plain old data of `link` bytes.
+        sample.trace = unsafe {
+            std::ptr::read_unaligned(tail.as_ptr().cast::<hostprof_common::trace::Link>())
+        };
+        bytes[body..].fill(0);
+        &record[..body]
+    };
     let kernel = sample.kernel_stack_len as usize;
     let user = sample.user_stack_len as usize;
     if kernel > hostprof_common::MAX_STACK_DEPTH

@@ -26,7 +26,8 @@
 use aya::util::online_cpus;
 use hostprof_common::{
     MAP_FILTER_TGIDS, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS, MAP_PYTHON_PROCESSES, MAP_SAMPLES,
-    MAP_UNWIND_ROWS, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_UNWIND_PROCESSES,
+    MAP_TRACE_PROCESSES, MAP_UNWIND_ROWS, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS,
+    MAX_UNWIND_PROCESSES,
 };
 
 use super::{SamplerOptions, UnwindMode};
@@ -46,6 +47,8 @@ use super::{SamplerOptions, UnwindMode};
 ///   processes that sample at once on a node are what both count; past it
 ///   a Python process is sampled without its Python frames, counted in
 ///   `hostprof_runtime_processes_unregistered_total`.
+/// - `TRACE_PROCS`: as `PYTHON_PROCS` (the processes that publish a
+///   thread context; past it they are sampled without trace links).
 /// - `OFF_CPU_START`: a whole `Sample` per blocked thread (17 MiB for
 ///   4,096), wanted only with `--off-cpu`.
 /// - `UNWIND_ROWS`: `--unwind-table-mib`.
@@ -75,6 +78,7 @@ pub(super) fn max_entries(options: &SamplerOptions) -> Vec<(&'static str, u32)> 
         (MAP_FILTER_TGIDS, filter),
         (MAP_PROCESS_MAPPINGS, unwound),
         (MAP_PYTHON_PROCESSES, processes),
+        (MAP_TRACE_PROCESSES, processes),
         (
             MAP_OFF_CPU_START,
             if options.off_cpu.is_some() {

@@ -57,6 +57,41 @@ fn compact_records_decode_to_whole_samples() {
 }
 
 #[test]
+fn a_trace_link_ends_the_record_that_has_one() {
+    let link = [0xabu8; hostprof_common::trace::LINK_BYTES];
+    let flagged = |mut record: Vec<u8>| {
+        let flags = std::mem::offset_of!(Sample, flags);
+        record[flags..flags + 4].copy_from_slice(&hostprof_common::SAMPLE_FLAG_TRACE.to_ne_bytes());
+        record.extend_from_slice(&link);
+        record
+    };
+    let record = flagged(compact_record(&[0xffff_0001], &[0x401000, 0x402000]));
+    let sample = decode_sample(&record).expect("decodes");
+    assert_eq!(sample.trace.trace_id, [0xab; 16]);
+    assert_eq!(sample.trace.span_id, [0xab; 8]);
+    assert_eq!(&sample.user_stack[..3], &[0x401000, 0x402000, 0]);
+    assert_eq!(&sample.kernel_stack[..2], &[0xffff_0001, 0]);
+
+    // Full native slots: the link lands on the runtime count, which a
+    // record that short does not have.
+    let kernel: Vec<u64> = (0..hostprof_common::MAX_STACK_DEPTH as u64).collect();
+    let user: Vec<u64> = (1000..1000 + hostprof_common::MAX_USER_STACK_DEPTH as u64).collect();
+    let sample = decode_sample(&flagged(compact_record(&kernel, &user))).expect("decodes");
+    assert_eq!(sample.runtime.len, 0);
+    assert_eq!(sample.user_stack.to_vec(), user);
+    assert_eq!(sample.trace.span_id, [0xab; 8]);
+
+    // Without the flag, no link; a flagged record too short for one is
+    // malformed.
+    let plain = decode_sample(&compact_record(&[1], &[2])).expect("decodes");
+    assert_eq!(plain.trace, Default::default());
+    let mut short = compact_record(&[], &[]);
+    let flags = std::mem::offset_of!(Sample, flags);
+    short[flags..flags + 4].copy_from_slice(&hostprof_common::SAMPLE_FLAG_TRACE.to_ne_bytes());
+    assert!(decode_sample(&short).is_none());
+}
+
+#[test]
 fn records_shorter_than_their_frames_are_malformed() {
     let mut record = compact_record(&[1, 2], &[3]);
     record.truncate(record.len() - 8);

@@ -54,6 +54,7 @@ fn sample(process: &Arc<ProcessInfo>, tid: u32, names: &[&str]) -> ResolvedSampl
             })
             .collect(),
         off_cpu: None,
+        trace: None,
     }
 }
 

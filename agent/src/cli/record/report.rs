@@ -119,6 +119,17 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    let linked = counters.get(Counter::TraceLinked);
+    let detached = counters.get(Counter::TraceDetached);
+    let faults = counters.get(Counter::TraceReadFault);
+    let trace = if linked + detached + faults > 0 {
+        format!(
+            "hostprof: trace context: {linked} samples linked to a span, {detached} with \
+             none attached, {faults} reads failed\n"
+        )
+    } else {
+        String::new()
+    };
     // What the CPython reader refused since the start (README, Python).
     let refused = crate::python::refusals();
     let python_refused = if refused != crate::python::Refusals::default() {
@@ -144,7 +155,8 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
-    python
+    trace
+        + &python
         + &python_refused
         + &java
         + &javascript

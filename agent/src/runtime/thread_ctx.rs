@@ -1,0 +1,265 @@
+//! The OpenTelemetry thread context (OTEP 4947): finds a process's
+//! `otel_thread_ctx_v1` thread-local and tells the kernel where it is
+//! relative to each thread's thread pointer (the `TRACE_PROCS` map), so
+//! that samples carry the thread's active trace and span.
+//!
+//! Read from the process, once per image: its executable's dynamic symbol
+//! table and TLS segment (through `crate::files`, like any binary the
+//! agent reads). Static TLS of the main executable (local-exec or
+//! initial-exec, which a linker relaxes a writer's access to there) is
+//! supported; a variable in a shared library is reported, not read.
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use hostprof_common::trace;
+use object::{Object, ObjectSymbol, SymbolKind};
+
+use super::Runtime;
+use crate::model::{Frame, Mapping};
+
+/// The kernel map of processes publishing a thread context.
+pub type ProcessMap = BpfHashMap<MapData, u32, trace::Process>;
+
+/// The thread-local the SDK points at its current record.
+pub const VARIABLE: &str = "otel_thread_ctx_v1";
+
+/// How often a process whose executable is not among its mappings (a
+/// sample of the image before an exec, attributed after it) is looked at
+/// again.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Executables remembered (by device and inode) before the cache starts over.
+const MAX_FILES: usize = 4096;
+
+/// The executable's TLS segment and the variable in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TlsSymbol {
+    /// `p_vaddr`, `p_memsz`, `p_align` of `PT_TLS`.
+    pub segment_address: u64,
+    pub segment_size: u64,
+    pub segment_align: u64,
+    /// The symbol's value: its offset in the TLS block.
+    pub offset: u64,
+}
+
+/// Which TLS layout the thread pointer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsVariant {
+    /// x86_64: the static blocks below the thread pointer.
+    Below,
+    /// aarch64: a 16-byte TCB at the thread pointer, the blocks above it.
+    Above,
+}
+
+impl TlsVariant {
+    /// This machine's.
+    pub const NATIVE: TlsVariant = if cfg!(target_arch = "aarch64") {
+        TlsVariant::Above
+    } else {
+        TlsVariant::Below
+    };
+}
+
+impl TlsSymbol {
+    /// Address of the variable minus the thread pointer, for the main
+    /// executable's block (the first static block, as glibc and musl lay
+    /// it out: its start congruent to `p_vaddr` modulo the alignment).
+    pub fn thread_pointer_offset(&self, variant: TlsVariant) -> Option<i64> {
+        let align = self.segment_align.max(1);
+        if !align.is_power_of_two() || self.offset > self.segment_size {
+            return None;
+        }
+        let phase = self.segment_address & (align - 1);
+        let offset = i64::try_from(self.offset).ok()?;
+        match variant {
+            // The smallest size >= memsz whose distance below the thread
+            // pointer keeps the block's phase.
+            TlsVariant::Below => {
+                let size = self.segment_size;
+                let pad = phase.wrapping_add(size).wrapping_neg() & (align - 1);
+                let block = i64::try_from(size.checked_add(pad)?).ok()?;
+                Some(offset - block)
+            }
+            // The smallest start >= 16 with the block's phase.
+            TlsVariant::Above => {
+                let start = 16 + (phase.wrapping_sub(16) & (align - 1));
+                Some(i64::try_from(start).ok()? + offset)
+            }
+        }
+    }
+}
+
+/// Finds [`VARIABLE`] among `data`'s dynamic symbols (OTEP 4947 asks
+/// writers to export it there) and the file's TLS segment.
+pub fn find_tls_symbol(data: &[u8]) -> Option<TlsSymbol> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
+    let symbol = elf
+        .dynamic_symbols()
+        .find(|symbol| symbol.kind() == SymbolKind::Tls && symbol.name() == Ok(VARIABLE))?;
+    let endian = elf.endian();
+    let tls = elf
+        .elf_program_headers()
+        .iter()
+        .find(|header| header.p_type(endian) == object::elf::PT_TLS)?;
+    Some(TlsSymbol {
+        segment_address: tls.p_vaddr(endian),
+        segment_size: tls.p_memsz(endian),
+        segment_align: tls.p_align(endian),
+        offset: symbol.address(),
+    })
+}
+
+/// What is known of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Registered with the kernel at this offset.
+    Registered,
+    /// No variable in its executable (or it could not be read).
+    Absent,
+    /// Its executable was not among the mappings given, when last looked.
+    NotYet(Instant),
+}
+
+/// Where the variable of a process is, as far as its mappings tell.
+enum Found {
+    At(i64),
+    Absent,
+    NotYet,
+}
+
+/// The processes looked at (the attribution thread owns it).
+pub struct ThreadContext {
+    map: Option<ProcessMap>,
+    processes: HashMap<u32, State>,
+    /// (device, inode) of each executable read -> the variable's offset
+    /// from the thread pointer, if it has one.
+    files: HashMap<(u64, u64), Option<i64>>,
+}
+
+impl ThreadContext {
+    /// With the kernel's map (none: nothing is registered, e.g. tests).
+    pub fn new(map: Option<ProcessMap>) -> Self {
+        ThreadContext {
+            map,
+            processes: HashMap::new(),
+            files: HashMap::new(),
+        }
+    }
+
+    /// The offset of the variable in `pid`'s executable, read once per file.
+    fn offset_of(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Found {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return Found::Absent;
+        };
+        let exe = exe.to_string_lossy();
+        let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
+        let Some(mapping) = mappings.iter().find(|mapping| &*mapping.path == exe) else {
+            return Found::NotYet;
+        };
+        let key = (mapping.dev, mapping.inode);
+        let offset = match self.files.get(&key) {
+            Some(&known) => known,
+            None => {
+                let offset = super::elf::read(pid, mapping)
+                    .ok()
+                    .and_then(|data| find_tls_symbol(&data))
+                    .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE));
+                if self.files.len() >= MAX_FILES {
+                    self.files.clear();
+                }
+                self.files.insert(key, offset);
+                offset
+            }
+        };
+        offset.map_or(Found::Absent, Found::At)
+    }
+}
+
+impl Runtime for ThreadContext {
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
+        match self.processes.get(&pid) {
+            Some(State::Registered | State::Absent) => return false,
+            Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            _ if mappings.is_empty() => return false,
+            _ => {}
+        }
+        let state = match self.offset_of(pid, mappings) {
+            Found::At(tls_offset) => {
+                let process = trace::Process {
+                    tls_offset,
+                    _reserved: 0,
+                };
+                if let Some(map) = &mut self.map
+                    && let Err(err) = map.insert(pid, process, 0)
+                {
+                    super::count_if_full(&err);
+                    tracing::info!("pid {pid}: cannot register its thread context: {err}");
+                }
+                tracing::debug!("pid {pid}: thread context at thread pointer {tls_offset:+}");
+                State::Registered
+            }
+            Found::Absent => State::Absent,
+            Found::NotYet => State::NotYet(Instant::now()),
+        };
+        self.processes.insert(pid, state);
+        false
+    }
+
+    fn add_frames(&mut self, _: u32, _: &hostprof_common::runtime::Stack, _: &mut Vec<Frame>) {}
+
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        for pid in super::gone(&self.processes, alive) {
+            self.forget(pid);
+        }
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let (Some(State::Registered), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+            let _ = map.remove(&pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_the_executable_block_below_the_thread_pointer() {
+        // 8-byte variable at offset 8 of a 16-byte, 8-aligned block.
+        let symbol = TlsSymbol {
+            segment_address: 0x3dd8,
+            segment_size: 0x14,
+            segment_align: 8,
+            offset: 8,
+        };
+        // Block rounded to 0x18 below tp, variable 8 bytes in.
+        assert_eq!(symbol.thread_pointer_offset(TlsVariant::Below), Some(-0x10));
+        // aarch64: after the 16-byte TCB.
+        assert_eq!(symbol.thread_pointer_offset(TlsVariant::Above), Some(0x18));
+    }
+
+    #[test]
+    fn keeps_the_phase_of_an_unaligned_block() {
+        // p_vaddr 4 past a 16-byte boundary, 20 bytes: the block's start
+        // must stay 4 past a boundary: 28 below tp (tp is 16-aligned).
+        let symbol = TlsSymbol {
+            segment_address: 0x1004,
+            segment_size: 20,
+            segment_align: 16,
+            offset: 0,
+        };
+        assert_eq!(symbol.thread_pointer_offset(TlsVariant::Below), Some(-28));
+        assert_eq!(symbol.thread_pointer_offset(TlsVariant::Above), Some(20));
+        let bad = TlsSymbol {
+            segment_align: 12,
+            ..symbol
+        };
+        assert_eq!(bad.thread_pointer_offset(TlsVariant::Below), None);
+    }
+}

@@ -1,0 +1,299 @@
+//! Trace links from the OpenTelemetry thread context (OTEP 4947), end to
+//! end with the real eBPF sampler: `hostprof agent` against an in-test
+//! collector, a C writer (`tests/programs/otel_thread_ctx.c`) whose threads
+//! switch spans every few milliseconds and log each switch, and a hostile
+//! writer whose thread-local points at unmapped memory. The requests are
+//! decoded by the generated protobuf types, not the agent's builder.
+// The serializing guard of `require_ebpf` spans whole tests on purpose,
+// awaits included: each test owns its runtime, nothing else waits on that lock.
+#![allow(clippy::await_holding_lock)]
+mod common;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use common::{
+    collector::{Collector, sample_pid},
+    running::{KillOnDrop, free_port, metric, scrape},
+};
+use hostprof_proto::{
+    collector::ExportProfilesServiceRequest,
+    common::any_value::Value,
+    profiles::{ProfilesDictionary, Sample},
+};
+use tokio::net::TcpListener;
+
+/// How long the linked samples may take to show in the collector.
+const SHOW_WITHIN: Duration = Duration::from_secs(90);
+/// Linked samples to wait for.
+const LINKED_AT_LEAST: usize = 100;
+/// Around a logged switch, a sample may show either side's span: the
+/// pointer is written just before the switch's clock read, and the
+/// agent's and the writer's realtime-monotonic offsets are two readings.
+const SWITCH_SLACK_NS: u64 = 300_000;
+
+/// One sample of a process: thread, kernel time (Unix ns) and its link.
+struct Seen {
+    tid: i64,
+    time: u64,
+    link: Option<(String, String)>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn int_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<i64> {
+    sample.attribute_indices.iter().find_map(|&index| {
+        let attribute = &dictionary.attribute_table[index as usize];
+        if dictionary.string_table[attribute.key_strindex as usize] != key {
+            return None;
+        }
+        match attribute.value.as_ref()?.value.as_ref()? {
+            Value::IntValue(value) => Some(*value),
+            _ => None,
+        }
+    })
+}
+
+/// Every sample of `pid` in the requests, one per timestamp.
+fn samples_of(requests: &[ExportProfilesServiceRequest], pid: u32) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    for request in requests {
+        let dictionary = request.dictionary.as_ref().expect("a dictionary");
+        // Index 0 is the zero value: no link.
+        assert_eq!(
+            dictionary
+                .link_table
+                .first()
+                .map(|link| link.trace_id.len()),
+            Some(0)
+        );
+        for group in &request.resource_profiles {
+            for scope in &group.scope_profiles {
+                for profile in &scope.profiles {
+                    for sample in &profile.samples {
+                        if sample_pid(dictionary, sample) != Some(i64::from(pid)) {
+                            continue;
+                        }
+                        let tid =
+                            int_attribute(dictionary, sample, "thread.id").expect("thread.id");
+                        let link = (sample.link_index != 0).then(|| {
+                            let link = &dictionary.link_table[sample.link_index as usize];
+                            assert_eq!((link.trace_id.len(), link.span_id.len()), (16, 8));
+                            (hex(&link.trace_id), hex(&link.span_id))
+                        });
+                        for &time in &sample.timestamps_unix_nano {
+                            seen.push(Seen {
+                                tid,
+                                time,
+                                link: link.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// The writer's log: its realtime-monotonic offset and, per thread, each
+/// switch (monotonic ns, the span then attached if any).
+type Switches = HashMap<i64, Vec<(u64, Option<(String, String)>)>>;
+
+fn read_log(path: &std::path::Path) -> (i128, Switches) {
+    let text = std::fs::read_to_string(path).expect("the writer's log");
+    let mut lines = text.lines();
+    let offset = lines
+        .next()
+        .and_then(|line| line.strip_prefix("offset "))
+        .and_then(|offset| offset.parse().ok())
+        .expect("an offset line");
+    let mut switches = Switches::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [tid, ns, state, trace, span] = fields[..] else {
+            panic!("a bad log line: {line}");
+        };
+        let link = (state == "1").then(|| (trace.to_owned(), span.to_owned()));
+        switches
+            .entry(tid.parse().unwrap())
+            .or_default()
+            .push((ns.parse().unwrap(), link));
+    }
+    (offset, switches)
+}
+
+/// The spans a sample at monotonic `at` may show: the one attached at
+/// `at`, and its neighbour's when a switch is within the slack.
+fn allowed(switches: &[(u64, Option<(String, String)>)], at: u64) -> Vec<Option<(String, String)>> {
+    let mut allowed = Vec::new();
+    let current = switches.partition_point(|(ns, _)| *ns <= at);
+    // Before the thread's first switch: nothing attached.
+    let state = |index: usize| index.checked_sub(1).and_then(|i| switches[i].1.clone());
+    allowed.push(state(current));
+    if current > 0 && at - switches[current - 1].0 <= SWITCH_SLACK_NS {
+        allowed.push(state(current - 1));
+    }
+    if current < switches.len() && switches[current].0 - at <= SWITCH_SLACK_NS {
+        allowed.push(state(current + 1));
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_link_to_the_span_their_thread_had() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let writer = common::build_c(
+        "otel_thread_ctx.c",
+        "otel_thread_ctx",
+        &[
+            "-O1",
+            "-Wall",
+            "-pthread",
+            "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
+        ],
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let collector = Collector::default();
+    let server = collector.serve(listener);
+    let port = free_port();
+    let _agent = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+            .args(["agent", "--duration", "150", "--report-interval", "1s"])
+            .args(["-F", "499", "--otlp-endpoint", &endpoint])
+            .args(["--metrics-addr", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start hostprof agent"),
+    );
+    let log = common::work_dir().join("otel_thread_ctx.log");
+    let stop = common::work_dir().join("otel_thread_ctx.stop");
+    let _ = std::fs::remove_file(&stop);
+    let _ = std::fs::remove_file(&log);
+    let mut writing = KillOnDrop(
+        std::process::Command::new(&writer)
+            .arg(&log)
+            .arg(&stop)
+            .args(["120", "3"])
+            .spawn()
+            .expect("start the writer"),
+    );
+    let hostile = KillOnDrop(
+        std::process::Command::new(&writer)
+            .args(["--hostile", "120"])
+            .spawn()
+            .expect("start the hostile writer"),
+    );
+    let (pid, hostile_pid) = (writing.0.id(), hostile.0.id());
+    // Wait for the linked samples and some of the hostile process.
+    let start = Instant::now();
+    loop {
+        let requests = collector.requests();
+        let linked = samples_of(&requests, pid)
+            .iter()
+            .filter(|seen| seen.link.is_some())
+            .count();
+        if linked >= LINKED_AT_LEAST && samples_of(&requests, hostile_pid).len() >= 20 {
+            break;
+        }
+        assert!(
+            start.elapsed() < SHOW_WITHIN,
+            "{linked} linked samples within {SHOW_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    std::fs::write(&stop, b"").unwrap();
+    assert!(writing.0.wait().unwrap().success(), "the writer failed");
+    // Every sample of the writer taken before it exited, exported.
+    let exported = collector.requests().len();
+    let start = Instant::now();
+    while collector.requests().len() < exported + 2 {
+        assert!(start.elapsed() < SHOW_WITHIN, "no more windows exported");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let faults = scrape(port).and_then(|text| {
+        metric(
+            &text,
+            "hostprof_kernel_events_total{event=\"trace_read_fault\"}",
+        )
+    });
+    let requests = collector.requests();
+    server.abort();
+    // The format's rules, link table included (`assert_valid` expects 19 Hz).
+    for request in &requests {
+        let dictionary = request.dictionary.as_ref().expect("a dictionary");
+        let problems =
+            hostprof::profile::dictionary_violations(dictionary, &request.resource_profiles);
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    let (offset, switches) = read_log(&log);
+    let samples = samples_of(&requests, pid);
+    // The kernel reads a process's context once the agent registered it,
+    // at its first samples: those before carry no link.
+    let registered = samples
+        .iter()
+        .filter(|seen| seen.link.is_some())
+        .map(|seen| seen.time)
+        .min()
+        .expect("linked samples");
+    let before = samples.iter().filter(|seen| seen.time < registered).count();
+    let (mut linked, mut unlinked_detached) = (0, 0);
+    for seen in samples.iter().filter(|seen| seen.time >= registered) {
+        let at = u64::try_from(i128::from(seen.time) - offset).expect("a monotonic time");
+        let Some(thread) = switches.get(&seen.tid) else {
+            // The main thread never attaches a span.
+            assert_eq!(
+                seen.link, None,
+                "a link on thread {} without spans",
+                seen.tid
+            );
+            continue;
+        };
+        let allowed = allowed(thread, at);
+        assert!(
+            allowed.contains(&seen.link),
+            "thread {} at {at}: {:?}, the writer had {:?}",
+            seen.tid,
+            seen.link,
+            allowed
+        );
+        match &seen.link {
+            Some(_) => linked += 1,
+            None if allowed == [None] => unlinked_detached += 1,
+            None => {}
+        }
+    }
+    println!(
+        "{} samples: {before} before the process was registered, {linked} linked, \
+         {unlinked_detached} while detached or not valid",
+        samples.len()
+    );
+    assert!(
+        before <= samples.len() / 4,
+        "{before} samples before registration"
+    );
+    assert!(linked >= LINKED_AT_LEAST, "{linked} linked samples");
+    assert!(
+        unlinked_detached >= 20,
+        "{unlinked_detached} detached samples"
+    );
+
+    // The hostile writer: sampled, never linked, its reads counted.
+    let hostile_samples = samples_of(&requests, hostile_pid);
+    assert!(hostile_samples.len() >= 20);
+    assert!(hostile_samples.iter().all(|seen| seen.link.is_none()));
+    assert!(
+        faults.is_some_and(|faults| faults > 0),
+        "trace_read_fault: {faults:?}"
+    );
+    drop(hostile);
+}
