@@ -202,6 +202,11 @@ fn cpu_bound_program_shows_little_off_cpu_time() {
     let stacks = record_off_cpu(&["-F", "499"], &[program.to_str().unwrap(), "2"]);
     let (mut on_cpu, mut off_cpu) = (0u64, 0u64);
     for (frames, us) in &stacks {
+        // Preempted (runnable) is waiting for a CPU, which a loaded
+        // machine makes any program do; blocked is what the program did.
+        if frames.get(1).is_some_and(|f| f == "[off-cpu: runnable]") {
+            continue;
+        }
         if frames.get(1).is_some_and(|f| f.starts_with("[off-cpu")) {
             off_cpu += us;
         } else {
@@ -296,11 +301,15 @@ fn otlp_output_has_an_off_cpu_profile_with_blocked_time_and_state() {
             .iter()
             .any(|f| f == "in_sleep")
         {
-            assert_eq!(
-                string_attribute(dictionary, sample, "thread.state").as_deref(),
-                Some("interruptible")
+            // Asleep, or preempted on its way there (a loaded machine).
+            let state = string_attribute(dictionary, sample, "thread.state");
+            assert!(
+                matches!(state.as_deref(), Some("interruptible" | "runnable")),
+                "{state:?}"
             );
-            in_sleep_ns += sample.values.iter().sum::<i64>();
+            if state.as_deref() == Some("interruptible") {
+                in_sleep_ns += sample.values.iter().sum::<i64>();
+            }
         }
     }
     // Designed: 10 rounds of 50 ms.

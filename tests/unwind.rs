@@ -537,13 +537,18 @@ fn a_second_record_takes_the_table_from_the_cache() {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o700);
 
-    // Warm: the program's table (and libc's…) from the cache, none built.
+    // Warm: the program's table (and libc's…) from the cache: at least as
+    // many hits as the cold run built, the program's file among them (a
+    // hit refreshes its time). Another process sampled only now may miss.
+    let stored = std::fs::metadata(&file).unwrap().modified().unwrap();
     let (stacks, stderr) = record(&program, &["split", "2"], &cache);
     assert_complete(&stacks, "unwind_cached", &stderr);
-    let (warm_hits, warm_misses, _) = cache_line(&stderr);
+    let (warm_hits, _, _) = cache_line(&stderr);
+    assert!(warm_hits >= misses.max(1), "cold {hits}/{misses}\n{stderr}");
+    let used = std::fs::metadata(&file).unwrap().modified().unwrap();
     assert!(
-        warm_hits >= misses.max(1) && warm_misses == 0,
-        "cold {hits}/{misses}\n{stderr}"
+        used > stored,
+        "the program's table was not taken from the cache\n{stderr}"
     );
 
     // Damaged: ignored and counted, the table built again, stacks complete.
@@ -553,7 +558,7 @@ fn a_second_record_takes_the_table_from_the_cache() {
     std::fs::write(&file, &bytes).unwrap();
     let (stacks, stderr) = record(&program, &["split", "2"], &cache);
     assert_complete(&stacks, "unwind_cached", &stderr);
-    let (_, misses, corrupt) = cache_line(&stderr);
-    assert!(corrupt == 1 && misses == 0, "{stderr}");
+    let (_, _, corrupt) = cache_line(&stderr);
+    assert!(corrupt == 1, "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
