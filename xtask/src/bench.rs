@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{build, root, run_cmd};
 
 mod java;
+mod program;
 mod python;
 mod scale;
 
@@ -79,6 +80,24 @@ struct Row {
     samples: u64,
     usage: Usage,
     kernel_ns_per_sample: Option<f64>,
+}
+
+/// The profilers' rows under their header, names `width` wide.
+fn print_rows(width: usize, rows: &[&Row]) {
+    println!(
+        "{:<width$} {:>9} {:>8} {:>16} {:>16}",
+        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
+    );
+    for row in rows {
+        println!(
+            "{:<width$} {:>9} {:>8.3} {:>16.4} {:>16}",
+            row.name,
+            row.samples,
+            row.usage.cpu.as_secs_f64(),
+            row.cpu_per_1k(),
+            row.kernel_text()
+        );
+    }
 }
 
 impl Row {
@@ -430,20 +449,7 @@ fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind fp", &args)
     })?;
     let (perf, _) = busy(&mut |pids| Ok((bench_perf_dwarf(dir, seconds, pids)?, String::new())))?;
-    println!(
-        "{:<36} {:>9} {:>8} {:>16} {:>16}",
-        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
-    );
-    for row in [tables, frame_pointers, perf] {
-        println!(
-            "{:<36} {:>9} {:>8.3} {:>16.4} {:>16}",
-            row.name,
-            row.samples,
-            row.usage.cpu.as_secs_f64(),
-            row.cpu_per_1k(),
-            row.kernel_text()
-        );
-    }
+    print_rows(36, &[&tables, &frame_pointers, &perf]);
     if let Some(line) = text.lines().find(|line| line.contains("unwind tables:")) {
         let used = number_after(line, " rows, ");
         let code = number_after(line, "(for ");
