@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{build, root, run_cmd};
 
 mod java;
+mod node;
 mod program;
 mod python;
 mod scale;
@@ -22,6 +23,9 @@ mod scale;
 pub enum Only {
     /// hostprof on the Java program, next to JFR's slowdown of it.
     Java,
+    /// hostprof on the Node.js program, next to `node --cpu-prof`'s
+    /// slowdown of it.
+    Node,
     /// Many distinct binaries without frame pointers at once: how fast
     /// their tables arrive, with a cold and a warm table cache.
     Scale,
@@ -119,6 +123,7 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     fs::create_dir_all(&dir)?;
     match only {
         Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
+        Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
         Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir),
         None => {}
     }
@@ -163,6 +168,8 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     python::bench_python(&hostprof, &dir, seconds)?;
     println!();
     java::bench_java(&hostprof, &dir, seconds)?;
+    println!();
+    node::bench_node(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();
