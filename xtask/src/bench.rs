@@ -13,6 +13,8 @@ use anyhow::{Context, Result, bail};
 use crate::{build, root, run_cmd};
 
 mod java;
+mod node;
+mod program;
 mod python;
 mod scale;
 
@@ -21,6 +23,9 @@ mod scale;
 pub enum Only {
     /// hostprof on the Java program, next to JFR's slowdown of it.
     Java,
+    /// hostprof on the Node.js program, next to `node --cpu-prof`'s
+    /// slowdown of it.
+    Node,
     /// Many distinct binaries without frame pointers at once: how fast
     /// their tables arrive, with a cold and a warm table cache.
     Scale,
@@ -81,6 +86,24 @@ struct Row {
     kernel_ns_per_sample: Option<f64>,
 }
 
+/// The profilers' rows under their header, names `width` wide.
+fn print_rows(width: usize, rows: &[&Row]) {
+    println!(
+        "{:<width$} {:>9} {:>8} {:>16} {:>16}",
+        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
+    );
+    for row in rows {
+        println!(
+            "{:<width$} {:>9} {:>8.3} {:>16.4} {:>16}",
+            row.name,
+            row.samples,
+            row.usage.cpu.as_secs_f64(),
+            row.cpu_per_1k(),
+            row.kernel_text()
+        );
+    }
+}
+
 impl Row {
     /// The profiler's CPU seconds per 1000 samples.
     fn cpu_per_1k(&self) -> f64 {
@@ -100,6 +123,7 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     fs::create_dir_all(&dir)?;
     match only {
         Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
+        Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
         Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir),
         None => {}
     }
@@ -144,6 +168,8 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     python::bench_python(&hostprof, &dir, seconds)?;
     println!();
     java::bench_java(&hostprof, &dir, seconds)?;
+    println!();
+    node::bench_node(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();
@@ -430,20 +456,7 @@ fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         bench_hostprof_with(hostprof, dir, seconds, "hostprof --unwind fp", &args)
     })?;
     let (perf, _) = busy(&mut |pids| Ok((bench_perf_dwarf(dir, seconds, pids)?, String::new())))?;
-    println!(
-        "{:<36} {:>9} {:>8} {:>16} {:>16}",
-        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
-    );
-    for row in [tables, frame_pointers, perf] {
-        println!(
-            "{:<36} {:>9} {:>8.3} {:>16.4} {:>16}",
-            row.name,
-            row.samples,
-            row.usage.cpu.as_secs_f64(),
-            row.cpu_per_1k(),
-            row.kernel_text()
-        );
-    }
+    print_rows(36, &[&tables, &frame_pointers, &perf]);
     if let Some(line) = text.lines().find(|line| line.contains("unwind tables:")) {
         let used = number_after(line, " rows, ");
         let code = number_after(line, "(for ");

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Row, bench_hostprof_with, wait_usage};
+use super::{Row, bench_hostprof_with, print_rows, wait_usage};
 use crate::root;
 
 pub(super) fn bench_python(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
@@ -32,20 +32,7 @@ pub(super) fn bench_python(hostprof: &Path, dir: &Path, seconds: u64) -> Result<
     println!(
         "python: tests/programs/python_callgraph.py under python3 (3 threads), {seconds} s at 999 Hz each"
     );
-    println!(
-        "{:<28} {:>9} {:>8} {:>16} {:>16}",
-        "profiler", "samples", "CPU s", "CPU s/1k samples", "kernel ns/sample"
-    );
-    for row in [&ours, &theirs] {
-        println!(
-            "{:<28} {:>9} {:>8.3} {:>16.4} {:>16}",
-            row.name,
-            row.samples,
-            row.usage.cpu.as_secs_f64(),
-            row.cpu_per_1k(),
-            row.kernel_text()
-        );
-    }
+    print_rows(28, &[&ours, &theirs]);
     println!(
         "hostprof samples with Python frames: {python_stacks}; CPU per 1k samples, hostprof / py-spy: {:.2}",
         ours.cpu_per_1k() / theirs.cpu_per_1k().max(f64::MIN_POSITIVE)
