@@ -44,15 +44,20 @@ pub struct CodeRange {
     pub low: u64,
     pub high: u64,
     pub in_files: bool,
+    /// Whose code it is: a `hostprof_common::runtime::tag` runtime
+    /// (`HOTSPOT`, `V8`), which the kernel reads from the mapping to pick
+    /// the walker without looking the process up in each runtime's map.
+    pub runtime: u8,
 }
 
 impl CodeRange {
-    /// Anonymous code overlapping `[low, high)`.
-    pub const fn anonymous(low: u64, high: u64) -> CodeRange {
+    /// `runtime`'s anonymous code overlapping `[low, high)`.
+    pub const fn anonymous(low: u64, high: u64, runtime: u8) -> CodeRange {
         CodeRange {
             low,
             high,
             in_files: false,
+            runtime,
         }
     }
 }

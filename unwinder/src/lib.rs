@@ -183,8 +183,9 @@ pub enum Lookup {
     /// No mapping holds it.
     NoMapping,
     /// The mapping is a language runtime's code (a JIT code cache, marked
-    /// [`RUNTIME_TABLE`]): that runtime's walker takes the frame.
-    Runtime,
+    /// [`RUNTIME_TABLE`]): that runtime's walker takes the frame. The
+    /// runtime is the mapping's tag (`hostprof_common::runtime::tag`).
+    Runtime(u8),
 }
 
 /// The unwinder's view of a process: memory and tables.
@@ -203,9 +204,10 @@ pub enum Step {
     Caller,
     /// The stack ended with this reason (see [`reason`]).
     Stop(u32),
-    /// `regs.pc` is in a language runtime's code ([`Lookup::Runtime`]):
-    /// `regs` are unchanged, for the runtime's walker to step.
-    Runtime,
+    /// `regs.pc` is in the code of the language runtime tagged so
+    /// ([`Lookup::Runtime`]): `regs` are unchanged, for that runtime's
+    /// walker to step.
+    Runtime(u8),
 }
 
 /// Address bits of a user pointer on aarch64: the rest holds pointer
@@ -235,7 +237,7 @@ pub fn step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step {
                 Rules::Stop(why) => return Step::Stop(why),
                 Rules::Fallback(fallback) => fallback,
             },
-            Lookup::Runtime => return Step::Runtime,
+            Lookup::Runtime(runtime) => return Step::Runtime(runtime),
             // Signal trampolines may sit on a page of their own.
             Lookup::NoMapping => Fallback::SIGRETURN_OR_STOP | reason::NO_MAPPING,
             Lookup::NoTable => Fallback::FRAME_POINTERS | reason::NO_TABLE,
@@ -709,7 +711,8 @@ pub struct ExecMapping {
 /// pointers.
 pub const FRAME_POINTER_TABLE: u32 = u32::MAX;
 /// `ExecMapping::table_start` of a table-less mapping of a language
-/// runtime's code (a JVM's code cache), which that runtime's walker steps.
+/// runtime's code (a JVM's code cache), which that runtime's walker steps;
+/// its `bias` is then the runtime's tag (`hostprof_common::runtime::tag`).
 pub const RUNTIME_TABLE: u32 = u32::MAX - 1;
 
 /// Executable mappings kept per process (a power of two: indices are masked
@@ -792,7 +795,8 @@ pub fn lookup_in(
             return Lookup::FramePointers;
         }
         if mapping.table_start == RUNTIME_TABLE {
-            return Lookup::Runtime;
+            // A runtime mapping has no table to bias: `bias` holds its tag.
+            return Lookup::Runtime(mapping.bias as u8);
         }
         return Lookup::NoTable;
     }

@@ -141,7 +141,7 @@ fn walk(arch: Arch, mut regs: Regs, process: &mut Fake) -> (Vec<u64>, u32) {
         match step(arch, &mut regs, process) {
             Step::Caller => pcs.push(regs.pc),
             Step::Stop(why) => return (pcs, why),
-            Step::Runtime => return (pcs, reason::NO_TABLE),
+            Step::Runtime(_) => return (pcs, reason::NO_TABLE),
         }
     }
     panic!("no end after 32 frames: {pcs:x?}");

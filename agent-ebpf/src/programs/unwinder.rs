@@ -148,15 +148,17 @@ pub(super) fn frame<K: Kernel>(
             unsafe { write_volatile(&mut state.reason, reason) };
             true
         }
-        Step::Runtime if K::RUNTIME_WALKS && unsafe { read_volatile(&RUNTIME_WALK) } != 0 => {
-            // The runtime that marked the code: a process runs one JIT.
-            if let Some(process) = unsafe { super::v8::process(state.tgid) } {
-                super::v8::step(state, process)
+        Step::Runtime(runtime)
+            if K::RUNTIME_WALKS && unsafe { read_volatile(&RUNTIME_WALK) } != 0 =>
+        {
+            // The runtime the agent marked the mapping with.
+            if runtime == runtime::tag::V8 {
+                super::v8::step(state)
             } else {
                 super::hotspot::step(state)
             }
         }
-        Step::Runtime => {
+        Step::Runtime(_) => {
             unsafe { write_volatile(&mut state.reason, unwind::reason::NO_TABLE) };
             true
         }

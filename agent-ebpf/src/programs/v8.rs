@@ -22,21 +22,17 @@ use hostprof_common::{
 #[map(name = "V8_PROCS")]
 static V8_PROCS: HashMap<u32, v8::Process> = HashMap::with_max_entries(v8::MAX_PROCESSES, 0);
 
-/// The V8 record of `tgid`, when it is a V8 process.
-///
-/// # Safety
-/// The reference is to a map value, valid for the program run.
+/// Walks the frame at `state.regs` (a pc in code the agent marked as
+/// V8's): records it when it is JavaScript and moves the registers to its
+/// caller. True when the unwind stops here (`state.reason` set).
 #[inline(always)]
-pub(super) unsafe fn process(tgid: u32) -> Option<&'static v8::Process> {
-    unsafe { V8_PROCS.get(&tgid) }
-}
-
-/// Walks the frame at `state.regs` (a pc in V8's code): records it when
-/// it is JavaScript and moves the registers to its caller. True when the
-/// unwind stops here (`state.reason` set).
-#[inline(always)]
-pub(super) fn step(state: &mut UnwindState, process: &v8::Process) -> bool {
-    let why = step_frame(state, process);
+pub(super) fn step(state: &mut UnwindState) -> bool {
+    // SAFETY: a map value, valid for the program run.
+    let why = match unsafe { V8_PROCS.get(&state.tgid) } {
+        Some(process) => step_frame(state, process),
+        // Unregistered since the mappings were marked.
+        None => v8::reason::NO_PROCESS,
+    };
     if why == v8::reason::NATIVE {
         return false;
     }

@@ -11,7 +11,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::{
     hotspot,
-    runtime::{self, FRAME_INDEX_MASK, FRAME_MARK, tag},
+    runtime::{self, tag},
 };
 
 use super::{
@@ -99,7 +99,7 @@ impl Runtime for Java {
         let code = jvm.code_ranges().into_iter();
         self.code.set(
             pid,
-            code.map(|(low, high)| CodeRange::anonymous(low, high))
+            code.map(|(low, high)| CodeRange::anonymous(low, high, tag::HOTSPOT))
                 .collect(),
         );
         tracing::debug!(
@@ -114,21 +114,9 @@ impl Runtime for Java {
         let Some(State::Jvm(jvm)) = self.processes.get_mut(&pid) else {
             return;
         };
-        let len = (stack.len as usize).min(stack.frames.len());
-        for frame in frames.iter_mut() {
-            if frame.kind != FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK {
-                continue;
-            }
-            let index = (frame.address & FRAME_INDEX_MASK) as usize;
-            let Some(&recorded) = stack.frames[..len].get(index) else {
-                continue;
-            };
-            if tag::of(recorded.code) & tag::RUNTIME_MASK != tag::HOTSPOT {
-                continue;
-            }
-            let named = jvm.name_frame(recorded);
-            *frame = java_frame(recorded, &named);
-        }
+        super::replace_marks(tag::HOTSPOT, stack, frames, |recorded| {
+            java_frame(recorded, &jvm.name_frame(recorded))
+        });
     }
 
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {

@@ -104,6 +104,33 @@ pub trait Runtime: Send {
     fn forget(&mut self, pid: u32);
 }
 
+/// Replaces each native frame of `frames` that marks one of `stack`'s
+/// runtime frames of `runtime` (a `tag` runtime, its kind bits aside)
+/// with `name(recorded)`: the kernel left the mark where the runtime's
+/// frame ran, among the native ones.
+pub fn replace_marks(
+    runtime: u8,
+    stack: &hostprof_common::runtime::Stack,
+    frames: &mut [Frame],
+    mut name: impl FnMut(hostprof_common::runtime::Frame) -> Frame,
+) {
+    use hostprof_common::runtime::{FRAME_INDEX_MASK, FRAME_MARK, tag};
+    let len = (stack.len as usize).min(stack.frames.len());
+    for frame in frames.iter_mut() {
+        if frame.kind != crate::model::FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK
+        {
+            continue;
+        }
+        let index = (frame.address & FRAME_INDEX_MASK) as usize;
+        let Some(&recorded) = stack.frames[..len].get(index) else {
+            continue;
+        };
+        if tag::of(recorded.code) & tag::RUNTIME_MASK == runtime {
+            *frame = name(recorded);
+        }
+    }
+}
+
 /// The pids among `processes`' keys for which `alive` is false.
 pub fn gone<V>(processes: &HashMap<u32, V>, mut alive: impl FnMut(u32) -> bool) -> Vec<u32> {
     processes

@@ -235,7 +235,7 @@ fn unwound(mirror: &Mirror, mappings: &ProcessMappings, held: &Held) -> Sample {
             }
             Step::Stop(reason) => break reason,
             // Runtime frames are walked in the kernel only.
-            Step::Runtime => break unwind::reason::NO_TABLE,
+            Step::Runtime(_) => break unwind::reason::NO_TABLE,
         }
     };
     sample.user_stack_len = frames as u32;

@@ -210,7 +210,7 @@ pub fn unwind(snapshot: &Snapshot, max_frames: usize) -> (Vec<u64>, u32) {
             Step::Caller => frames.push(regs.pc),
             Step::Stop(reason) => return (frames, reason),
             // Runtime frames are walked in the kernel only.
-            Step::Runtime => return (frames, unwind::reason::NO_TABLE),
+            Step::Runtime(_) => return (frames, unwind::reason::NO_TABLE),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::{
-    runtime::{self, FRAME_INDEX_MASK, FRAME_MARK, tag},
+    runtime::{self, tag},
     v8,
 };
 
@@ -177,11 +177,12 @@ impl V8 {
             super::count_if_full(&err);
             tracing::info!("pid {pid}: cannot register its V8 with the kernel: {err}");
         }
-        let mut code = vec![CodeRange::anonymous(0, u64::MAX)];
+        let mut code = vec![CodeRange::anonymous(0, u64::MAX, tag::V8)];
         code.extend(node.blobs.iter().map(|&(low, high)| CodeRange {
             low,
             high,
             in_files: true,
+            runtime: tag::V8,
         }));
         self.code.set(pid, code);
     }
@@ -272,27 +273,15 @@ impl Runtime for V8 {
         let Some(State::Node(node)) = self.processes.get_mut(&pid) else {
             return;
         };
-        let len = (stack.len as usize).min(stack.frames.len());
-        for frame in frames.iter_mut() {
-            if frame.kind != FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK {
-                continue;
-            }
-            let index = (frame.address & FRAME_INDEX_MASK) as usize;
-            let Some(&recorded) = stack.frames[..len].get(index) else {
-                continue;
-            };
-            if tag::of(recorded.code) & tag::RUNTIME_MASK != tag::V8 {
-                continue;
-            }
-            let shared = recorded.code & tag::ADDRESS_MASK;
-            let memory = memory::Process(pid);
-            let named = node.name(&memory, shared);
+        let memory = memory::Process(pid);
+        super::replace_marks(tag::V8, stack, frames, |recorded| {
+            let named = node.name(&memory, recorded.code & tag::ADDRESS_MASK);
             let line = named
                 .as_deref()
                 .and_then(|named| node.line(&memory, named))
                 .unwrap_or(0);
-            *frame = javascript_frame(recorded, named.as_deref(), line);
-        }
+            javascript_frame(recorded, named.as_deref(), line)
+        });
     }
 
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {

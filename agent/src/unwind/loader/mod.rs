@@ -353,7 +353,7 @@ impl<M: TableMaps> TableLoader<M> {
         let mut keys = Vec::new();
         let runtime_code = self.runtime_code.get(&pid).cloned().unwrap_or_default();
         let pieces = runtime_pieces(mappings, &runtime_code);
-        let mut sorted: Vec<&(Mapping, bool)> = pieces.iter().collect();
+        let mut sorted: Vec<&(Mapping, Option<u8>)> = pieces.iter().collect();
         let truncated = sorted.len() > MAX_PROCESS_MAPPINGS;
         if truncated {
             // File-backed code and a runtime's code first: other anonymous
@@ -362,7 +362,7 @@ impl<M: TableMaps> TableLoader<M> {
             // wait out a backoff.
             sorted.sort_by_key(|(mapping, runtime)| {
                 (
-                    mapping.inode == 0 && &*mapping.path != "[vdso]" && !runtime,
+                    mapping.inode == 0 && &*mapping.path != "[vdso]" && runtime.is_none(),
                     mapping.start,
                 )
             });
@@ -377,13 +377,16 @@ impl<M: TableMaps> TableLoader<M> {
                 end: mapping.end,
                 ..Default::default()
             };
-            let known = if runtime {
+            let known = if runtime.is_some() {
                 None
             } else {
                 files.identify(pid, mapping)
             };
-            if runtime {
+            if let Some(runtime) = runtime {
                 entry.table_start = RUNTIME_TABLE;
+                // A runtime mapping has no table to bias: the field says
+                // whose walker steps it (see `unwinder::Lookup::Runtime`).
+                entry.bias = u64::from(runtime);
             } else if let Some(key) = &known
                 && self.failed.contains_key(key)
             {
@@ -395,7 +398,7 @@ impl<M: TableMaps> TableLoader<M> {
                 entry.table_start = loaded.0;
                 entry.table_len = loaded.1;
                 keys.push(key);
-            } else if !runtime
+            } else if runtime.is_none()
                 && let Some((key, data)) = files.open(pid, mapping)
                 && let Some(vaddr) = table::vaddr_of_offset((*data).as_ref(), mapping.file_offset)
                 && let Some(loaded) = self.acquire(&key, (*data).as_ref())

@@ -3,17 +3,23 @@
 use crate::model::{CodeRange, Mapping};
 
 /// `mappings` cut where `code` says (each piece: the mapping, or part of
-/// it, and whether it is a runtime's code): an anonymous mapping is a
-/// runtime's whole when a range overlaps it; a file mapping is cut at the
-/// edges of the ranges `in_files` (a runtime's code inside a binary).
-pub(super) fn runtime_pieces(mappings: &[Mapping], code: &[CodeRange]) -> Vec<(Mapping, bool)> {
+/// it, and the runtime whose code it is, if any): an anonymous mapping is
+/// a runtime's whole when a range overlaps it; a file mapping is cut at
+/// the edges of the ranges `in_files` (a runtime's code inside a binary).
+pub(super) fn runtime_pieces(
+    mappings: &[Mapping],
+    code: &[CodeRange],
+) -> Vec<(Mapping, Option<u8>)> {
     let mut pieces = Vec::with_capacity(mappings.len());
     for mapping in mappings {
         if mapping.inode == 0 {
-            let runtime = &*mapping.path != "[vdso]"
-                && code.iter().any(|range| {
+            let runtime = code
+                .iter()
+                .find(|range| {
                     !range.in_files && mapping.start < range.high && range.low < mapping.end
-                });
+                })
+                .filter(|_| &*mapping.path != "[vdso]")
+                .map(|range| range.runtime);
             pieces.push((mapping.clone(), runtime));
             continue;
         }
@@ -31,7 +37,8 @@ pub(super) fn runtime_pieces(mappings: &[Mapping], code: &[CodeRange]) -> Vec<(M
             let (start, end) = (pair[0], pair[1]);
             let runtime = code
                 .iter()
-                .any(|range| range.in_files && range.low <= start && end <= range.high);
+                .find(|range| range.in_files && range.low <= start && end <= range.high)
+                .map(|range| range.runtime);
             let mut piece = mapping.clone();
             piece.start = start;
             piece.end = end;

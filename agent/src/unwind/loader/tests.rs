@@ -1,6 +1,7 @@
 //! The loader on fake kernel maps: sharing, capacity, backoff and the
 //! bounded queues, without a kernel.
 use super::*;
+use hostprof_common::runtime::tag;
 
 #[derive(Default)]
 struct FakeMaps {
@@ -141,7 +142,10 @@ fn runtime_code_is_marked_for_its_walker_and_reloads() {
     loader.load_process(1, &all, &mut NoFiles).unwrap();
     assert!(loader.recently_loaded(1, &all));
     // A runtime found since: the same mappings load again, at once.
-    loader.set_runtime_code(1, vec![CodeRange::anonymous(0x7000_0800, 0x7000_1000)]);
+    loader.set_runtime_code(
+        1,
+        vec![CodeRange::anonymous(0x7000_0800, 0x7000_1000, tag::HOTSPOT)],
+    );
     assert!(!loader.recently_loaded(1, &all));
     loader.load_process(1, &all, &mut NoFiles).unwrap();
     drop(loader);
@@ -153,6 +157,16 @@ fn runtime_code_is_marked_for_its_walker_and_reloads() {
             .map(|entry| (entry.table_start, entry.table_len))
     };
     assert_eq!(table_of(jit.start), Some((RUNTIME_TABLE, 0)));
+    let jit_entry = entries
+        .mappings
+        .iter()
+        .find(|e| e.start == jit.start)
+        .unwrap();
+    assert_eq!(
+        jit_entry.bias,
+        u64::from(tag::HOTSPOT),
+        "the runtime's tag, for the kernel to pick its walker"
+    );
     assert_eq!(table_of(other.start), Some((0, 0)), "other anonymous code");
     assert_eq!(table_of(file.start), Some((0, 0)), "a file (with no table)");
 }
@@ -271,28 +285,29 @@ fn runtime_code_inside_a_file_is_cut_out_of_its_mapping() {
         low: 0x44_0000,
         high: 0x46_0000,
         in_files: true,
+        runtime: tag::V8,
     };
-    let jit = CodeRange::anonymous(0, u64::MAX);
+    let jit = CodeRange::anonymous(0, u64::MAX, tag::V8);
     let mut anonymous = mapping(0, 0x7000_0000);
     anonymous.path = "".into();
     let mut vdso = mapping(0, 0x7100_0000);
     vdso.path = "[vdso]".into();
     let pieces = runtime_pieces(&[text.clone(), anonymous.clone(), vdso], &[blob, jit]);
-    let cut: Vec<(u64, u64, u64, bool)> = pieces
+    let cut: Vec<(u64, u64, u64, Option<u8>)> = pieces
         .iter()
         .map(|(piece, runtime)| (piece.start, piece.end, piece.file_offset, *runtime))
         .collect();
     assert_eq!(
         cut[..4],
         [
-            (0x40_0000, 0x44_0000, 0x1000, false),
-            (0x44_0000, 0x46_0000, 0x4_1000, true),
-            (0x46_0000, 0x50_0000, 0x6_1000, false),
-            (anonymous.start, anonymous.end, 0, true),
+            (0x40_0000, 0x44_0000, 0x1000, None),
+            (0x44_0000, 0x46_0000, 0x4_1000, Some(tag::V8)),
+            (0x46_0000, 0x50_0000, 0x6_1000, None),
+            (anonymous.start, anonymous.end, 0, Some(tag::V8)),
         ]
     );
     assert_eq!(pieces.len(), 5);
-    assert!(!pieces[4].1, "the vdso is never a runtime's code");
+    assert_eq!(pieces[4].1, None, "the vdso is never a runtime's code");
 }
 
 /// Our own executable under a content id: what the cache keeps.
