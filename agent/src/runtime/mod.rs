@@ -10,11 +10,13 @@
 //!   interpreted code, found by the kernel's walk in the code cache);
 //! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
 //!   kernel's frame-pointer walk of V8's code);
+//! - [`refusals`]: what the name readers refused of a process's memory;
 //! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
 //!   4947), whose thread-local it locates for the kernel.
 pub mod elf;
 pub mod hotspot;
 pub mod java;
+pub mod refusals;
 pub mod thread_ctx;
 pub mod v8;
 

@@ -251,6 +251,22 @@ impl Snapshot {
             "Process contexts (OTEL_CTX) and OTEL_RESOURCE_ATTRIBUTES environments refused, by reason: bad signature or version, over the size cap, unreadable, never settled, not protobuf, not UTF-8, malformed environment.",
             &refused,
         );
+        let refused: Vec<(String, u64)> = crate::runtime::refusals::refusals()
+            .into_iter()
+            .map(|(runtime, reason, count)| {
+                (
+                    format!("{{runtime=\"{runtime}\",reason=\"{reason}\"}}"),
+                    count,
+                )
+            })
+            .collect();
+        let refused: Vec<(&str, u64)> = refused.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "hostprof_runtime_refused_total",
+            "counter",
+            "Data of JIT runtimes' frames (JVM method data, V8 heap objects) past a cap, by runtime and reason: over-long strings or tables, strings nested too deep. The frame keeps a placeholder name.",
+            &refused,
+        );
         metric(
             "hostprof_bpf_map_bytes",
             "gauge",
@@ -373,6 +389,9 @@ mod tests {
             assert!(typed.contains(&name), "{line}");
         }
         assert!(text.contains("hostprof_context_refused_total{reason=\"too_large\"} "));
+        assert!(
+            text.contains("hostprof_runtime_refused_total{runtime=\"v8js\",reason=\"too_deep\"} ")
+        );
         assert_eq!(snapshot.lost(), 5);
         assert!(snapshot.status_line().contains("lost=5 "));
         assert!(snapshot.status_line().contains(" bpf_map_mib=45.0 "));

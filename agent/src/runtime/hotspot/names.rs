@@ -18,6 +18,7 @@ use super::{
     jvm::{DebugLayout, Int, Metadata, Regions},
     vmstructs::{Memory, Process},
 };
+use crate::runtime::refusals::{self, Reason, Runtime};
 
 /// Entries per cache before it starts over.
 const MAX_METHODS: usize = 1 << 15;
@@ -158,6 +159,7 @@ pub(super) fn decode_lines(bytes: &[u8], exclusion: u8) -> Result<Vec<(u32, u32)
             }
         }
         if lines.len() >= MAX_LINE_TABLE {
+            refusals::refuse(Runtime::Jvm, Reason::TooLong);
             return Err(false);
         }
         lines.push((bci, line));
@@ -406,6 +408,7 @@ impl Jvm {
                 Err(false) => return None,
             }
         }
+        refusals::refuse(Runtime::Jvm, Reason::TooLong);
         None
     }
 
@@ -493,7 +496,10 @@ fn read_debug_info(
                 && pcs <= end
                 && end - metadata <= MAX_DEBUG_INFO)
             {
-                return None;
+                return too_long_if(
+                    end.checked_sub(metadata)
+                        .is_some_and(|n| n > MAX_DEBUG_INFO),
+                );
             }
             let bytes =
                 memory.read_vec(address.checked_add(metadata)?, (end - metadata) as usize)?;
@@ -520,7 +526,7 @@ fn read_debug_info(
             let pcs = int(scopes_pcs_offset)?;
             let scopes = int(scopes_data_offset)?;
             if !(pcs <= scopes && scopes <= size && size - pcs <= MAX_DEBUG_INFO) {
-                return None;
+                return too_long_if(size.checked_sub(pcs).is_some_and(|n| n > MAX_DEBUG_INFO));
             }
             let bytes = memory.read_vec(block.checked_add(pcs)?, (size - pcs) as usize)?;
             let (start, len) = match metadata {
@@ -545,7 +551,7 @@ fn read_debug_info(
                 }
             };
             if len > MAX_DEBUG_INFO {
-                return None;
+                return too_long_if(true);
             }
             let split = (scopes - pcs) as usize;
             (
@@ -579,6 +585,16 @@ fn read_debug_info(
     // HotSpot keeps them sorted; a search needs them so whatever we read.
     nmethod.pcs.sort_by_key(|(offset, _)| *offset);
     Some(())
+}
+
+/// No debug information: counted as refused when `too_long` (the
+/// regions were consistent but over the cap; inconsistent ones are stale
+/// or freed code, not a refusal).
+fn too_long_if<T>(too_long: bool) -> Option<T> {
+    if too_long {
+        refusals::refuse(Runtime::Jvm, Reason::TooLong);
+    }
+    None
 }
 
 #[cfg(test)]

@@ -6,7 +6,10 @@
 //! them). Everything read is the tenant's: lengths are capped, strings
 //! nested at most a few levels, and an object of the wrong type is no name.
 use super::layout::Layout;
-use crate::procs::memory::Memory;
+use crate::{
+    procs::memory::Memory,
+    runtime::refusals::{self, Reason, Runtime},
+};
 
 /// Longest function or script name kept.
 const MAX_NAME: usize = 1024;
@@ -180,6 +183,7 @@ impl<M: Memory> Heap<'_, M> {
     /// The string at `string` (at most `max` bytes of it).
     pub fn string(&self, string: u64, max: usize, depth: u32) -> Option<String> {
         if depth > MAX_STRING_DEPTH {
+            refusals::refuse(Runtime::V8js, Reason::TooDeep);
             return None;
         }
         let layout = self.layout;
@@ -216,7 +220,11 @@ impl<M: Memory> Heap<'_, M> {
             let text: String = parent.chars().skip(offset).take(length.min(max)).collect();
             return Some(text);
         }
-        if representation == layout.external_tag || length > MAX_SOURCE {
+        if representation == layout.external_tag {
+            return None;
+        }
+        if length > MAX_SOURCE {
+            refusals::refuse(Runtime::V8js, Reason::TooLong);
             return None;
         }
         let length = length.min(max);
@@ -246,7 +254,12 @@ impl<M: Memory> Heap<'_, M> {
             && self.instance_type(ends) == Some(layout.type_fixed_array)
         {
             let count = small_integer(self.word(ends + layout.array_length)?)?;
-            let count = usize::try_from(count).ok()?.min(MAX_LINES);
+            let mut count = usize::try_from(count).ok()?;
+            if count > MAX_LINES {
+                // The lines past the cap read as the last one.
+                refusals::refuse(Runtime::V8js, Reason::TooLong);
+                count = MAX_LINES;
+            }
             let data = self
                 .memory
                 .read_vec(ends + layout.fixed_array_data, count * 8)?;

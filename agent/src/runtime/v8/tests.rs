@@ -191,8 +191,18 @@ fn hostile_strings_are_refused() {
         memory: &image,
         layout: &layout,
     };
+    let count = |reason: &str| {
+        crate::runtime::refusals::refusals()
+            .into_iter()
+            .find(|&(runtime, why, _)| runtime == "v8js" && why == reason)
+            .map_or(0, |(_, _, count)| count)
+    };
+    let before = (count("too_deep"), count("too_long"));
     assert_eq!(reader.string(cyclic, 100, 0), None);
     assert_eq!(reader.string(huge, 100, 0), None);
+    // Counted (other tests may count too: at least ours).
+    assert!(count("too_deep") > before.0);
+    assert!(count("too_long") > before.1);
 }
 
 #[test]
