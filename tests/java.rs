@@ -446,26 +446,12 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     let name = &jvm.name;
     let mut program = Program::start(jvm, 0);
     let folded = work_dir().join(format!("java-{}.folded", program.pid));
-    let (mut recording, mut log) = running::start_recording(
-        hostprof()
-            .args(["record", "-F", RATE_HZ, "--pid"])
-            .arg(program.pid.to_string())
-            .arg("--output")
-            .arg(&folded),
-    );
+    let (mut recording, mut log) = running::record_pid(program.pid, RATE_HZ, &folded);
     let start = now_nanos();
-    // Until the JVM has run enough to give both profilers their samples,
-    // however long the machine takes to give it that CPU time.
-    let pid = program.pid;
-    let ran = cpu_seconds(pid);
-    let enough = running::wait_for(Duration::from_secs(300), || match try_cpu_seconds(pid) {
-        Some(now) => (now >= ran + CPU_SECONDS).then_some(true),
-        None => Some(false),
-    });
+    // Until the JVM has run enough to give both profilers their samples.
+    let enough = running::wait_for_cpu(program.pid, CPU_SECONDS, Duration::from_secs(300));
     let end = now_nanos();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
-    let status = recording.wait().expect("wait for hostprof");
+    let status = running::interrupt(&mut recording);
     if enough == Some(false) {
         let status = program.wait_status();
         return vec![format!(

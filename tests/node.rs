@@ -323,24 +323,11 @@ fn profile(node: &Node) -> Vec<String> {
     let name = &node.name;
     let program = Program::start(node);
     let folded = work_dir().join(format!("node-{}.folded", program.pid));
-    let (mut recording, mut log) = running::start_recording(
-        hostprof()
-            .args(["record", "-F", RATE_HZ, "--pid"])
-            .arg(program.pid.to_string())
-            .arg("--output")
-            .arg(&folded),
-    );
+    let (mut recording, mut log) = running::record_pid(program.pid, RATE_HZ, &folded);
     let from = monotonic_micros();
-    let pid = program.pid;
-    let ran = cpu_seconds(pid);
-    let enough = running::wait_for(Duration::from_secs(300), || match try_cpu_seconds(pid) {
-        Some(now) => (now >= ran + CPU_SECONDS).then_some(true),
-        None => Some(false),
-    });
+    let enough = running::wait_for_cpu(program.pid, CPU_SECONDS, Duration::from_secs(300));
     let to = monotonic_micros();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
-    let status = recording.wait().expect("wait for hostprof");
+    let status = running::interrupt(&mut recording);
     assert_eq!(enough, Some(true), "{name}: node exited or did not run");
     let profiles = program.stop();
     assert!(

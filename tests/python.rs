@@ -366,18 +366,9 @@ fn busy_share(program: Program, args: &[&str]) -> (u64, f64, String) {
             .arg("--output")
             .arg(&folded),
     );
-    let ran = cpu_seconds(pid);
     // Some(false): the program exited first.
-    let enough = running::wait_for(
-        std::time::Duration::from_secs(120),
-        || match try_cpu_seconds(pid) {
-            Some(now) => (now >= ran + BUSY_CPU_SECONDS).then_some(true),
-            None => Some(false),
-        },
-    );
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
-    let status = recording.wait().expect("wait for hostprof");
+    let enough = running::wait_for_cpu(pid, BUSY_CPU_SECONDS, std::time::Duration::from_secs(120));
+    let status = running::interrupt(&mut recording);
     drop(program);
     let log = log.finish();
     assert_eq!(enough, Some(true), "the program did not run");

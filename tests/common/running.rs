@@ -94,6 +94,37 @@ pub fn start_recording(command: &mut Command) -> (Child, StderrLog) {
     (child, stderr)
 }
 
+/// Starts `hostprof record -F rate_hz --pid pid --output output` with
+/// [`start_recording`].
+pub fn record_pid(pid: u32, rate_hz: &str, output: &std::path::Path) -> (Child, StderrLog) {
+    start_recording(
+        super::hostprof()
+            .args(["record", "-F", rate_hz, "--pid"])
+            .arg(pid.to_string())
+            .arg("--output")
+            .arg(output),
+    )
+}
+
+/// Waits until process `pid` has used `seconds` more CPU time than when
+/// called, however long the machine takes to give it that time (at most
+/// `limit`): `Some(true)` when it did, `Some(false)` when it exited first,
+/// `None` at the limit.
+pub fn wait_for_cpu(pid: u32, seconds: f64, limit: Duration) -> Option<bool> {
+    let ran = super::cpu_seconds(pid);
+    wait_for(limit, || match super::try_cpu_seconds(pid) {
+        Some(now) => (now >= ran + seconds).then_some(true),
+        None => Some(false),
+    })
+}
+
+/// Ends a recording as Ctrl-C would, and waits for hostprof to exit.
+pub fn interrupt(recording: &mut Child) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(recording.id() as i32, libc::SIGINT) };
+    recording.wait().expect("wait for hostprof")
+}
+
 /// A running agent whose stderr is collected in the background.
 pub struct Agent {
     child: Child,
