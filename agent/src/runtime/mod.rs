@@ -11,11 +11,13 @@
 //! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
 //!   kernel's frame-pointer walk of V8's code);
 //! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
-//!   4947), whose thread-local it locates for the kernel.
+//!   4947), whose thread-local it locates for the kernel (in a library:
+//!   [`tls_library`]).
 pub mod elf;
 pub mod hotspot;
 pub mod java;
 pub mod thread_ctx;
+pub mod tls_library;
 pub mod v8;
 
 use std::{
