@@ -119,7 +119,13 @@ pub fn find_tls_symbol(data: &[u8]) -> Option<TlsSymbol> {
     let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
     let symbol = elf
         .dynamic_symbols()
-        .find(|symbol| symbol.kind() == SymbolKind::Tls && symbol.name() == Ok(VARIABLE))?;
+        // Defined here: an executable reaching a library's variable names
+        // it too, undefined (its place is then the library's).
+        .find(|symbol| {
+            symbol.kind() == SymbolKind::Tls
+                && !symbol.is_undefined()
+                && symbol.name() == Ok(VARIABLE)
+        })?;
     let endian = elf.endian();
     let tls = elf
         .elf_program_headers()
