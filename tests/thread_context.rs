@@ -2,7 +2,10 @@
 //! end with the real eBPF sampler: `hostprof agent` against an in-test
 //! collector, a C writer (`tests/programs/otel_thread_ctx.c`) whose threads
 //! switch spans every few milliseconds and log each switch, and a hostile
-//! writer whose thread-local points at unmapped memory. The requests are
+//! writer whose thread-local points at unmapped memory. The same writer
+//! runs with the variable in the executable, in a library linked at start
+//! and in a library `dlopen`ed later, each library built for the
+//! traditional general-dynamic model and for TLS descriptors. The requests are
 //! decoded by the generated protobuf types, not the agent's builder.
 // The serializing guard of `require_ebpf` spans whole tests on purpose,
 // awaits included: each test owns its runtime, nothing else waits on that lock.
@@ -144,21 +147,144 @@ fn allowed(switches: &[(u64, Option<(String, String)>)], at: u64) -> Vec<Option<
     allowed
 }
 
+/// Where the writer's `otel_thread_ctx_v1` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// The executable's static TLS.
+    Executable,
+    /// A library the executable is linked with: its block in static TLS.
+    AtStart,
+    /// A library the running executable `dlopen`s once the agent has
+    /// sampled it.
+    Dlopened,
+}
+
+/// One way of building and running the writer.
+#[derive(Clone, Copy, Debug)]
+struct Writer {
+    name: &'static str,
+    place: Place,
+    /// `-mtls-dialect=gnu2` (TLS descriptors) instead of the traditional
+    /// general-dynamic calls to `__tls_get_addr` (libraries only).
+    descriptors: bool,
+    /// The writer's environment: a glibc tunable, to have the loader put
+    /// a `dlopen`ed module in dynamic TLS.
+    tunables: Option<&'static str>,
+}
+
+/// Builds `writer`: the program to run and the arguments before the
+/// writer's own.
+fn build(writer: Writer) -> (std::path::PathBuf, Vec<String>) {
+    let base = ["-O1", "-Wall", "-pthread"];
+    if writer.place == Place::Executable {
+        let flags = [
+            &base[..],
+            &["-Wl,--export-dynamic-symbol=otel_thread_ctx_v1"],
+        ]
+        .concat();
+        return (
+            common::build_c("otel_thread_ctx.c", "otel_thread_ctx", &flags),
+            Vec::new(),
+        );
+    }
+    let dialect = if writer.descriptors {
+        "-mtls-dialect=gnu2"
+    } else {
+        "-mtls-dialect=gnu"
+    };
+    let library = common::build_c(
+        "otel_thread_ctx.c",
+        &format!("lib{}.so", writer.name),
+        &[
+            &base[..],
+            &["-fPIC", "-shared", "-DOTEL_WRITER_LIBRARY", dialect],
+        ]
+        .concat(),
+    );
+    let out = common::work_dir().join(writer.name);
+    let mut cc = std::process::Command::new("cc");
+    cc.args(base).arg("-o").arg(&out);
+    cc.arg(common::program_source("otel_thread_ctx_main.c"));
+    if writer.place == Place::AtStart {
+        cc.arg("-Wl,--no-as-needed").arg(&library);
+    }
+    common::run_ok(cc.arg("-ldl"));
+    let prefix = match writer.place {
+        Place::Dlopened => {
+            let go = common::work_dir().join(format!("{}.go", writer.name));
+            let _ = std::fs::remove_file(&go);
+            vec![
+                "--dlopen".into(),
+                library.display().to_string(),
+                go.display().to_string(),
+            ]
+        }
+        _ => Vec::new(),
+    };
+    (out, prefix)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_link_to_the_span_their_thread_had() {
+    check_links(Writer {
+        name: "otel_thread_ctx",
+        place: Place::Executable,
+        descriptors: false,
+        tunables: None,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_come_from_a_library_loaded_at_start() {
+    for descriptors in [false, true] {
+        check_links(Writer {
+            name: if descriptors {
+                "otel_ctx_start_desc"
+            } else {
+                "otel_ctx_start_gd"
+            },
+            place: Place::AtStart,
+            descriptors,
+            tunables: None,
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_come_from_a_library_dlopened_later() {
+    for (name, descriptors, tunables) in [
+        ("otel_ctx_dlopen_gd", false, None),
+        // glibc puts a descriptor-reached module in the static TLS surplus
+        // when it fits; without a surplus it stays in dynamic TLS.
+        ("otel_ctx_dlopen_desc", true, None),
+        (
+            "otel_ctx_dlopen_desc_dtv",
+            true,
+            Some("glibc.rtld.optional_static_tls=0"),
+        ),
+    ] {
+        check_links(Writer {
+            name,
+            place: Place::Dlopened,
+            descriptors,
+            tunables,
+        })
+        .await;
+    }
+}
+
+/// Runs `writer` under the agent: every linked sample's link is the span
+/// its thread had then, none while detached or not valid, and at least
+/// [`LINKED_AT_LEAST`] linked. With the executable's writer, a hostile
+/// writer runs beside it.
+async fn check_links(writer: Writer) {
     let Some(_serial) = common::require_ebpf() else {
         return;
     };
-    let writer = common::build_c(
-        "otel_thread_ctx.c",
-        "otel_thread_ctx",
-        &[
-            "-O1",
-            "-Wall",
-            "-pthread",
-            "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
-        ],
-    );
+    println!("{writer:?}");
+    let (program, prefix) = build(writer);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let collector = Collector::default();
@@ -174,39 +300,55 @@ async fn samples_link_to_the_span_their_thread_had() {
             .spawn()
             .expect("start hostprof agent"),
     );
-    let log = common::work_dir().join("otel_thread_ctx.log");
-    let stop = common::work_dir().join("otel_thread_ctx.stop");
+    let log = common::work_dir().join(format!("{}.log", writer.name));
+    let stop = common::work_dir().join(format!("{}.stop", writer.name));
     let _ = std::fs::remove_file(&stop);
     let _ = std::fs::remove_file(&log);
-    let mut writing = KillOnDrop(
-        std::process::Command::new(&writer)
-            .arg(&log)
-            .arg(&stop)
-            .args(["120", "3"])
-            .spawn()
-            .expect("start the writer"),
-    );
-    let hostile = KillOnDrop(
-        std::process::Command::new(&writer)
-            .args(["--hostile", "120"])
-            .spawn()
-            .expect("start the hostile writer"),
-    );
-    let (pid, hostile_pid) = (writing.0.id(), hostile.0.id());
-    // Wait for the linked samples and some of the hostile process.
+    let mut command = std::process::Command::new(&program);
+    command
+        .args(&prefix)
+        .arg(&log)
+        .arg(&stop)
+        .args(["120", "3"]);
+    if let Some(tunables) = writer.tunables {
+        command.env("GLIBC_TUNABLES", tunables);
+    }
+    let mut writing = KillOnDrop(command.spawn().expect("start the writer"));
+    let hostile = (writer.place == Place::Executable).then(|| {
+        KillOnDrop(
+            std::process::Command::new(&program)
+                .args(["--hostile", "120"])
+                .spawn()
+                .expect("start the hostile writer"),
+        )
+    });
+    let pid = writing.0.id();
+    let hostile_pid = hostile.as_ref().map(|hostile| hostile.0.id());
     let start = Instant::now();
+    if writer.place == Place::Dlopened {
+        // The agent has seen the process without the library: the
+        // variable must be picked up when it appears.
+        while samples_of(&collector.requests(), pid).len() < 20 {
+            assert!(start.elapsed() < SHOW_WITHIN, "no samples of the writer");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        std::fs::write(&prefix[2], b"").unwrap();
+    }
+    // Wait for the linked samples and some of the hostile process.
     loop {
         let requests = collector.requests();
         let linked = samples_of(&requests, pid)
             .iter()
             .filter(|seen| seen.link.is_some())
             .count();
-        if linked >= LINKED_AT_LEAST && samples_of(&requests, hostile_pid).len() >= 20 {
+        let hostile_seen = hostile_pid.map_or(20, |pid| samples_of(&requests, pid).len());
+        if linked >= LINKED_AT_LEAST && hostile_seen >= 20 {
             break;
         }
         assert!(
             start.elapsed() < SHOW_WITHIN,
-            "{linked} linked samples within {SHOW_WITHIN:?}"
+            "{}: {linked} linked samples within {SHOW_WITHIN:?}",
+            writer.name
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -238,7 +380,7 @@ async fn samples_link_to_the_span_their_thread_had() {
     let (offset, switches) = read_log(&log);
     let samples = samples_of(&requests, pid);
     // The kernel reads a process's context once the agent registered it,
-    // at its first samples: those before carry no link.
+    // at its first samples (or the library's): those before carry no link.
     let registered = samples
         .iter()
         .filter(|seen| seen.link.is_some())
@@ -261,7 +403,8 @@ async fn samples_link_to_the_span_their_thread_had() {
         let allowed = allowed(thread, at);
         assert!(
             allowed.contains(&seen.link),
-            "thread {} at {at}: {:?}, the writer had {:?}",
+            "{}: thread {} at {at}: {:?}, the writer had {:?}",
+            writer.name,
             seen.tid,
             seen.link,
             allowed
@@ -273,8 +416,9 @@ async fn samples_link_to_the_span_their_thread_had() {
         }
     }
     println!(
-        "{} samples: {before} before the process was registered, {linked} linked, \
+        "{}: {} samples: {before} before the process was registered, {linked} linked, \
          {unlinked_detached} while detached or not valid",
+        writer.name,
         samples.len()
     );
     // How many come before the registration depends on how busy the
@@ -287,12 +431,14 @@ async fn samples_link_to_the_span_their_thread_had() {
     );
 
     // The hostile writer: sampled, never linked, its reads counted.
-    let hostile_samples = samples_of(&requests, hostile_pid);
-    assert!(hostile_samples.len() >= 20);
-    assert!(hostile_samples.iter().all(|seen| seen.link.is_none()));
-    assert!(
-        faults.is_some_and(|faults| faults > 0),
-        "trace_read_fault: {faults:?}"
-    );
+    if let Some(hostile_pid) = hostile_pid {
+        let hostile_samples = samples_of(&requests, hostile_pid);
+        assert!(hostile_samples.len() >= 20);
+        assert!(hostile_samples.iter().all(|seen| seen.link.is_none()));
+        assert!(
+            faults.is_some_and(|faults| faults > 0),
+            "trace_read_fault: {faults:?}"
+        );
+    }
     drop(hostile);
 }

@@ -464,7 +464,8 @@ pub enum Counter {
     /// Samples that carry a valid OpenTelemetry thread context record.
     TraceLinked = 42,
     /// Samples of registered processes whose thread had no context
-    /// attached (a null pointer, or a record not marked valid).
+    /// attached (a null pointer, a record not marked valid, or, for a
+    /// variable in dynamic TLS, no block yet for its module).
     TraceDetached = 43,
     /// Thread-context reads that failed (thread pointer, variable or
     /// record unreadable).

@@ -6,25 +6,46 @@
 //!
 //! At each sample of a registered process the sampler reads the thread
 //! pointer from the task (`fsbase` on x86_64, `tpidr_el0` on aarch64,
-//! offset from BTF), the variable at `thread pointer + tls_offset`, then,
-//! when that pointer is not null, the record's first 28 bytes; a record
-//! whose `valid` byte is 1 becomes the sample's [`Link`]. Attributes are
-//! not read.
+//! offset from BTF), then finds the variable: at `thread pointer +
+//! tls_offset` when it is in static TLS, or, in dynamic TLS (a library
+//! `dlopen`ed), in the block the thread's DTV holds for its module. When
+//! the variable's pointer is not null it reads the record's first 28
+//! bytes; a record whose `valid` byte is 1 becomes the sample's [`Link`].
+//! Attributes are not read.
 
 /// Capacity of the processes map (16 bytes each).
 pub const MAX_PROCESSES: u32 = 4096;
 
-/// Where one process's `otel_thread_ctx_v1` is, relative to each thread's
-/// thread pointer (static TLS: the executable's block or a library loaded
-/// at start).
+/// Where one process's `otel_thread_ctx_v1` is in each of its threads.
+///
+/// Static TLS (`module` 0: the executable's block, a library loaded at
+/// start, a `dlopen`ed library the loader placed in the static surplus):
+/// at `thread pointer + tls_offset`. Dynamic TLS (`module` > 0): at
+/// `tls_offset` into the block `dtv[module]` points at, the DTV's address
+/// being at `thread pointer + dtv_at` (glibc's layout: 16-byte entries
+/// whose first word is the block's address, the vector's length in the
+/// first word of entry -1; an entry of 0 or -1 has no block yet).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Process {
-    /// Address of the variable minus the thread pointer (negative on
-    /// x86_64, TLS variant II).
+    /// Static TLS: address of the variable minus the thread pointer
+    /// (negative on x86_64, TLS variant II). Dynamic TLS: the variable's
+    /// offset in its module's block.
     pub tls_offset: i64,
-    pub _reserved: u64,
+    /// 0: static TLS; otherwise the TLS module id of the variable's library.
+    pub module: u32,
+    /// Dynamic TLS: where the thread's DTV pointer is, from the thread
+    /// pointer (`tcbhead_t.dtv`: 8 on x86_64, 0 on aarch64).
+    pub dtv_at: u32,
 }
+
+/// Bytes of one DTV entry (glibc's `dtv_t`: the block's address, then
+/// what to free).
+pub const DTV_ENTRY_BYTES: u64 = 16;
+
+/// Largest module id the sampler looks up (glibc numbers modules with TLS
+/// from 1, one per library; a larger id is a bad registration).
+pub const MAX_MODULE: u32 = 1 << 16;
 
 /// The first bytes of a Thread-Local Context Record, as the SDK writes
 /// them (byte-packed, host endianness); the attributes follow.

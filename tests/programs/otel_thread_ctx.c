@@ -15,7 +15,12 @@
  *     points the variable at unmapped memory and burns CPU.
  *
  * Timestamps are CLOCK_MONOTONIC: the clock of bpf_ktime_get_ns, which
- * the sampler stamps samples with. */
+ * the sampler stamps samples with.
+ *
+ * Built with -DOTEL_WRITER_LIBRARY -fPIC -shared, the same writer is a
+ * library (the variable in its TLS block, reached however -mtls-dialect
+ * says) whose entry `otel_writer_main` takes the same arguments; see
+ * otel_thread_ctx_main.c. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -135,6 +140,11 @@ static void hex(FILE *out, const uint8_t *bytes, int len) {
     for (int i = 0; i < len; i++)
         fprintf(out, "%02x", bytes[i]);
 }
+
+#ifdef OTEL_WRITER_LIBRARY
+#define main otel_writer_main
+int otel_writer_main(int argc, char **argv);
+#endif
 
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "--hostile") == 0) {

@@ -1,7 +1,8 @@
 //! The OpenTelemetry thread context (OTEP 4947) of the sampled thread,
 //! for processes the agent registered (see `hostprof_common::trace`):
-//! three reads (thread pointer, thread-local, record), no loop, so both
-//! variants carry it.
+//! three reads (thread pointer, thread-local, record), three more for a
+//! variable in dynamic TLS (the DTV, its length, the module's block), no
+//! loop, so both variants carry it.
 use super::*;
 
 use hostprof_common::trace::{self as tc};
@@ -32,7 +33,22 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link) -> u32 {
         bump(Counter::TraceReadFault);
         return 0;
     };
-    let variable = thread_pointer.wrapping_add(process.tls_offset as u64);
+    let (module, tls_offset) = (process.module, process.tls_offset as u64);
+    let variable = if module == 0 {
+        thread_pointer.wrapping_add(tls_offset)
+    } else {
+        match dynamic_block(thread_pointer, module, process.dtv_at) {
+            Block::At(block) => block.wrapping_add(tls_offset),
+            Block::NotYet => {
+                bump(Counter::TraceDetached);
+                return 0;
+            }
+            Block::Fault => {
+                bump(Counter::TraceReadFault);
+                return 0;
+            }
+        }
+    };
     let Some(pointer) = read_user::<u64>(variable) else {
         bump(Counter::TraceReadFault);
         return 0;
@@ -57,6 +73,40 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link) -> u32 {
     }
     bump(Counter::TraceLinked);
     SAMPLE_FLAG_TRACE
+}
+
+/// What the thread's DTV holds for a module.
+enum Block {
+    At(u64),
+    /// The thread has no block for it yet (its vector is shorter, or the
+    /// entry is unallocated): it has not touched the variable, so it has
+    /// no context.
+    NotYet,
+    Fault,
+}
+
+/// The start of `module`'s TLS block in the current thread, from its DTV
+/// (glibc's layout, see `hostprof_common::trace::Process`).
+#[inline(always)]
+fn dynamic_block(thread_pointer: u64, module: u32, dtv_at: u32) -> Block {
+    let Some(dtv) = read_user::<u64>(thread_pointer.wrapping_add(u64::from(dtv_at))) else {
+        return Block::Fault;
+    };
+    // The vector's length, in entry -1: a module past it was loaded after
+    // the thread last grew its vector.
+    let Some(length) = read_user::<u64>(dtv.wrapping_sub(tc::DTV_ENTRY_BYTES)) else {
+        return Block::Fault;
+    };
+    if u64::from(module) > length {
+        return Block::NotYet;
+    }
+    let entry = dtv.wrapping_add(u64::from(module) * tc::DTV_ENTRY_BYTES);
+    match read_user::<u64>(entry) {
+        None => Block::Fault,
+        // glibc's TLS_DTV_UNALLOCATED is -1; a zeroed entry is unallocated too.
+        Some(0 | u64::MAX) => Block::NotYet,
+        Some(block) => Block::At(block),
+    }
 }
 
 /// Appends `sample`'s link right after its used part (`len` bytes) when

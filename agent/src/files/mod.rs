@@ -214,6 +214,12 @@ impl OpenFile {
         &self.path
     }
 
+    /// Fills `buf` from `offset` (a few header bytes, to decide whether
+    /// the file is worth reading at all).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
     /// Reads the whole file into memory, at most its kind's cap.
     pub fn read(self) -> Result<FileData, FileError> {
         read::read_all(self)

@@ -12,12 +12,14 @@
 //!   kernel's frame-pointer walk of V8's code);
 //! - [`refusals`]: what the name readers refused of a process's memory;
 //! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
-//!   4947), whose thread-local it locates for the kernel.
+//!   4947), whose thread-local it locates for the kernel (in a library:
+//!   [`tls_library`]).
 pub mod elf;
 pub mod hotspot;
 pub mod java;
 pub mod refusals;
 pub mod thread_ctx;
+pub mod tls_library;
 pub mod v8;
 
 use std::{

@@ -1,13 +1,19 @@
 //! The OpenTelemetry thread context (OTEP 4947): finds a process's
-//! `otel_thread_ctx_v1` thread-local and tells the kernel where it is
-//! relative to each thread's thread pointer (the `TRACE_PROCS` map), so
-//! that samples carry the thread's active trace and span.
+//! `otel_thread_ctx_v1` thread-local and tells the kernel where it is in
+//! each thread (the `TRACE_PROCS` map), so that samples carry the thread's
+//! active trace and span.
 //!
 //! Read from the process, once per image: its executable's dynamic symbol
 //! table and TLS segment (through `crate::files`, like any binary the
-//! agent reads). Static TLS of the main executable (local-exec or
-//! initial-exec, which a linker relaxes a writer's access to there) is
-//! supported; a variable in a shared library is reported, not read.
+//! agent reads), for a variable in the executable's static TLS (local-exec
+//! or initial-exec, which a linker relaxes a writer's access to there);
+//! else its libraries with a TLS segment, for one defining the variable,
+//! whose place the loader's answers in the library tell
+//! ([`super::tls_library`]): static TLS (a library loaded at start, or
+//! `dlopen`ed into the static surplus) as an offset from the thread
+//! pointer, dynamic TLS as a module id and an offset in its block, which
+//! the kernel finds through the thread's DTV. A process without the
+//! variable is looked at again when its mappings change (a `dlopen`).
 use std::{
     collections::HashMap,
     sync::Arc,
@@ -18,7 +24,10 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::trace;
 use object::{Object, ObjectSymbol, SymbolKind};
 
-use super::Runtime;
+use super::{
+    Runtime,
+    tls_library::{self, LibraryTls, Location},
+};
 use crate::model::{Frame, Mapping};
 
 /// The kernel map of processes publishing a thread context.
@@ -62,6 +71,16 @@ impl TlsVariant {
     } else {
         TlsVariant::Below
     };
+
+    /// Where the thread's DTV pointer is, from the thread pointer: the
+    /// second word of glibc's `tcbhead_t` on x86_64 (after its `tcb`
+    /// self-pointer), the first word of the TCB on aarch64.
+    pub fn dtv_at(self) -> u32 {
+        match self {
+            TlsVariant::Below => 8,
+            TlsVariant::Above => 0,
+        }
+    }
 }
 
 impl TlsSymbol {
@@ -100,7 +119,13 @@ pub fn find_tls_symbol(data: &[u8]) -> Option<TlsSymbol> {
     let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
     let symbol = elf
         .dynamic_symbols()
-        .find(|symbol| symbol.kind() == SymbolKind::Tls && symbol.name() == Ok(VARIABLE))?;
+        // Defined here: an executable reaching a library's variable names
+        // it too, undefined (its place is then the library's).
+        .find(|symbol| {
+            symbol.kind() == SymbolKind::Tls
+                && !symbol.is_undefined()
+                && symbol.name() == Ok(VARIABLE)
+        })?;
     let endian = elf.endian();
     let tls = elf
         .elf_program_headers()
@@ -117,17 +142,29 @@ pub fn find_tls_symbol(data: &[u8]) -> Option<TlsSymbol> {
 /// What is known of a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Registered with the kernel at this offset.
+    /// Registered with the kernel.
     Registered,
-    /// No variable in its executable (or it could not be read).
-    Absent,
-    /// Its executable was not among the mappings given, when last looked.
+    /// No variable in the files it mapped when last looked: looked at
+    /// again when its mappings change (a library `dlopen`ed), told by the
+    /// mappings given (the process table re-reads them on an address
+    /// they miss, and hands out a new list).
+    Absent(MapsSeen),
+    /// Its executable was not among the mappings given, or a library's
+    /// slots were not filled yet, when last looked.
     NotYet(Instant),
+}
+
+/// Which list of mappings a process was looked at with: its address and
+/// length (a new reading is a new list).
+type MapsSeen = (usize, usize);
+
+fn maps_seen(mappings: &[Arc<Mapping>]) -> MapsSeen {
+    (mappings.as_ptr() as usize, mappings.len())
 }
 
 /// Where the variable of a process is, as far as its mappings tell.
 enum Found {
-    At(i64),
+    At(trace::Process),
     Absent,
     NotYet,
 }
@@ -139,6 +176,9 @@ pub struct ThreadContext {
     /// (device, inode) of each executable read -> the variable's offset
     /// from the thread pointer, if it has one.
     files: HashMap<(u64, u64), Option<i64>>,
+    /// (device, inode) of each library looked at -> the variable's
+    /// library part, if it defines it.
+    libraries: HashMap<(u64, u64), Option<Arc<LibraryTls>>>,
 }
 
 impl ThreadContext {
@@ -148,11 +188,13 @@ impl ThreadContext {
             map,
             processes: HashMap::new(),
             files: HashMap::new(),
+            libraries: HashMap::new(),
         }
     }
 
-    /// The offset of the variable in `pid`'s executable, read once per file.
-    fn offset_of(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Found {
+    /// Where the variable is in `pid`: its executable's static TLS, or a
+    /// library's, each file read once.
+    fn find(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Found {
         let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
             return Found::Absent;
         };
@@ -176,34 +218,108 @@ impl ThreadContext {
                 offset
             }
         };
-        offset.map_or(Found::Absent, Found::At)
+        if let Some(tls_offset) = offset {
+            return Found::At(trace::Process {
+                tls_offset,
+                module: 0,
+                dtv_at: 0,
+            });
+        }
+        self.find_in_libraries(pid, key, mappings)
     }
+
+    /// The variable in one of `pid`'s libraries (not its executable,
+    /// `exe`), from the slots the loader filled for it.
+    fn find_in_libraries(&mut self, pid: u32, exe: (u64, u64), mappings: &[Arc<Mapping>]) -> Found {
+        for mapping in mappings {
+            let key = (mapping.dev, mapping.inode);
+            if key == exe || mapping.inode == 0 {
+                continue;
+            }
+            let library = match self.libraries.get(&key) {
+                Some(known) => known.clone(),
+                None => {
+                    let library = read_library(pid, mapping);
+                    if self.libraries.len() >= MAX_FILES {
+                        self.libraries.clear();
+                    }
+                    self.libraries.insert(key, library.clone());
+                    library
+                }
+            };
+            let Some(library) = library else {
+                continue;
+            };
+            if !library.has_slots() {
+                tracing::info!(
+                    "pid {pid}: {VARIABLE} in {} is not read: the library's code never reaches \
+                     it through a relocation the loader answers (see runtime::tls_library)",
+                    mapping.path
+                );
+                return Found::Absent;
+            }
+            let Some(bias) = super::elf::load_bias(library.segments(), mapping) else {
+                return Found::NotYet;
+            };
+            let memory = crate::procs::memory::Process(pid);
+            return match library.locate(&memory, bias, TlsVariant::NATIVE) {
+                Some(Location::Static(tls_offset)) => Found::At(trace::Process {
+                    tls_offset,
+                    module: 0,
+                    dtv_at: 0,
+                }),
+                Some(Location::Dynamic { module, offset }) => match i64::try_from(offset) {
+                    Ok(tls_offset) => Found::At(trace::Process {
+                        tls_offset,
+                        module,
+                        dtv_at: TlsVariant::NATIVE.dtv_at(),
+                    }),
+                    Err(_) => Found::Absent,
+                },
+                None => Found::NotYet,
+            };
+        }
+        Found::Absent
+    }
+}
+
+/// A library's part of the variable, when it defines it; files with no
+/// TLS segment (most) are not read beyond their headers.
+fn read_library(pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
+    let range = crate::files::MappedRange::from(mapping);
+    let file = crate::files::open_mapping(pid, &range, crate::files::Kind::Binary).ok()?;
+    if !tls_library::has_tls_segment(|buf, offset| file.read_at(buf, offset).is_ok()) {
+        return None;
+    }
+    let data = file.read().ok()?;
+    tls_library::find(&data).map(Arc::new)
 }
 
 impl Runtime for ThreadContext {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
         match self.processes.get(&pid) {
-            Some(State::Registered | State::Absent) => return false,
+            Some(State::Registered) => return false,
+            Some(State::Absent(seen)) if *seen == maps_seen(mappings) => return false,
             Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             _ if mappings.is_empty() => return false,
             _ => {}
         }
-        let state = match self.offset_of(pid, mappings) {
-            Found::At(tls_offset) => {
-                let process = trace::Process {
-                    tls_offset,
-                    _reserved: 0,
-                };
+        let state = match self.find(pid, mappings) {
+            Found::At(process) => {
                 if let Some(map) = &mut self.map
                     && let Err(err) = map.insert(pid, process, 0)
                 {
                     super::count_if_full(&err);
                     tracing::info!("pid {pid}: cannot register its thread context: {err}");
                 }
-                tracing::debug!("pid {pid}: thread context at thread pointer {tls_offset:+}");
+                tracing::debug!(
+                    "pid {pid}: thread context at {:+} (module {})",
+                    process.tls_offset,
+                    process.module
+                );
                 State::Registered
             }
-            Found::Absent => State::Absent,
+            Found::Absent => State::Absent(maps_seen(mappings)),
             Found::NotYet => State::NotYet(Instant::now()),
         };
         self.processes.insert(pid, state);
