@@ -61,6 +61,7 @@ const CHECKS: &[(&str, &str)] = &[
     ("agent", "agent"),
     ("error-line", "error line"),
     ("python", "python"),
+    ("memory", "memory"),
 ];
 
 /// The share of the Python program's samples that must show
@@ -246,6 +247,20 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 ),
             )
         }
+        "memory" => {
+            // Figures here; what each CPU adds is judged across two boots
+            // (`super::memory`).
+            let (rss, bpf) = (check.number("rss_kib"), check.number("bpf_kib"));
+            verdict(
+                exit == "0" && rss > 0 && bpf > 0,
+                format!(
+                    "{short} {:.1}+{:.1} MiB",
+                    rss as f64 / 1024.0,
+                    bpf as f64 / 1024.0
+                ),
+                format!("{name}: exit {exit}, peak RSS {rss} KiB, BPF maps {bpf} KiB: {detail}"),
+            )
+        }
         _ => unreachable!("CHECKS names {name}"),
     }
 }
@@ -289,6 +304,7 @@ mod tests {
         "check=agent exit=0 requests=2 with_samples=2 detail=x",
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
+        "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
     ];
 
     fn failed(verdicts: &[Verdict]) -> Vec<&str> {
@@ -348,6 +364,10 @@ mod tests {
                 6,
                 "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x",
             ),
+            (
+                7,
+                "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
+            ),
         ] {
             let mut lines = PASSING.to_vec();
             lines[index] = bad;
@@ -376,7 +396,7 @@ mod tests {
     #[test]
     fn missing_results_fail() {
         let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 4);
+        assert_eq!(failed(&verdicts).len(), 5);
         assert!(verdicts[2].long.contains("no result"));
         let verdicts = judge(&boot(&[]));
         assert_eq!(failed(&verdicts), ["boot FAIL"]);

@@ -9,6 +9,7 @@
 mod image;
 mod judge;
 mod kernel;
+mod memory;
 mod qemu;
 mod systemd;
 
@@ -181,10 +182,18 @@ pub fn run(options: &Options) -> Result<()> {
     let mut summaries = Vec::new();
     let mut failed = 0;
     for target in &targets {
-        let (passed, summary) = run_target(&dir, target, &images[&target.arch], options.kvm)?;
+        let (passed, summary, memory) =
+            run_target(&dir, target, &images[&target.arch], options.kvm)?;
         eprintln!("{summary}");
         failed += usize::from(!passed);
         summaries.push(summary);
+        if target.name == MANY_CPUS_KERNEL {
+            let (passed, summary) =
+                run_many_cpus(&dir, target, &images[&target.arch], options.kvm, memory)?;
+            eprintln!("{summary}");
+            failed += usize::from(!passed);
+            summaries.push(summary);
+        }
     }
     eprintln!();
     for summary in &summaries {
@@ -215,8 +224,73 @@ fn build_image(dir: &Path, suite: &str, arch: Arch, keep: bool) -> Result<PathBu
     Ok(cpio)
 }
 
-/// Boots one kernel and judges its suite: (passed, summary lines).
-fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Result<(bool, String)> {
+/// The kernel also booted with [`memory::MANY_CPUS`] vCPUs, for what each
+/// CPU costs.
+const MANY_CPUS_KERNEL: &str = "6.12";
+
+/// Boots `target` again with [`memory::MANY_CPUS`] vCPUs and only the
+/// memory check, and compares it with the 2-vCPU boot's (`few`).
+fn run_many_cpus(
+    dir: &Path,
+    target: &Target,
+    initramfs: &Path,
+    kvm: bool,
+    few: Option<memory::Figures>,
+) -> Result<(bool, String)> {
+    let kernel = kernel::fetch(dir, target.suite, target.arch)?;
+    let label = format!(
+        "vmtest: linux-{} {}, {} vCPUs",
+        kernel.release,
+        target.arch.name(),
+        memory::MANY_CPUS
+    );
+    let log = dir.join(format!(
+        "console-{}-{}cpus.log",
+        target.name,
+        memory::MANY_CPUS
+    ));
+    let started = Instant::now();
+    let boot = qemu::boot(
+        target.arch,
+        &kernel.image,
+        initramfs,
+        &log,
+        target.arch.timeout(),
+        kvm && target.arch == Arch::host(),
+        &qemu::Guest {
+            memory: "2G",
+            cpus: memory::MANY_CPUS,
+            append: "vmtest.suite=memory",
+        },
+    )?;
+    let seconds = started.elapsed().as_secs();
+    let (passed, words) = match (few, memory::figures(&boot)) {
+        (Some(few), Some(many)) => memory::per_cpu(few, many),
+        (None, _) => (false, "no memory figures from the 2-vCPU boot".to_string()),
+        (_, None) => (
+            false,
+            format!(
+                "no memory figures (console: {}); console ends:\n{}",
+                log.display(),
+                boot.tail.join("\n")
+            ),
+        ),
+    };
+    let verdict = if passed { "pass" } else { "fail" };
+    Ok((
+        passed,
+        format!("{label}: {verdict} ({words}) in {seconds} s"),
+    ))
+}
+
+/// Boots one kernel and judges its suite: (passed, summary lines, the
+/// memory check's figures).
+fn run_target(
+    dir: &Path,
+    target: &Target,
+    initramfs: &Path,
+    kvm: bool,
+) -> Result<(bool, String, Option<memory::Figures>)> {
     let kernel = kernel::fetch(dir, target.suite, target.arch)
         .with_context(|| format!("cannot fetch the {} kernel", target.name))?;
     let label = format!("vmtest: linux-{} {}", kernel.release, target.arch.name());
@@ -224,6 +298,7 @@ fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Resul
         return Ok((
             false,
             format!("{label}: fail (the kernel has no BTF: CONFIG_DEBUG_INFO_BTF is not set)"),
+            None,
         ));
     }
     let log = dir.join(format!("console-{}.log", target.name));
@@ -258,5 +333,5 @@ fn run_target(dir: &Path, target: &Target, initramfs: &Path, kvm: bool) -> Resul
     if !passed {
         summary.push_str(&format!("\nvmtest:   console: {}", log.display()));
     }
-    Ok((passed, summary))
+    Ok((passed, summary, memory::figures(&boot)))
 }

@@ -28,10 +28,11 @@ pub struct Boot {
 
 const TAIL_LINES: usize = 15;
 
-/// What differs between guests: memory, and kernel arguments added to the
-/// console's.
+/// What differs between guests: memory, vCPUs, and kernel arguments added
+/// to the console's.
 pub struct Guest {
     pub memory: &'static str,
+    pub cpus: u32,
     pub append: &'static str,
 }
 
@@ -39,6 +40,7 @@ impl Default for Guest {
     fn default() -> Self {
         Guest {
             memory: "1G",
+            cpus: 2,
             append: "",
         }
     }
@@ -67,26 +69,32 @@ pub fn boot(
     } else if arch == Arch::X86_64 {
         cmd.args(["-cpu", "max"]);
     }
-    cmd.args(["-m", guest.memory, "-smp", "2", "-kernel"])
-        .arg(kernel)
-        .arg("-initrd")
-        .arg(initramfs)
-        .args([
-            "-append",
-            &format!("console={} panic=-1 quiet {}", arch.console(), guest.append),
-            "-no-reboot",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "stdio",
-            "-nic",
-            "none",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "-m",
+        guest.memory,
+        "-smp",
+        &guest.cpus.to_string(),
+        "-kernel",
+    ])
+    .arg(kernel)
+    .arg("-initrd")
+    .arg(initramfs)
+    .args([
+        "-append",
+        &format!("console={} panic=-1 quiet {}", arch.console(), guest.append),
+        "-no-reboot",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-serial",
+        "stdio",
+        "-nic",
+        "none",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     eprintln!("xtask: running {cmd:?}");
     let mut child = cmd
         .spawn()

@@ -130,6 +130,7 @@ pub fn run(dir: &Path, kvm: bool) -> Result<()> {
         kvm,
         &qemu::Guest {
             memory: "2G",
+            cpus: 2,
             // Debian's kernels default to perf_event_paranoid=3, at which a
             // Debian patch asks CAP_SYS_ADMIN for any perf event: the unit's
             // CAP_PERFMON is enough only at 2 (upstream's default), which
