@@ -2,7 +2,8 @@
 //! the designed hot function of a test program is the top row, the keys
 //! switch sort, view and filter, `q` and Ctrl-C quit with the terminal put
 //! back; host-wide, a container filter finds the program in its container;
-//! bad starts fail in one line.
+//! `t` ranks the traces of an OpenTelemetry thread-context writer; bad
+//! starts fail in one line.
 mod common;
 
 use std::{
@@ -254,6 +255,78 @@ fn top_host_wide_finds_the_program_in_its_container() {
     assert_clean_exit(&tmux);
     drop(spinners);
     drop(cgroup);
+}
+
+#[test]
+fn top_ranks_the_traces_of_a_thread_context_writer() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("tmux") {
+        return;
+    }
+    let writer = build_c(
+        "otel_thread_ctx.c",
+        "otel_thread_ctx",
+        &[
+            "-O1",
+            "-Wall",
+            "-pthread",
+            "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
+        ],
+    );
+    // Three threads, each in its own trace (`1011…1f`, `2021…2f`,
+    // `3031…3f` for their first 3 s), a new span every 12 ms; no stop file.
+    let writing = Spinners(vec![
+        Command::new(&writer)
+            .arg(work_dir().join("top_traces.log"))
+            .arg(work_dir().join("top_traces.never"))
+            .args(["60", "3"])
+            .spawn()
+            .expect("start the writer"),
+    ]);
+    let pid = writing.0[0].id();
+    let tmux = Tmux::start(
+        &format!("hostprof-top-traces-{}", std::process::id()),
+        &top_command(&format!("-F 499 -p {pid}")),
+    );
+    tmux.wait_for("the first samples", 60, |screen| {
+        top_function(screen).map(|_| ())
+    });
+    tmux.keys(&["t"]);
+    let first_traces: Vec<String> = (1..=3u8)
+        .map(|thread| {
+            (0..16u8)
+                .map(|at| format!("{:02x}", 0x10 * thread + at))
+                .collect()
+        })
+        .collect();
+    let screen = tmux.wait_for("the writer's three traces", 60, |screen| {
+        let ids: Vec<String> = rows(screen).into_iter().map(|row| row[2].clone()).collect();
+        (state_line(screen) == "trace ids, busiest first"
+            && first_traces.iter().all(|id| ids.contains(id)))
+        .then(|| screen.to_owned())
+    });
+    for row in rows(&screen) {
+        // The spans burn CPU in burn_until, the detached gaps too.
+        assert_eq!(row[3], "burn_until", "{screen}");
+        assert!(
+            first_traces.contains(&row[2]) || row[2] == "(none)",
+            "{screen}"
+        );
+    }
+    // From a trace to its functions: filter by a prefix, then `v`.
+    tmux.keys(&["/"]);
+    tmux.type_text("trace:10111213");
+    tmux.keys(&["Enter", "v"]);
+    tmux.wait_for("the trace's functions", 30, |screen| {
+        (state_line(screen) == "functions by self share, filter: trace:10111213"
+            && top_function(screen)?.0 == "burn_until")
+            .then_some(())
+    });
+    tmux.keys(&["q"]);
+    assert_clean_exit(&tmux);
+    drop(writing);
 }
 
 #[test]

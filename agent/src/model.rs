@@ -356,7 +356,61 @@ impl TraceLink {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Why text is no trace or span id; `Display` is one line.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("a {what} is {digits} hex digits, this has {len}")]
+    Length {
+        what: &'static str,
+        digits: usize,
+        len: usize,
+    },
+    #[error("a {what} is hex digits (0-9, a-f), `{found}` is none")]
+    NotHex { what: &'static str, found: char },
+    #[error("an all-zero {what} names none (W3C trace context): copy the id from the trace")]
+    Zero { what: &'static str },
+}
+
+/// `text` as an id of `N` bytes in hex (either case, as tracing UIs show
+/// them); all zeros is refused, as W3C trace context does.
+fn parse_id<const N: usize>(text: &str, what: &'static str) -> Result<[u8; N], IdError> {
+    // What was typed is not repeated: the caller shows it (clap does).
+    if let Some(found) = text.chars().find(|ch| !ch.is_ascii_hexdigit()) {
+        return Err(IdError::NotHex { what, found });
+    }
+    if text.len() != 2 * N {
+        return Err(IdError::Length {
+            what,
+            digits: 2 * N,
+            len: text.len(),
+        });
+    }
+    let mut id = [0u8; N];
+    for (byte, pair) in id.iter_mut().zip(text.as_bytes().chunks(2)) {
+        // Checked above: two ASCII hex digits.
+        let pair = std::str::from_utf8(pair).unwrap_or("00");
+        *byte = u8::from_str_radix(pair, 16).unwrap_or(0);
+    }
+    if id == [0; N] {
+        return Err(IdError::Zero { what });
+    }
+    Ok(id)
+}
+
+impl TraceLink {
+    /// A trace id as W3C trace context writes it: 32 hex digits.
+    pub fn parse_trace_id(text: &str) -> Result<[u8; 16], IdError> {
+        parse_id(text.trim(), "trace id")
+    }
+
+    /// A span id: 16 hex digits.
+    pub fn parse_span_id(text: &str) -> Result<[u8; 8], IdError> {
+        parse_id(text.trim(), "span id")
+    }
+}
+
+/// Lowercase hex, as W3C trace context writes ids.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
@@ -421,6 +475,56 @@ mod tests {
         assert_eq!(ThreadState::from_kernel(0x402), ThreadState::Idle);
         assert_eq!(ThreadState::from_kernel(0x8), ThreadState::Traced);
         assert_eq!(ThreadState::from_kernel(0x40), ThreadState::Other);
+    }
+
+    #[test]
+    fn trace_and_span_ids_parse_from_hex() {
+        use super::{IdError, TraceLink};
+        let trace = TraceLink::parse_trace_id("0102030405060708090A0b0c0d0e0f10").unwrap();
+        assert_eq!(trace[0], 1);
+        assert_eq!(trace[10], 0x0b);
+        assert_eq!(trace[15], 0x10);
+        assert_eq!(
+            TraceLink::parse_span_id(" 00000000000000ff\n"),
+            Ok([0, 0, 0, 0, 0, 0, 0, 0xff])
+        );
+        assert!(matches!(
+            TraceLink::parse_trace_id("0102"),
+            Err(IdError::Length {
+                digits: 32,
+                len: 4,
+                ..
+            })
+        ));
+        // A trace id where a span id goes: the length says so.
+        assert!(matches!(
+            TraceLink::parse_span_id("0102030405060708090a0b0c0d0e0f10"),
+            Err(IdError::Length {
+                digits: 16,
+                len: 32,
+                ..
+            })
+        ));
+        assert!(matches!(
+            TraceLink::parse_span_id("00000000000000fg"),
+            Err(IdError::NotHex { found: 'g', .. })
+        ));
+        // Not hex before the length: `0x…` says what is wrong with it.
+        assert!(matches!(
+            TraceLink::parse_span_id("0x00000000000000ff"),
+            Err(IdError::NotHex { found: 'x', .. })
+        ));
+        assert!(matches!(
+            TraceLink::parse_span_id("ünïcödé"),
+            Err(IdError::NotHex { found: 'ü', .. })
+        ));
+        assert_eq!(
+            TraceLink::parse_span_id("0000000000000000"),
+            Err(IdError::Zero { what: "span id" })
+        );
+        let long = "a".repeat(10_000);
+        let message = TraceLink::parse_trace_id(&long).unwrap_err().to_string();
+        assert_eq!(message, "a trace id is 32 hex digits, this has 10000");
     }
 
     #[test]

@@ -60,6 +60,22 @@ pub struct ReportArgs {
     /// processes in no container). By default, every container's.
     #[arg(long = "container", value_name = "ID")]
     pub container: Option<String>,
+    /// Only the samples linked to this trace (32 hex digits, as tracing
+    /// UIs show it): taken while a thread of a process publishing an
+    /// OpenTelemetry thread context worked for one of its spans.
+    #[arg(long = "trace-id", value_name = "HEX32",
+          value_parser = crate::model::TraceLink::parse_trace_id)]
+    pub trace_id: Option<[u8; 16]>,
+    /// Only the samples linked to this span (16 hex digits).
+    #[arg(long = "span-id", value_name = "HEX16",
+          value_parser = crate::model::TraceLink::parse_span_id)]
+    pub span_id: Option<[u8; 8]>,
+    /// Only the samples with this attribute (their own, e.g. `thread.id`,
+    /// or their resource's, e.g. `service.name`); repeatable, all must
+    /// hold. Values compare as text.
+    #[arg(long = "attribute", value_name = "KEY=VALUE",
+          value_parser = crate::input::SampleFilter::parse_attribute)]
+    pub attributes: Vec<(String, String)>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -2,6 +2,7 @@
 //! top functions or write it in another format (one file per container
 //! with `{container}` in the output name).
 use std::{
+    collections::{HashMap, HashSet},
     io::Read as _,
     path::{Path, PathBuf},
 };
@@ -10,7 +11,7 @@ use anyhow::{Context, bail};
 
 use super::ReportArgs;
 use crate::{
-    input::{self, InputFormat, InputProfile},
+    input::{self, InputFormat, InputProfile, SampleFilter},
     output::{OutputFormat, ProfileFile, Sink, Summary, write_output},
     profile::ResourceConfig,
 };
@@ -51,6 +52,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 }
             );
         }
+    }
+    let filter = SampleFilter::new(args.trace_id, args.span_id, args.attributes.clone());
+    if !filter.is_empty() {
+        if input_format == InputFormat::Folded {
+            bail!(
+                "{name}: folded stacks keep no trace links or attributes, so `{filter}` cannot \
+                 select from them; use the OTLP or pprof file they came from"
+            );
+        }
+        let matched = profile.keep_matching(&filter);
+        eprintln!("hostprof: {name}: {}", matched.line(&filter));
     }
     let (Some(path), Some(format)) = (&args.output, format) else {
         print!("{}", summary_text(&profile, args.top));
@@ -160,6 +172,42 @@ fn summary_text(profile: &InputProfile, top: usize) -> String {
     text.push('\n');
     if summary.samples() > 0 || off_cpu_events > 0 {
         text.push_str(&summary.top(top));
+    }
+    text.push_str(&traces_text(profile, summary.samples(), top));
+    text
+}
+
+/// The traces with the most CPU samples, with how many spans each had, so
+/// one can be picked for `--trace-id`; nothing when no sample is linked.
+fn traces_text(profile: &InputProfile, samples: u64, top: usize) -> String {
+    let mut traces: HashMap<[u8; 16], (u64, HashSet<[u8; 8]>)> = HashMap::new();
+    for counted in profile.groups.iter().flat_map(|group| &group.samples) {
+        if let (Some(link), None) = (&counted.sample.trace, &counted.sample.off_cpu) {
+            let (count, spans) = traces.entry(link.trace_id).or_default();
+            *count = count.saturating_add(counted.count);
+            spans.insert(link.span_id);
+        }
+    }
+    if traces.is_empty() {
+        return String::new();
+    }
+    let mut ranked: Vec<_> = traces.into_iter().collect();
+    ranked.sort_unstable_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
+    let mut text = match ranked.len() {
+        1 => "top traces by samples (1 trace):\n".to_owned(),
+        n => format!("top traces by samples ({n} traces):\n"),
+    };
+    for (trace_id, (count, spans)) in ranked.into_iter().take(top) {
+        let percent = 100.0 * count as f64 / samples.max(1) as f64;
+        let link = crate::model::TraceLink {
+            trace_id,
+            span_id: [0; 8],
+        };
+        text.push_str(&format!(
+            "  {percent:6.2}%  {count:>8}  {}  {} spans\n",
+            link.trace_hex(),
+            spans.len()
+        ));
     }
     text
 }

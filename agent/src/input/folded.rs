@@ -8,7 +8,7 @@
 //! the same numbers.
 use std::sync::Arc;
 
-use super::{Counted, Group, InputError, InputProfile, MAX_SAMPLES};
+use super::{Attributes, Counted, Group, InputError, InputProfile, MAX_SAMPLES};
 use crate::model::{
     Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
 };
@@ -90,6 +90,7 @@ pub(super) fn read(data: &[u8]) -> Result<InputProfile, InputError> {
             count: if sample.off_cpu.is_some() { 1 } else { count },
             sample,
             timestamps: Vec::new(),
+            attributes: Attributes::default(),
         });
     }
     profile.groups.push(group);

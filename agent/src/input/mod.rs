@@ -18,8 +18,11 @@ mod folded;
 mod otlp;
 mod otlp_json;
 mod pprof;
+mod select;
 
 use std::sync::Arc;
+
+pub use select::{AttributeError, Matched, SampleFilter};
 
 use crate::model::ResolvedSample;
 
@@ -101,7 +104,14 @@ pub struct Counted {
     pub count: u64,
     /// When each was taken, when the file says (OTLP): empty, or `count` long.
     pub timestamps: Vec<u64>,
+    /// Every attribute the file gives the sample (OTLP sample attributes,
+    /// pprof labels), values as text, for `report --attribute`.
+    pub attributes: Attributes,
 }
+
+/// Key/value pairs as text (integers in decimal), shared by the samples
+/// that have the same.
+pub type Attributes = Arc<[(Arc<str>, Arc<str>)]>;
 
 /// One resource's samples: a container's, or the host processes'.
 #[derive(Clone, Debug, Default)]
@@ -109,6 +119,8 @@ pub struct Group {
     /// `container.id` of the resource; `None` for host processes.
     pub container_id: Option<Arc<str>>,
     pub pod_uid: Option<Arc<str>>,
+    /// Every attribute of the resource (OTLP), values as text.
+    pub attributes: Vec<(String, String)>,
     pub samples: Vec<Counted>,
 }
 
@@ -193,5 +205,7 @@ fn small(value: i64) -> u32 {
     u32::try_from(value).unwrap_or(0)
 }
 
+#[cfg(test)]
+mod select_tests;
 #[cfg(test)]
 mod tests;

@@ -11,9 +11,10 @@ use hostprof_proto::{
     profiles::{Location, ProfilesData, ProfilesDictionary},
 };
 
-use super::{Counted, Group, InputError, InputProfile, MAX_SAMPLES, small};
+use super::{Attributes, Counted, Group, InputError, InputProfile, MAX_SAMPLES, small};
 use crate::model::{
     BuildIds, Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
+    TraceLink,
 };
 
 pub(super) fn read_protobuf(data: &[u8]) -> Result<InputProfile, InputError> {
@@ -66,6 +67,8 @@ struct Tables<'a> {
     dictionary: &'a ProfilesDictionary,
     mappings: HashMap<i32, Arc<Mapping>>,
     frames: HashMap<i32, Frame>,
+    /// Samples' attributes as text, by their attribute indices.
+    texts: HashMap<Vec<i32>, Attributes>,
 }
 
 fn get<'t, T>(table: &'t [T], index: i32, what: &str) -> Result<Option<&'t T>, String> {
@@ -111,6 +114,55 @@ impl<'a> Tables<'a> {
 
     fn attributes(&self, indices: &[i32]) -> Result<Vec<(&'a str, Value<'a>)>, String> {
         indices.iter().map(|&index| self.attribute(index)).collect()
+    }
+
+    /// A sample's attributes with their values as text (those with a
+    /// scalar value; the index-0 zero value has no key and is left out).
+    fn texts(&mut self, indices: &[i32]) -> Result<Attributes, String> {
+        if let Some(texts) = self.texts.get(indices) {
+            return Ok(texts.clone());
+        }
+        let mut texts = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let Some(entry) = get(&self.dictionary.attribute_table, index, "attribute")? else {
+                continue;
+            };
+            let key = self.string(entry.key_strindex)?;
+            let value = match entry.value.as_ref().and_then(|value| value.value.as_ref()) {
+                Some(any_value::Value::StringValueStrindex(index)) => {
+                    Some(self.string(*index)?.to_owned())
+                }
+                Some(value) => scalar_text(value),
+                None => None,
+            };
+            if let (false, Some(value)) = (key.is_empty(), value) {
+                texts.push((Arc::from(key), Arc::from(value)));
+            }
+        }
+        let texts = Attributes::from(texts);
+        self.texts.insert(indices.to_vec(), texts.clone());
+        Ok(texts)
+    }
+
+    /// The trace and span a sample links to; `None` for index 0 (no link).
+    fn link(&self, index: i32) -> Result<Option<TraceLink>, String> {
+        if index == 0 {
+            return Ok(None);
+        }
+        let Some(link) = get(&self.dictionary.link_table, index, "link")? else {
+            return Ok(None);
+        };
+        let (Ok(trace_id), Ok(span_id)) = (
+            <[u8; 16]>::try_from(link.trace_id.as_slice()),
+            <[u8; 8]>::try_from(link.span_id.as_slice()),
+        ) else {
+            return Err(format!(
+                "link {index} has a {}-byte trace id and a {}-byte span id (16 and 8 expected)",
+                link.trace_id.len(),
+                link.span_id.len()
+            ));
+        };
+        Ok(Some(TraceLink { trace_id, span_id }))
     }
 
     fn mapping(&mut self, index: i32) -> Result<Option<Arc<Mapping>>, String> {
@@ -210,18 +262,25 @@ impl<'a> Tables<'a> {
     }
 }
 
+/// A scalar value as text: strings as they are, numbers in decimal,
+/// `true`/`false`; `None` for arrays, maps and bytes.
+fn scalar_text(value: &any_value::Value) -> Option<String> {
+    match value {
+        any_value::Value::StringValue(text) => Some(text.clone()),
+        any_value::Value::IntValue(number) => Some(number.to_string()),
+        any_value::Value::BoolValue(flag) => Some(flag.to_string()),
+        any_value::Value::DoubleValue(number) => Some(number.to_string()),
+        _ => None,
+    }
+}
+
 fn resource_strings(attributes: &[KeyValue]) -> Vec<(String, String)> {
     attributes
         .iter()
-        .filter_map(
-            |attribute| match attribute.value.as_ref()?.value.as_ref()? {
-                any_value::Value::StringValue(text) => Some((attribute.key.clone(), text.clone())),
-                any_value::Value::IntValue(number) => {
-                    Some((attribute.key.clone(), number.to_string()))
-                }
-                _ => None,
-            },
-        )
+        .filter_map(|attribute| {
+            let value = scalar_text(attribute.value.as_ref()?.value.as_ref()?)?;
+            Some((attribute.key.clone(), value))
+        })
         .collect()
 }
 
@@ -232,6 +291,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
         dictionary: data.dictionary.as_ref().unwrap_or(&empty),
         mappings: HashMap::new(),
         frames: HashMap::new(),
+        texts: HashMap::new(),
     };
     let mut profile = InputProfile::default();
     let mut processes: HashMap<(usize, i64, &str, &str), Arc<ProcessInfo>> = HashMap::new();
@@ -252,6 +312,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
         let mut group = Group {
             container_id: find("container.id"),
             pod_uid: find("k8s.pod.uid"),
+            attributes: attributes.clone(),
             samples: Vec::new(),
         };
         if profile.resource_attributes.is_empty() {
@@ -329,8 +390,9 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                             .unwrap_or(start),
                         frames,
                         off_cpu: None,
-                        trace: None,
+                        trace: tables.link(sample.link_index)?,
                     };
+                    let texts = tables.texts(&sample.attribute_indices)?;
                     match kind {
                         Kind::Cpu => {
                             let count = if sample.values.is_empty() {
@@ -355,6 +417,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                                 sample: resolved,
                                 count,
                                 timestamps,
+                                attributes: texts,
                             });
                         }
                         Kind::OffCpu => {
@@ -376,6 +439,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                                     sample: resolved.clone(),
                                     count: 1,
                                     timestamps: Vec::new(),
+                                    attributes: texts.clone(),
                                 });
                             }
                         }

@@ -5,7 +5,7 @@
 use hostprof_proto::{
     common::{AnyValue, KeyValue, any_value},
     profiles::{
-        Function, KeyValueAndUnit, Line, Location, Mapping, Profile, ProfilesData,
+        Function, KeyValueAndUnit, Line, Link, Location, Mapping, Profile, ProfilesData,
         ProfilesDictionary, ResourceProfiles, Sample, ScopeProfiles, Stack, ValueType,
     },
     resource::Resource,
@@ -155,6 +155,10 @@ fn any_value(value: &Value) -> Result<AnyValue, String> {
             "stringValueStrindex",
             "string_value_strindex",
         )?))
+    } else if let Some(number) = field(item, "doubleValue", "double_value") {
+        Some(V::DoubleValue(
+            number.as_f64().ok_or("`doubleValue` is not a number")?,
+        ))
     } else {
         field(item, "boolValue", "bool_value")
             .map(|flag| V::BoolValue(flag.as_bool().unwrap_or(false)))
@@ -201,7 +205,7 @@ fn dictionary(value: &Value) -> Result<ProfilesDictionary, String> {
         mapping_table: list(item, "mappingTable", "mapping_table", mapping)?,
         location_table: list(item, "locationTable", "location_table", location)?,
         function_table: list(item, "functionTable", "function_table", function)?,
-        link_table: Vec::new(),
+        link_table: list(item, "linkTable", "link_table", link)?,
         string_table: list(item, "stringTable", "string_table", |value| {
             value
                 .as_str()
@@ -222,6 +226,29 @@ fn dictionary(value: &Value) -> Result<ProfilesDictionary, String> {
                 location_indices: ints(entry, "locationIndices", "location_indices")?,
             })
         })?,
+    })
+}
+
+/// A link; its ids in hex, as OTLP/JSON writes trace and span ids.
+fn link(value: &Value) -> Result<Link, String> {
+    let item = object(value, "a link")?;
+    let bytes = |camel: &str, snake: &str| -> Result<Vec<u8>, String> {
+        let text = string(item, camel, snake)?;
+        if text.len() % 2 != 0 || !text.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+            return Err(format!("`{camel}` is not hex: {text:?}"));
+        }
+        Ok(text
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| {
+                // Two ASCII hex digits, checked above.
+                u8::from_str_radix(std::str::from_utf8(pair).unwrap_or("00"), 16).unwrap_or(0)
+            })
+            .collect())
+    };
+    Ok(Link {
+        trace_id: bytes("traceId", "trace_id")?,
+        span_id: bytes("spanId", "span_id")?,
     })
 }
 

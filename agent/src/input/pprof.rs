@@ -12,10 +12,16 @@ use hostprof_proto::{
     pprof::{Function, Location, Mapping as PprofMapping, Profile},
 };
 
-use super::{Counted, Group, InputError, InputProfile, MAX_SAMPLES, small};
+use super::{Attributes, Counted, Group, InputError, InputProfile, MAX_SAMPLES, small};
 use crate::model::{
     BuildIds, Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
+    TraceLink,
 };
+
+/// The labels hostprof writes, and the OTLP attributes they stand for: a
+/// `report --attribute` names a sample's attribute the same way whatever
+/// the file's format.
+const LABEL_ATTRIBUTES: [(&str, &str); 2] = [("pid", "process.pid"), ("thread", "thread.name")];
 
 /// The most a gzipped profile may expand to (a bomb is an error, not an
 /// out-of-memory kill).
@@ -204,16 +210,37 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
     let mut group = Group::default();
     let mut processes: HashMap<(i64, &str), Arc<ProcessInfo>> = HashMap::new();
     let mut total: u64 = 0;
+    // Samples of one thread and span share their labels' text.
+    let mut label_texts: HashMap<Vec<(i64, i64, i64)>, Attributes> = HashMap::new();
     for sample in &profile.sample {
         let (mut pid, mut thread, mut state) = (0, "", None);
+        let (mut trace_id, mut span_id) = (None, None);
         for label in &sample.label {
             match tables.string(label.key)? {
                 "pid" => pid = label.num,
                 "thread" => thread = tables.string(label.str)?,
                 "thread.state" => state = Some(tables.string(label.str)?),
+                "trace_id" => trace_id = TraceLink::parse_trace_id(tables.string(label.str)?).ok(),
+                "span_id" => span_id = TraceLink::parse_span_id(tables.string(label.str)?).ok(),
                 _ => {}
             }
         }
+        let trace = trace_id
+            .zip(span_id)
+            .map(|(trace_id, span_id)| TraceLink { trace_id, span_id });
+        let label_key: Vec<(i64, i64, i64)> = sample
+            .label
+            .iter()
+            .map(|label| (label.key, label.str, label.num))
+            .collect();
+        let attributes = match label_texts.get(&label_key) {
+            Some(texts) => texts.clone(),
+            None => {
+                let texts = labels_as_attributes(&tables, &sample.label)?;
+                label_texts.insert(label_key, texts.clone());
+                texts
+            }
+        };
         let value = |at: Option<usize>| {
             at.and_then(|at| sample.value.get(at))
                 .map(|&value| u64::try_from(value).unwrap_or(0))
@@ -267,12 +294,34 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
                 time_unix_nano: input.start_unix_nano,
                 frames,
                 off_cpu,
-                trace: None,
+                trace,
             },
             count,
             timestamps: Vec::new(),
+            attributes,
         });
     }
     input.groups.push(group);
     Ok(input)
+}
+
+/// A sample's labels as attributes: text labels as they are, numeric ones
+/// in decimal, and each label hostprof writes under its OTLP name too.
+fn labels_as_attributes(
+    tables: &Tables,
+    labels: &[hostprof_proto::pprof::Label],
+) -> Result<Attributes, String> {
+    let mut texts: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(labels.len() + 2);
+    for label in labels {
+        let key = tables.string(label.key)?;
+        let value: Arc<str> = match label.str {
+            0 => label.num.to_string().into(),
+            index => tables.string(index)?.into(),
+        };
+        if let Some((_, otlp)) = LABEL_ATTRIBUTES.iter().find(|(name, _)| *name == key) {
+            texts.push((Arc::from(*otlp), value.clone()));
+        }
+        texts.push((key.into(), value));
+    }
+    Ok(texts.into())
 }

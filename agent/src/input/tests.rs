@@ -46,7 +46,7 @@ fn named(kind: FrameKind, address: u64, names: &[&str]) -> Frame {
 /// Samples with everything a frame can be: kernel (named and not), inlined
 /// functions, a frame in a library without names, Go; three resources (two
 /// containers, host processes); CPU and off-CPU.
-fn samples() -> Vec<ResolvedSample> {
+pub(super) fn samples() -> Vec<ResolvedSample> {
     let library = Arc::new(Mapping {
         start: 0x7f00_0000_0000,
         end: 0x7f00_0001_0000,
@@ -140,7 +140,7 @@ fn folded_of(profile: &InputProfile, off_cpu: bool) -> String {
     )
 }
 
-fn otlp_data(samples: &[ResolvedSample]) -> hostprof_proto::profiles::ProfilesData {
+pub(super) fn otlp_data(samples: &[ResolvedSample]) -> hostprof_proto::profiles::ProfilesData {
     let resource =
         ResourceConfig::new("node-7", Some("deployment.environment=test"), None, None).unwrap();
     let mut builder = ProfileBuilder::new(resource, 99, 500);

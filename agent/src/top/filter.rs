@@ -1,9 +1,11 @@
 //! What `/` in `hostprof top` types: which samples count.
 //!
 //! `pid:N`, `tid:N`, `comm:TEXT` (process name), `thread:TEXT`,
-//! `container:ID` (a prefix; `container:host` for processes in none), or
-//! bare text: a number is a pid or tid, anything else part of a process or
-//! thread name or the start of a container id. Text matches ignore case.
+//! `container:ID` (a prefix; `container:host` for processes in none),
+//! `trace:ID` (a prefix of a trace id, as the traces view shows them),
+//! `attr:KEY=VALUE` (an attribute's value, exactly: `service.name=cart`),
+//! or bare text: a number is a pid or tid, anything else part of a process
+//! or thread name or the start of a container id. Text matches ignore case.
 use std::fmt;
 
 use super::StackKey;
@@ -16,6 +18,10 @@ pub enum Filter {
     Thread(String),
     /// A container id prefix, lowercase; `None`: on the host.
     Container(Option<String>),
+    /// A trace id prefix, lowercase hex.
+    Trace(String),
+    /// An attribute ([`StackKey::attribute`]) and its exact value.
+    Attribute(String, String),
     /// Bare text, lowercase (see the module's doc).
     Any(String),
 }
@@ -58,6 +64,19 @@ impl Filter {
                 "host" | "-" => Filter::Container(None),
                 id => Filter::Container(Some(id.to_owned())),
             },
+            Some(("trace", value)) => {
+                let prefix = name(value)?;
+                if !prefix.chars().all(|ch| ch.is_ascii_hexdigit()) {
+                    return Err(error("a trace id is hex digits"));
+                }
+                Filter::Trace(prefix)
+            }
+            Some(("attr", value)) => match value.split_once('=') {
+                Some((key, value)) if !key.trim().is_empty() => {
+                    Filter::Attribute(key.trim().to_owned(), value.trim().to_owned())
+                }
+                _ => return Err(error("attr: wants KEY=VALUE")),
+            },
             // Anything else with a colon is text (`std::thread`, `a:b`).
             _ => Filter::Any(text.to_lowercase()),
         };
@@ -79,6 +98,10 @@ impl Filter {
             Filter::Thread(part) => contains(&key.thread, part),
             Filter::Container(None) => key.container.is_none(),
             Filter::Container(Some(prefix)) => in_container(prefix),
+            Filter::Trace(prefix) => key
+                .trace_id
+                .is_some_and(|id| crate::model::hex(&id).starts_with(prefix.as_str())),
+            Filter::Attribute(name, value) => key.attribute(name).as_deref() == Some(value),
             Filter::Any(text) => {
                 if let Ok(id) = text.parse::<u32>()
                     && (key.pid == id || key.tid == id)
@@ -100,6 +123,8 @@ impl fmt::Display for Filter {
             Filter::Thread(name) => write!(f, "thread:{name}"),
             Filter::Container(None) => write!(f, "container:host"),
             Filter::Container(Some(id)) => write!(f, "container:{id}"),
+            Filter::Trace(prefix) => write!(f, "trace:{prefix}"),
+            Filter::Attribute(key, value) => write!(f, "attr:{key}={value}"),
             Filter::Any(text) => write!(f, "{text}"),
         }
     }

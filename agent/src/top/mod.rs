@@ -1,7 +1,8 @@
 //! `hostprof top`'s figures, without a terminal: a [`TopSink`] gathers the
 //! pipeline's samples by stack, a [`Window`] keeps the last seconds of them,
-//! and [`Window::table`] ranks functions (self and total share) or whole
-//! stacks under a [`Query`] (view, sort, [`Filter`]). The screen
+//! and [`Window::table`] ranks functions (self and total share), whole
+//! stacks, trace ids, or the values of an attribute (`service.name`,
+//! `thread.name`, …) under a [`Query`] (view, sort, [`Filter`]). The screen
 //! ([`screen`]) only draws the table; `cli/top.rs` runs the loop.
 //!
 //! ```
@@ -23,7 +24,7 @@ use std::{
 };
 
 use crate::{
-    model::{Frame, FrameKind, ResolvedSample, ThreadState},
+    model::{Frame, FrameKind, ResolvedSample, ResourceValue, ServiceResource, ThreadState, hex},
     output::{Sink, frame_labels},
 };
 
@@ -46,6 +47,11 @@ pub struct StackKey {
     pub container: Option<Arc<str>>,
     /// Set for off-CPU periods (`--off-cpu`).
     pub off_cpu: Option<ThreadState>,
+    /// The trace the thread worked for (OpenTelemetry thread context);
+    /// spans are left out, or every few milliseconds would be a new key.
+    pub trace_id: Option<[u8; 16]>,
+    /// What the process says it is (`service.name`, …).
+    pub service: Option<Arc<ServiceResource>>,
     /// Root first, inlined functions expanded, as in folded stacks.
     pub frames: Vec<Label>,
 }
@@ -75,10 +81,39 @@ impl StackKey {
             thread: sample.thread_name.clone(),
             container: sample.process.container_id.clone(),
             off_cpu: sample.off_cpu.map(|off| off.state),
+            trace_id: sample.trace.map(|link| link.trace_id),
+            service: sample.process.service.clone(),
             frames,
         }
     }
+
+    /// The samples' value of `key`, as the OTLP output names it: a sample
+    /// attribute (`thread.name`, `process.pid`, …), `trace_id`, or a
+    /// resource attribute the process publishes (`service.name`, …).
+    pub fn attribute(&self, key: &str) -> Option<String> {
+        match key {
+            TRACE_ID => self.trace_id.map(|id| hex(&id)),
+            "process.pid" => Some(self.pid.to_string()),
+            "thread.id" => Some(self.tid.to_string()),
+            "process.executable.name" | "comm" => Some(self.process.to_string()),
+            "thread.name" => Some(self.thread.to_string()),
+            "container.id" => self.container.as_deref().map(str::to_owned),
+            key => {
+                let service = self.service.as_deref()?;
+                let (_, value) = service.attributes.iter().find(|(name, _)| name == key)?;
+                Some(match value {
+                    ResourceValue::Str(text) => text.clone(),
+                    ResourceValue::Int(number) => number.to_string(),
+                    ResourceValue::Bool(flag) => flag.to_string(),
+                    ResourceValue::Double(bits) => f64::from_bits(*bits).to_string(),
+                })
+            }
+        }
+    }
 }
+
+/// The key the traces view ranks by, as `report` and pprof name it.
+pub const TRACE_ID: &str = "trace_id";
 
 fn module_name(frame: &Frame) -> Arc<str> {
     match (&frame.mapping, frame.kind) {
@@ -150,12 +185,16 @@ pub struct Window {
     seconds: usize,
 }
 
-/// Functions or whole stacks.
+/// Functions, whole stacks, or the values of one attribute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum View {
     #[default]
     Functions,
     Stacks,
+    /// Trace ids, busiest first.
+    Traces,
+    /// The values of [`Query::attribute`].
+    Values,
 }
 
 /// Which share ranks the functions.
@@ -174,14 +213,19 @@ pub struct Query {
     pub view: View,
     pub sort: Sort,
     pub filter: Option<Filter>,
+    /// The attribute [`View::Values`] ranks the values of.
+    pub attribute: String,
 }
 
 /// One line of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
-    /// The function; for a stack, its frames leaf first, ` < ` between.
+    /// The function; for a stack, its frames leaf first, ` < ` between;
+    /// for a value (trace id), the value, or `(none)` for the samples
+    /// without one.
     pub name: String,
-    /// The function's file (a stack's leaf's).
+    /// The function's file (a stack's leaf's); for a value, the function
+    /// its samples were most in (`function (file)`).
     pub module: String,
     pub self_weight: u64,
     pub total_weight: u64,
@@ -302,6 +346,8 @@ impl Window {
         let mut rows = match query.view {
             View::Functions => function_rows(&kept),
             View::Stacks => stack_rows(&kept),
+            View::Traces => value_rows(&kept, TRACE_ID),
+            View::Values => value_rows(&kept, &query.attribute),
         };
         rows.sort_by(|a, b| {
             let (first, second) = match query.sort {
@@ -387,6 +433,51 @@ fn stack_rows(stacks: &[(&StackKey, u64)]) -> Vec<Row> {
             total_weight: weight,
             process: by.process(),
             container: by.container(),
+        })
+        .collect()
+}
+
+/// What samples without the value show as.
+pub const NO_VALUE: &str = "(none)";
+
+/// One row per value of `key` (the samples without it in one `(none)`
+/// row), each with the function its samples were most in.
+fn value_rows(stacks: &[(&StackKey, u64)], key: &str) -> Vec<Row> {
+    #[derive(Default)]
+    struct Sums<'a> {
+        weight: u64,
+        leaves: HashMap<&'a Label, u64>,
+        by: Contributors,
+    }
+    let mut values: HashMap<Option<String>, Sums> = HashMap::new();
+    for &(stack, weight) in stacks {
+        let sums = values.entry(stack.attribute(key)).or_default();
+        sums.weight += weight;
+        if let Some(leaf) = stack.frames.last() {
+            *sums.leaves.entry(leaf).or_default() += weight;
+        }
+        sums.by.add(stack, weight);
+    }
+    values
+        .into_iter()
+        .map(|(value, sums)| {
+            let hottest = sums
+                .leaves
+                .iter()
+                .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.function.cmp(&a.0.function)))
+                .map(|(label, _)| match &*label.module {
+                    "" => label.function.to_string(),
+                    module => format!("{} ({module})", label.function),
+                })
+                .unwrap_or_default();
+            Row {
+                name: value.unwrap_or_else(|| NO_VALUE.to_owned()),
+                module: hottest,
+                self_weight: sums.weight,
+                total_weight: sums.weight,
+                process: sums.by.process(),
+                container: sums.by.container(),
+            }
         })
         .collect()
 }

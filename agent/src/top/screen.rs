@@ -13,8 +13,18 @@ use ratatui::{
 use super::{Filter, Query, Sort, Table, Unit, View};
 
 /// The keys, as the bottom line lists them.
-pub const HELP: &str = "q quit | s sort self/total | v functions/stacks | \
-     / filter: pid:N tid:N comm:X thread:X container:ID|host | Esc clear";
+pub const HELP: &str = "q quit | s sort self/total | v functions/stacks | t traces | \
+     a values of an attribute | / filter: pid:N tid:N comm:X thread:X container:ID|host \
+     trace:ID attr:KEY=VALUE | Esc clear";
+
+/// What typed text is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prompt {
+    /// `/`: a [`Filter`].
+    Filter,
+    /// `a`: the attribute whose values to rank.
+    Attribute,
+}
 
 /// What the screen says about the run, besides the table.
 #[derive(Clone, Debug)]
@@ -44,8 +54,8 @@ pub enum Action {
 #[derive(Debug, Default)]
 pub struct Screen {
     pub query: Query,
-    /// Text typed after `/`, until Enter or Esc.
-    typing: Option<String>,
+    /// Text typed after `/` or `a`, until Enter or Esc.
+    typing: Option<(Prompt, String)>,
     /// Why the last typed filter was refused.
     error: Option<String>,
 }
@@ -56,20 +66,29 @@ impl Screen {
         if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
             return Action::Quit;
         }
-        if let Some(text) = &mut self.typing {
+        if let Some((prompt, text)) = &mut self.typing {
             match key.code {
                 KeyCode::Char(c) => text.push(c),
                 KeyCode::Backspace => {
                     text.pop();
                 }
                 KeyCode::Esc => self.typing = None,
-                KeyCode::Enter => {
+                KeyCode::Enter if *prompt == Prompt::Filter => {
                     match Filter::parse(text) {
                         Ok(filter) => {
                             self.query.filter = filter;
                             self.error = None;
                         }
                         Err(err) => self.error = Some(err.to_string()),
+                    }
+                    self.typing = None;
+                }
+                KeyCode::Enter => {
+                    // Blank text names no attribute: the view stays.
+                    let name = text.trim();
+                    if !name.is_empty() {
+                        self.query.attribute = name.to_owned();
+                        self.query.view = View::Values;
                     }
                     self.typing = None;
                 }
@@ -88,17 +107,27 @@ impl Screen {
             KeyCode::Char('v') => {
                 self.query.view = match self.query.view {
                     View::Functions => View::Stacks,
-                    View::Stacks => View::Functions,
+                    View::Stacks | View::Traces | View::Values => View::Functions,
                 }
             }
+            KeyCode::Char('t') => {
+                self.query.view = match self.query.view {
+                    View::Traces => View::Functions,
+                    _ => View::Traces,
+                }
+            }
+            KeyCode::Char('a') => {
+                self.typing = Some((Prompt::Attribute, self.query.attribute.clone()));
+            }
             KeyCode::Char('/') => {
-                self.typing = Some(
+                self.typing = Some((
+                    Prompt::Filter,
                     self.query
                         .filter
                         .as_ref()
                         .map(Filter::to_string)
                         .unwrap_or_default(),
-                )
+                ))
             }
             KeyCode::Esc => {
                 self.query.filter = None;
@@ -122,7 +151,11 @@ impl Screen {
         frame.render_widget(Paragraph::new(self.state_line()), what);
         frame.render_widget(self.table(header.unit, table), body);
         let bottom_line = match &self.typing {
-            Some(text) => format!("filter: {text}_   (Enter apply, Esc cancel)"),
+            Some((Prompt::Filter, text)) => format!("filter: {text}_   (Enter apply, Esc cancel)"),
+            Some((Prompt::Attribute, text)) => format!(
+                "rank the values of (service.name, thread.name, …): {text}_   \
+                 (Enter apply, Esc cancel)"
+            ),
             None => HELP.to_owned(),
         };
         frame.render_widget(
@@ -140,6 +173,8 @@ impl Screen {
             (View::Functions, Sort::SelfShare) => "functions by self share".to_owned(),
             (View::Functions, Sort::TotalShare) => "functions by total share".to_owned(),
             (View::Stacks, _) => "stacks, leaf first".to_owned(),
+            (View::Traces, _) => "trace ids, busiest first".to_owned(),
+            (View::Values, _) => format!("values of {}, busiest first", self.query.attribute),
         };
         if let Some(filter) = &self.query.filter {
             line.push_str(&format!(", filter: {filter}"));
@@ -218,6 +253,45 @@ impl Screen {
                 .header(
                     TableRow::new(["     %", "  WEIGHT", "PROCESS", "CONTAINER", "STACK"])
                         .style(bold),
+                )
+            }
+            View::Traces | View::Values => {
+                let rows = table.rows.iter().map(|row| {
+                    TableRow::new([
+                        Cell::new(percent(row.self_weight)),
+                        Cell::new(amount(row.self_weight)),
+                        Cell::new(row.name.as_str()),
+                        Cell::new(row.module.as_str()),
+                        Cell::new(row.process.as_str()),
+                        Cell::new(row.container.as_str()),
+                    ])
+                });
+                let (heading, width) = match self.query.view {
+                    // A trace id is 32 hex digits, all of which tell it apart.
+                    View::Traces => ("TRACE ID", Constraint::Length(32)),
+                    _ => ("VALUE", Constraint::Fill(2)),
+                };
+                TableWidget::new(
+                    rows,
+                    [
+                        Constraint::Length(6),
+                        Constraint::Length(8),
+                        width,
+                        Constraint::Fill(2),
+                        Constraint::Max(22),
+                        Constraint::Length(12),
+                    ],
+                )
+                .header(
+                    TableRow::new([
+                        "     %",
+                        "  WEIGHT",
+                        heading,
+                        "HOTTEST FUNCTION",
+                        "PROCESS",
+                        "CONTAINER",
+                    ])
+                    .style(bold),
                 )
             }
         }

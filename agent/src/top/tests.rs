@@ -12,7 +12,7 @@ use super::{
     screen::{Action, HELP, Header, Screen},
     *,
 };
-use crate::model::{Line, Mapping, OffCpu, ProcessInfo};
+use crate::model::{Line, Mapping, OffCpu, ProcessInfo, ResourceValue};
 
 fn process(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessInfo> {
     Arc::new(ProcessInfo {
@@ -349,4 +349,183 @@ fn the_screen_shows_the_ranking_and_the_keys() {
     );
     screen.on_key(key(KeyCode::Char('/')));
     assert!(drawn(&screen, &window.table(&screen.query))[11].starts_with("filter: comm:app_"));
+}
+
+/// `checkout` (pid 30, service `checkout`): trace A in `encode` 5 and
+/// `parse` 1, trace B in `query` 3, no trace in `idle` 2; `cart` (pid 40,
+/// service `cart`): trace B in `render` 4.
+fn traced_window() -> Window {
+    let service = |name: &str| {
+        Some(Arc::new(crate::model::ServiceResource::new([
+            ("service.name".to_owned(), ResourceValue::Str(name.into())),
+            ("service.version".to_owned(), ResourceValue::Int(7)),
+        ])))
+    };
+    let mut checkout = (*process(30, "checkout", None)).clone();
+    checkout.service = service("checkout");
+    let mut cart = (*process(40, "cart", Some("cafe0123456789"))).clone();
+    cart.service = service("cart");
+    let (checkout, cart) = (Arc::new(checkout), Arc::new(cart));
+    let traced = |process, tid, names: &[&str], trace: Option<u8>| {
+        let mut sample = sample(process, tid, names);
+        sample.trace = trace.map(|byte| crate::model::TraceLink {
+            trace_id: [byte; 16],
+            span_id: [tid as u8; 8],
+        });
+        sample
+    };
+    let mut sink = TopSink::new(Unit::Samples);
+    sink.push_count(&traced(&checkout, 30, &["main", "encode"], Some(0xaa)), 5);
+    sink.push_count(&traced(&checkout, 31, &["main", "parse"], Some(0xaa)), 1);
+    sink.push_count(&traced(&checkout, 31, &["main", "query"], Some(0xbb)), 3);
+    sink.push_count(&traced(&checkout, 30, &["main", "idle"], None), 2);
+    sink.push_count(&traced(&cart, 40, &["main", "render"], Some(0xbb)), 4);
+    let mut window = Window::new(10);
+    window.advance(sink.take());
+    window
+}
+
+fn rows(table: &Table) -> Vec<(String, u64, String, String)> {
+    table
+        .rows
+        .iter()
+        .map(|row| {
+            let row = row.clone();
+            (row.name, row.self_weight, row.module, row.process)
+        })
+        .collect()
+}
+
+#[test]
+fn traces_and_attribute_values_rank_by_weight() {
+    let window = traced_window();
+    let (a, b) = ("aa".repeat(16), "bb".repeat(16));
+    let traces = window.table(&Query {
+        view: View::Traces,
+        ..Default::default()
+    });
+    assert_eq!(traces.total_weight, 15);
+    assert_eq!(
+        rows(&traces),
+        [
+            (b.clone(), 7, "render (cart)".into(), "cart 40 +1".into()),
+            (
+                a.clone(),
+                6,
+                "encode (checkout)".into(),
+                "checkout 30".into()
+            ),
+            (
+                NO_VALUE.into(),
+                2,
+                "idle (checkout)".into(),
+                "checkout 30".into()
+            ),
+        ]
+    );
+    let values = |attribute: &str, filter: &str| {
+        window.table(&Query {
+            view: View::Values,
+            attribute: attribute.into(),
+            filter: Filter::parse(filter).unwrap(),
+            ..Default::default()
+        })
+    };
+    let services = values("service.name", "");
+    assert_eq!(
+        rows(&services)
+            .iter()
+            .map(|row| (row.0.as_str(), row.1))
+            .collect::<Vec<_>>(),
+        [("checkout", 11), ("cart", 4)]
+    );
+    assert_eq!(rows(&values("service.version", ""))[0].0, "7");
+    let threads = values("thread.id", "attr:service.name=checkout");
+    assert_eq!(
+        rows(&threads)
+            .iter()
+            .map(|row| (row.0.as_str(), row.1))
+            .collect::<Vec<_>>(),
+        [("30", 7), ("31", 4)]
+    );
+    // A trace, then its functions: the way from a busy trace to its code.
+    let trace_b = window.table(&Query {
+        filter: Filter::parse(&format!("trace:{}", &b[..6])).unwrap(),
+        ..Default::default()
+    });
+    assert_eq!(trace_b.total_weight, 7);
+    assert_eq!(first(&trace_b).name, "render");
+    assert_eq!(values("", "trace:AA").total_weight, 6);
+    assert_eq!(values("", "attr:service.name=nope").total_weight, 0);
+    assert!(Filter::parse("trace:xyz").is_err());
+    assert!(Filter::parse("attr:novalue").is_err());
+    for text in ["trace:ab12", "attr:service.name=cart"] {
+        let filter = Filter::parse(text).unwrap().unwrap();
+        assert_eq!(filter.to_string(), text);
+    }
+}
+
+#[test]
+fn keys_show_traces_and_the_values_of_a_typed_attribute() {
+    let window = traced_window();
+    let mut screen = Screen::default();
+    assert_eq!(screen.on_key(key(KeyCode::Char('t'))), Action::Redraw);
+    assert_eq!(screen.query.view, View::Traces);
+    let lines = drawn(&screen, &window.table(&screen.query));
+    assert_eq!(lines[1], "trace ids, busiest first");
+    let words: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(
+        words,
+        [
+            "%",
+            "WEIGHT",
+            "TRACE",
+            "ID",
+            "HOTTEST",
+            "FUNCTION",
+            "PROCESS",
+            "CONTAINER"
+        ]
+    );
+    let first_row: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(
+        first_row,
+        [
+            "46.67",
+            "7",
+            &"bb".repeat(16),
+            "render",
+            "(cart)",
+            "cart",
+            "40",
+            "+1",
+            "cafe01234567"
+        ]
+    );
+    screen.on_key(key(KeyCode::Char('t')));
+    assert_eq!(screen.query.view, View::Functions, "t again: functions");
+    // `a`, a key, Enter: its values.
+    screen.on_key(key(KeyCode::Char('a')));
+    for c in "service.name".chars() {
+        screen.on_key(key(KeyCode::Char(c)));
+    }
+    assert!(drawn(&screen, &window.table(&screen.query))[11].contains("service.name_"));
+    screen.on_key(key(KeyCode::Enter));
+    assert_eq!(screen.query.view, View::Values);
+    let lines = drawn(&screen, &window.table(&screen.query));
+    assert_eq!(lines[1], "values of service.name, busiest first");
+    assert!(lines[2].contains("VALUE"), "{}", lines[2]);
+    assert!(lines[3].contains("checkout"), "{}", lines[3]);
+    // Blank text keeps the view; `v` goes back to functions.
+    screen.on_key(key(KeyCode::Char('a')));
+    for _ in 0.."service.name".len() {
+        screen.on_key(key(KeyCode::Backspace));
+    }
+    screen.on_key(key(KeyCode::Enter));
+    assert_eq!(
+        (screen.query.view, screen.query.attribute.as_str()),
+        (View::Values, "service.name")
+    );
+    screen.on_key(key(KeyCode::Char('v')));
+    assert_eq!(screen.query.view, View::Functions);
 }
