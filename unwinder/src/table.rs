@@ -365,6 +365,45 @@ fn finish(mut rows: Vec<UnwindRow>) -> Vec<UnwindRow> {
     out
 }
 
+/// A loadable segment of an ELF file: what [`vaddr_in`] needs to place a
+/// mapping, kept with a cached table so that a file need not be read again
+/// to place it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    /// `p_offset` and `p_filesz`.
+    pub offset: u64,
+    pub size: u64,
+    /// `p_vaddr`.
+    pub address: u64,
+    pub executable: bool,
+}
+
+/// Most loadable segments kept per file (linkers write 2 to 5; a file with
+/// more is placed by its first ones).
+pub const MAX_LOAD_SEGMENTS: usize = 64;
+
+/// The loadable segments of the ELF file `data`, in file order.
+pub fn load_segments(data: &[u8]) -> Option<Vec<LoadSegment>> {
+    let file = object::File::parse(data).ok()?;
+    Some(
+        file.segments()
+            .take(MAX_LOAD_SEGMENTS)
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                LoadSegment {
+                    offset,
+                    size,
+                    address: segment.address(),
+                    executable: matches!(
+                        segment.flags(),
+                        object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+                    ),
+                }
+            })
+            .collect(),
+    )
+}
+
 /// The ELF virtual address mapped at `file_offset`, from the loadable
 /// segments: `address - (start - this)` is then the ELF address of any
 /// address of a mapping that starts at `file_offset`.
@@ -373,22 +412,22 @@ fn finish(mut rows: Vec<UnwindRow>) -> Vec<UnwindRow> {
 /// lie before its segment's `p_offset` (inside the previous segment's
 /// bytes): executable segments win.
 pub fn vaddr_of_offset(data: &[u8], file_offset: u64) -> Option<u64> {
+    vaddr_in(&load_segments(data)?, file_offset)
+}
+
+/// [`vaddr_of_offset`] from segments found before.
+pub fn vaddr_in(segments: &[LoadSegment], file_offset: u64) -> Option<u64> {
     const PAGE: u64 = 4096;
-    let file = object::File::parse(data).ok()?;
     let mut best = None;
-    for segment in file.segments() {
-        let (offset, size) = segment.file_range();
+    for segment in segments {
+        let (offset, size) = (segment.offset, segment.size);
         let aligned = offset & !(PAGE - 1);
         // Offsets, sizes and addresses come from the file: saturate.
         if !(aligned <= file_offset && file_offset < offset.saturating_add(size.max(1))) {
             continue;
         }
-        let vaddr = (segment.address() & !(PAGE - 1)).wrapping_add(file_offset - aligned);
-        let executable = matches!(
-            segment.flags(),
-            object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
-        );
-        if executable {
+        let vaddr = (segment.address & !(PAGE - 1)).wrapping_add(file_offset - aligned);
+        if segment.executable {
             return Some(vaddr);
         }
         best.get_or_insert(vaddr);

@@ -26,6 +26,7 @@
 //!
 //! What is shared between processes is keyed by [`content_id`], a SHA-256 of
 //! the bytes read, never by a build id a file merely claims.
+pub mod memo;
 mod read;
 mod root;
 mod sparse;

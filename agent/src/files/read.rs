@@ -15,6 +15,9 @@ pub struct FileData {
     stat: Stat,
     /// The content id of every byte, when they are not all held.
     content: Option<Arc<str>>,
+    /// `fstat` said the same after the read as before it: the bytes are
+    /// the file `stat` describes, and their id may be remembered.
+    stable: bool,
 }
 
 #[derive(Debug)]
@@ -35,6 +38,7 @@ impl FileData {
             bytes: Bytes::Whole(bytes),
             stat,
             content: None,
+            stable: false,
         }
     }
 
@@ -43,6 +47,7 @@ impl FileData {
             bytes: Bytes::Parts(image),
             stat,
             content: Some(content),
+            stable: false,
         }
     }
 
@@ -50,6 +55,14 @@ impl FileData {
     pub fn content_id(&self) -> Arc<str> {
         match &self.content {
             Some(content) => content.clone(),
+            None if self.stable => {
+                if let Some(id) = super::memo::known(&self.stat) {
+                    return id;
+                }
+                let id = super::content_id(self);
+                super::memo::remember(self.stat, id.clone());
+                id
+            }
             None => super::content_id(self),
         }
     }
@@ -99,5 +112,9 @@ pub(super) fn read_all(file: OpenFile) -> Result<FileData, FileError> {
         }));
     }
     bytes.shrink_to_fit();
-    Ok(FileData::from_bytes(bytes, file.stat))
+    let stable = super::Stat::now(&file.file) == Some(file.stat);
+    Ok(FileData {
+        stable,
+        ..FileData::from_bytes(bytes, file.stat)
+    })
 }

@@ -17,16 +17,10 @@
 //! the symbolizer and the unwinder both read every binary a profile meets,
 //! and hashing was most of what that cost. The id is remembered with what
 //! `fstat` said before and after the stream (device, inode, size, mtime and
-//! ctime, which the kernel sets on every write and no owner can set back);
-//! a later read of a file that `fstat` says the same of, before and after,
+//! ctime, which the kernel sets on every write and no owner can set back:
+//! [`super::memo`]); a later read of a file that `fstat` says the same of, before and after,
 //! reads only its kept ranges under that id.
-use std::{
-    collections::HashMap,
-    ops::Range,
-    os::unix::fs::FileExt,
-    ptr::NonNull,
-    sync::{Arc, Mutex},
-};
+use std::{ops::Range, os::unix::fs::FileExt, ptr::NonNull, sync::Arc};
 
 use object::{
     Endianness, Object, ObjectSection, SectionFlags,
@@ -37,11 +31,6 @@ use sha2::{Digest, Sha256};
 
 use super::{FileError, OpenFile, Stat, read::FileData};
 
-/// Content ids of files streamed whole, by what `fstat` said of them.
-static KNOWN: Mutex<Option<HashMap<Stat, Arc<str>>>> = Mutex::new(None);
-/// Files remembered at most; past it the memo starts again (a host has a
-/// few thousand binaries, and forgetting costs one more hash each).
-const KNOWN_FILES: usize = 8192;
 thread_local! {
     /// Bytes sparse reads hashed on this thread (a read runs on its
     /// caller's thread), for tests.
@@ -52,20 +41,6 @@ thread_local! {
 #[cfg(test)]
 pub fn hashed_bytes() -> u64 {
     HASHED.get()
-}
-
-fn known(stat: &Stat) -> Option<Arc<str>> {
-    let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    known.as_ref()?.get(stat).cloned()
-}
-
-fn remember(stat: Stat, content: Arc<str>) {
-    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    let known = known.get_or_insert_with(HashMap::new);
-    if known.len() >= KNOWN_FILES {
-        known.clear();
-    }
-    known.insert(stat, content);
 }
 
 /// Files smaller than this are read whole: the saving would be small.
@@ -148,7 +123,7 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
     let len =
         usize::try_from(size).map_err(|_| read_error(std::io::ErrorKind::InvalidData.into()))?;
     let mut image = ZeroImage::new(len).map_err(read_error)?;
-    if let Some(content) = known(&file.stat) {
+    if let Some(content) = super::memo::known(&file.stat) {
         for range in &ranges {
             let at = range.start as usize..range.end as usize;
             file.file
@@ -201,7 +176,7 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
         crate::symbolize::hex(&hasher.finalize())
     ));
     if Stat::now(&file.file) == Some(file.stat) {
-        remember(file.stat, content.clone());
+        super::memo::remember(file.stat, content.clone());
     }
     Ok(FileData::sparse(image, content, file.stat))
 }

@@ -204,6 +204,31 @@ impl Snapshot {
                 ("{result=\"corrupt\"}", cache.corrupt),
             ],
         );
+        let (read, read_for_cached, unread) = crate::unwind::file_totals();
+        metric(
+            "hostprof_unwind_files_total",
+            "counter",
+            "Files behind unwind tables: read (and hashed unless the file id memo knew them), read only to find their table in the disk cache (content id not known), and tables taken from the cache without reading their file.",
+            &[
+                ("{result=\"read\"}", read),
+                ("{result=\"read_for_cached\"}", read_for_cached),
+                ("{result=\"cached_unread\"}", unread),
+            ],
+        );
+        let memo = crate::files::memo::totals();
+        metric(
+            "hostprof_file_id_memo_total",
+            "counter",
+            "Content ids remembered by file identity (device, inode, size, mtime, ctime), kept beside the unwind table cache: loaded at start, hit (file not hashed), remembered (hashed), corrupt or stale memo files (ignored), write errors.",
+            &[
+                ("{result=\"loaded\"}", memo.loaded),
+                ("{result=\"hit\"}", memo.hits),
+                ("{result=\"remembered\"}", memo.remembered),
+                ("{result=\"corrupt\"}", memo.corrupt),
+                ("{result=\"stale\"}", memo.stale),
+                ("{result=\"write_error\"}", memo.write_errors),
+            ],
+        );
         metric(
             "hostprof_unwind_table_cache_write_errors_total",
             "counter",

@@ -19,9 +19,10 @@ pub mod cache;
 pub mod early;
 mod loader;
 pub mod replay;
+pub(crate) mod slow;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::Path,
     sync::{Arc, Condvar, Mutex, MutexGuard, mpsc},
     time::{Duration, Instant},
@@ -29,9 +30,12 @@ use std::{
 
 use aya::maps::MapError;
 use hostprof_common::{RowChunk, unwind::ProcessMappings};
+use hostprof_unwind::table::{TableError, UnwindTable};
 
 use crate::{files, model::Mapping};
-pub use loader::{FileKey, FileSource, LoaderStats, TableLoader, TableMaps, capacity_totals};
+pub use loader::{
+    FileKey, FileSource, LoaderStats, TableLoader, TableMaps, capacity_totals, file_totals,
+};
 
 /// Why a table could not be built or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -101,13 +105,12 @@ impl TableMaps for KernelMaps {
 #[derive(Default)]
 pub struct ProcFiles {
     vdso: Option<Option<FileData>>,
-    /// (device, inode) → what the file was when read, and its identity: an
-    /// unchanged file is not read (and hashed) again for every process.
-    known: HashMap<(u64, u64), (files::Stat, FileKey)>,
+    /// Where large files are read (none: inline).
+    slow: Option<slow::SlowLane>,
+    /// Tables the lane built, for the loader right after `open` gave their
+    /// file (at most a few: each is taken at once).
+    built: HashMap<FileKey, Result<(UnwindTable, bool), TableError>>,
 }
-
-/// Files remembered by [`ProcFiles`] before it starts over.
-const MAX_KNOWN_FILES: usize = 65_536;
 
 impl ProcFiles {
     fn open_file(pid: u32, mapping: &Mapping) -> Option<files::OpenFile> {
@@ -127,18 +130,27 @@ impl FileSource for ProcFiles {
             let vdso = self.vdso.get_or_insert_with(own_vdso).clone()?;
             return Some((FileKey::Vdso, vdso));
         }
+        let file = Self::open_file(pid, mapping)?;
+        let file = match &self.slow {
+            Some(lane) => match lane.take(pid, file) {
+                Ok(Some(built)) => {
+                    let slow::Built { key, data, table } = *built;
+                    if self.built.len() >= 16 {
+                        self.built.clear();
+                    }
+                    self.built.insert(key.clone(), table);
+                    return Some((key, data));
+                }
+                // On the lane: this process is asked for again when ready.
+                Ok(None) => return None,
+                Err(small) => small,
+            },
+            None => file,
+        };
         // Read into memory, never mapped: a file truncated underneath cannot
         // fault us, and the table is built from the very bytes hashed.
-        let data = Self::open_file(pid, mapping)?
-            .read_parts(files::Parts::Unwind)
-            .ok()?;
+        let data = file.read_parts(files::Parts::Unwind).ok()?;
         let key = FileKey::Content(data.content_id());
-        if self.known.len() >= MAX_KNOWN_FILES {
-            self.known.clear();
-        }
-        let stat = *data.stat();
-        self.known
-            .insert((stat.dev, stat.inode), (stat, key.clone()));
         Some((key, Arc::new(data)))
     }
 
@@ -147,14 +159,17 @@ impl FileSource for ProcFiles {
             return Some(FileKey::Vdso);
         }
         // Same inode, same size and times (ctime cannot be set back by the
-        // file's owner): the same bytes as when read. Even if a tenant
-        // rewrote its file without that showing, the key still names a
-        // table built from bytes that hash to it; only processes mapping
-        // that very inode could get it.
+        // file's owner): the same bytes as when hashed, in this run or an
+        // earlier one (see files::memo). Even if a tenant rewrote its file
+        // without that showing, the key still names a table built from
+        // bytes that hash to it; only processes mapping that very inode
+        // could get it.
         let file = Self::open_file(pid, mapping)?;
-        let stat = file.stat();
-        let (seen, key) = self.known.get(&(stat.dev, stat.inode))?;
-        (seen == stat).then(|| key.clone())
+        files::memo::known(file.stat()).map(FileKey::Content)
+    }
+
+    fn take_built(&mut self, key: &FileKey) -> Option<Result<(UnwindTable, bool), TableError>> {
+        self.built.remove(key)
     }
 }
 
@@ -200,6 +215,9 @@ struct Queue {
     /// pid → (samples that asked, order of its first ask).
     loads: HashMap<u32, (u64, u64)>,
     forgets: Vec<u32>,
+    /// Processes to load even if loaded a moment ago: a large file's
+    /// table they wanted is ready (see `slow`).
+    forced: HashSet<u32>,
     asked: u64,
     /// Every [`Requests`] is gone: the service ends.
     closed: bool,
@@ -328,6 +346,9 @@ impl Requests {
     }
 }
 
+/// How often new content ids are written at most while the service is busy.
+const MEMO_SAVE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often exited processes are dropped from the kernel.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -378,17 +399,43 @@ pub fn spawn_service(
             }
             let cache = cache.and_then(|options| {
                 let dir = options.dir.clone();
-                cache::TableCache::open(options)
+                let cache = cache::TableCache::open(options)
                     .map_err(|err| {
                         tracing::warn!(
                             "unwind table cache off: cannot use {}: {err}",
                             dir.display()
                         )
                     })
-                    .ok()
+                    .ok()?;
+                // Content ids beside the tables, as private: a restart
+                // finds a file's table without reading (hashing) the file.
+                files::memo::persist(dir.join(cache::MEMO_FILE));
+                Some(Arc::new(cache))
             });
-            let mut loader = TableLoader::new(maps, capacity_chunks).with_cache(cache);
+            let mut loader = TableLoader::new(maps, capacity_chunks).with_cache(cache.clone());
             let mut files = ProcFiles::default();
+            let asker = jobs.clone();
+            let lane = slow::SlowLane::spawn(
+                slow::LARGE_FILE,
+                background,
+                Box::new(move |file| slow::read_and_build(file, cache.as_deref())),
+                // Ready: load the processes that wanted it, even if they
+                // were loaded a moment ago (without it).
+                Box::new(move |pids| {
+                    let mut queue = asker.queue();
+                    for &pid in pids {
+                        if queue.ask(pid) && queue.forced.len() < MAX_PENDING {
+                            queue.forced.insert(pid);
+                        }
+                    }
+                    drop(queue);
+                    asker.ready.notify_one();
+                }),
+            );
+            match lane {
+                Ok(lane) => files.slow = Some(lane),
+                Err(err) => tracing::warn!("large files' unwind tables read inline: {err}"),
+            }
             let own_exe = std::env::current_exe().unwrap_or_default();
             let mut own_loaded = false;
             let mut load = |loader: &mut TableLoader<early::Mirrored<KernelMaps>>, pid: u32| {
@@ -409,7 +456,8 @@ pub fn spawn_service(
                     mappings.retain(|mapping| own_exe.as_path() != Path::new(&*mapping.path));
                 }
                 loader.set_runtime_code(pid, runtime_code.get(pid));
-                if loader.recently_loaded(pid, &mappings) {
+                let forced = jobs.queue().forced.remove(&pid);
+                if !forced && loader.recently_loaded(pid, &mappings) {
                     return;
                 }
                 let started = Instant::now();
@@ -434,8 +482,10 @@ pub fn spawn_service(
                 load(&mut loader, pid);
             }
             publish(&published, loader.stats());
+            files::memo::save();
             let _ = preloaded_tx.send(());
             let mut last_sweep = Instant::now();
+            let mut last_save = Instant::now();
             loop {
                 let job = {
                     let mut queue = jobs.queue();
@@ -460,8 +510,18 @@ pub fn spawn_service(
                 match job {
                     Some(Job::Forget(pid)) => loader.forget_process(pid),
                     Some(Job::Load(pid)) => load(&mut loader, pid),
-                    None if jobs.queue().closed => break,
+                    None if jobs.queue().closed => {
+                        files::memo::save();
+                        break;
+                    }
                     None => {}
+                }
+                // New ids on disk once the queue is drained (a `record`
+                // may end soon after), or every second while it is not;
+                // nothing is written when nothing was hashed.
+                if last_save.elapsed() >= MEMO_SAVE_INTERVAL || jobs.queue().loads.is_empty() {
+                    files::memo::save();
+                    last_save = Instant::now();
                 }
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
                     for pid in loader.known_processes() {

@@ -110,6 +110,9 @@ struct Run {
     busy: f64,
     /// record's cache line.
     cache: String,
+    /// record's unwind files line (tables from the cache without reading
+    /// their file, the file id memo).
+    files: String,
     /// record's unwind tables line.
     tables: String,
 }
@@ -247,6 +250,7 @@ fn record(
         busy,
         cache: line("hostprof: unwind table cache: "),
         tables: line("hostprof: unwind tables: "),
+        files: line("hostprof: unwind files: "),
     })
 }
 
@@ -289,6 +293,7 @@ pub(crate) fn bench_scale(hostprof: &Path, dir: &Path) -> Result<()> {
                 run.cache
             );
             tables = run.tables;
+            println!("{:<12} files: {}", "", run.files);
         }
     }
     let bytes: u64 = fs::read_dir(&cache)?

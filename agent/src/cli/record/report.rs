@@ -147,10 +147,29 @@ pub(in crate::cli) fn unwind_report(
     // Tables taken from the disk cache rather than built (--unwind-cache-dir).
     let cache = crate::unwind::cache::totals();
     let cache = if cache != crate::unwind::cache::CacheTotals::default() {
+        // With the file id memo kept beside it: how many tables came
+        // without reading their file at all.
+        let memo = crate::files::memo::totals();
+        let (read, read_for_cached, unread) = crate::unwind::file_totals();
         format!(
             "hostprof: unwind table cache: {} hits, {} misses (built, stored), {} stale, \
-             {} corrupt (ignored), {} not written\n",
-            cache.hits, cache.misses, cache.stale, cache.corrupt, cache.write_errors
+             {} corrupt (ignored), {} not written\n\
+             hostprof: unwind files: {} tables from the cache unread, {} files read \
+             ({} only to find a cached table); file id memo: {} loaded, {} hits (not hashed), \
+             {} hashed and remembered, {} corrupt (ignored), {} stale\n",
+            cache.hits,
+            cache.misses,
+            cache.stale,
+            cache.corrupt,
+            cache.write_errors,
+            unread,
+            read,
+            read_for_cached,
+            memo.loaded,
+            memo.hits,
+            memo.remembered,
+            memo.corrupt,
+            memo.stale
         )
     } else {
         String::new()

@@ -12,7 +12,15 @@
 //! none. The directory is bounded in bytes: past the bound, the files used
 //! least recently (a hit refreshes a file's time) are deleted.
 //!
-//! Layout (little endian), [`HEADER_BYTES`] then the key then the rows:
+//! A table is kept with its file's loadable segments, which place a mapping
+//! of the file (its ELF address at a file offset): with the file's content
+//! id remembered by [`crate::files::memo`] (kept in this directory too, as
+//! [`MEMO_FILE`]), a restart loads a cached table with one `stat` of the
+//! file and no read of it.
+//!
+//! Layout (little endian), [`HEADER_BYTES`], the key, the segments (a u32
+//! count, then [`SEGMENT_BYTES`] each: offset, size, address, flags with
+//! bit 0 executable), then the rows:
 //!
 //! | bytes | field |
 //! | --- | --- |
@@ -36,7 +44,7 @@ use std::{
 
 use hostprof_unwind::{
     Arch, UnwindRow,
-    table::{self, TableError, TableKind, UnwindTable},
+    table::{self, LoadSegment, MAX_LOAD_SEGMENTS, TableError, TableKind, UnwindTable},
 };
 
 use super::FileKey;
@@ -46,12 +54,17 @@ pub const MAGIC: [u8; 8] = *b"HPUWTAB\0";
 /// Bumped whenever the file's layout or the rows' meaning changes: an agent
 /// never reads another version's files (they count as stale and are built
 /// again).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes before the key.
 pub const HEADER_BYTES: usize = 48;
 /// Bytes of one row in the file.
 const ROW_BYTES: usize = 16;
 const _: () = assert!(size_of::<UnwindRow>() == ROW_BYTES);
+/// Bytes of one loadable segment in the file.
+pub const SEGMENT_BYTES: usize = 32;
+/// The file id memo's file in the cache directory (never evicted: it is
+/// bounded on its own, [`crate::files::memo::MAX_ENTRIES`]).
+pub const MEMO_FILE: &str = "file-ids.memo";
 /// Longest key accepted (`sha256:` and 64 hex digits fit well within it).
 const MAX_KEY_BYTES: usize = 256;
 
@@ -84,6 +97,15 @@ pub enum CacheFormatError {
     Checksum,
     #[error("rows out of order")]
     Unsorted,
+    #[error("more loadable segments than kept")]
+    Segments,
+}
+
+/// A table from the cache, with its file's loadable segments.
+#[derive(Clone, Debug)]
+pub struct CachedTable {
+    pub table: UnwindTable,
+    pub segments: Vec<LoadSegment>,
 }
 
 impl CacheFormatError {
@@ -193,18 +215,32 @@ impl TableCache {
     }
 
     /// The table of `key` if the cache has a good one.
-    pub fn get(&self, key: &str) -> Option<UnwindTable> {
-        let path = self.path(key)?;
+    pub fn get(&self, key: &str) -> Option<CachedTable> {
+        self.lookup(key, true).ok()
+    }
+
+    /// [`Self::get`], counting no miss when there is none (the caller
+    /// reads the file next, and [`table_of`] counts it then). `Err(true)`:
+    /// a file was there but not usable (counted: [`table_of`] need not
+    /// look again).
+    pub fn peek(&self, key: &str) -> Result<CachedTable, bool> {
+        self.lookup(key, false)
+    }
+
+    fn lookup(&self, key: &str, count_miss: bool) -> Result<CachedTable, bool> {
+        let path = self.path(key).ok_or(false)?;
         let bytes = match self.read(&path) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => {
-                count(&self.counters.misses, &TOTALS.misses);
-                return None;
+                if count_miss {
+                    count(&self.counters.misses, &TOTALS.misses);
+                }
+                return Err(false);
             }
             Err(err) => {
                 tracing::debug!("unwind table cache {}: {err}", path.display());
                 count(&self.counters.corrupt, &TOTALS.corrupt);
-                return None;
+                return Err(true);
             }
         };
         match decode(key, &bytes) {
@@ -214,28 +250,28 @@ impl TableCache {
                 if let Ok(file) = File::open(&path) {
                     let _ = file.set_modified(SystemTime::now());
                 }
-                Some(table)
+                Ok(table)
             }
             Err(err) if err.is_stale() => {
                 tracing::debug!("unwind table cache {}: {err}", path.display());
                 count(&self.counters.stale, &TOTALS.stale);
-                None
+                Err(true)
             }
             Err(err) => {
                 tracing::debug!("unwind table cache {}: {err}: ignored", path.display());
                 count(&self.counters.corrupt, &TOTALS.corrupt);
-                None
+                Err(true)
             }
         }
     }
 
     /// Stores `table` as `key`'s, then evicts past the bound. Failures are
     /// counted, never fatal.
-    pub fn put(&self, key: &str, table: &UnwindTable) {
+    pub fn put(&self, key: &str, table: &UnwindTable, segments: &[LoadSegment]) {
         let Some(path) = self.path(key) else {
             return;
         };
-        let bytes = encode(key, table);
+        let bytes = encode(key, table, segments);
         if bytes.len() as u64 > self.options.max_bytes {
             return;
         }
@@ -281,32 +317,40 @@ impl TableCache {
 }
 
 /// `key`'s table: from `cache` when it has it, else built from `data` (and
-/// stored). Only content ids are cached: other keys name no bytes.
+/// stored, with `segments`). Only content ids are cached: other keys name
+/// no bytes. `lookup` false: the caller found the cache's file unusable
+/// already. True with a table taken from the cache.
 pub(super) fn table_of(
     cache: Option<&TableCache>,
     key: &FileKey,
     data: &[u8],
-) -> Result<UnwindTable, TableError> {
+    segments: &[LoadSegment],
+    lookup: bool,
+) -> Result<(UnwindTable, bool), TableError> {
     let cached = match (cache, key) {
         (Some(cache), FileKey::Content(id)) => Some((cache, id)),
         _ => None,
     };
     if let Some((cache, id)) = cached
-        && let Some(table) = cache.get(id)
+        && lookup
+        && let Some(found) = cache.get(id)
     {
-        return Ok(table);
+        return Ok((found.table, true));
     }
     let table = table::build(data)?;
     if let Some((cache, id)) = cached {
-        cache.put(id, &table);
+        cache.put(id, &table, segments);
     }
-    Ok(table)
+    Ok((table, false))
 }
 
 /// The file for `key`'s table.
-pub fn encode(key: &str, table: &UnwindTable) -> Vec<u8> {
+pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u8> {
     let rows = table.rows();
-    let mut out = Vec::with_capacity(HEADER_BYTES + key.len() + rows.len() * ROW_BYTES);
+    let segments = &segments[..segments.len().min(MAX_LOAD_SEGMENTS)];
+    let mut out = Vec::with_capacity(
+        HEADER_BYTES + key.len() + 4 + segments.len() * SEGMENT_BYTES + rows.len() * ROW_BYTES,
+    );
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&(ROW_BYTES as u32).to_le_bytes());
@@ -325,6 +369,13 @@ pub fn encode(key: &str, table: &UnwindTable) -> Vec<u8> {
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&(segments.len() as u32).to_le_bytes());
+    for segment in segments {
+        out.extend_from_slice(&segment.offset.to_le_bytes());
+        out.extend_from_slice(&segment.size.to_le_bytes());
+        out.extend_from_slice(&segment.address.to_le_bytes());
+        out.extend_from_slice(&u64::from(segment.executable).to_le_bytes());
+    }
     for row in rows {
         out.extend_from_slice(&row.pc.to_le_bytes());
         out.extend_from_slice(&row.cfa_offset.to_le_bytes());
@@ -339,7 +390,7 @@ pub fn encode(key: &str, table: &UnwindTable) -> Vec<u8> {
 
 /// The table in `bytes`, if they are a whole, intact file of this format
 /// for `key`.
-pub fn decode(key: &str, bytes: &[u8]) -> Result<UnwindTable, CacheFormatError> {
+pub fn decode(key: &str, bytes: &[u8]) -> Result<CachedTable, CacheFormatError> {
     let header = bytes
         .get(..HEADER_BYTES)
         .ok_or(CacheFormatError::Truncated)?;
@@ -368,10 +419,19 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<UnwindTable, CacheFormatError> 
     if key_len > MAX_KEY_BYTES {
         return Err(CacheFormatError::Key);
     }
+    let count_at = HEADER_BYTES + key_len;
+    let segment_count = bytes
+        .get(count_at..count_at + 4)
+        .map(|raw| u32::from_le_bytes(raw.try_into().unwrap()) as usize)
+        .ok_or(CacheFormatError::Length)?;
+    if segment_count > MAX_LOAD_SEGMENTS {
+        return Err(CacheFormatError::Segments);
+    }
+    let rows_at = count_at + 4 + segment_count * SEGMENT_BYTES;
     let expected = usize::try_from(rows)
         .ok()
         .and_then(|rows| rows.checked_mul(ROW_BYTES))
-        .and_then(|row_bytes| row_bytes.checked_add(HEADER_BYTES + key_len));
+        .and_then(|row_bytes| row_bytes.checked_add(rows_at));
     if expected != Some(bytes.len()) {
         return Err(CacheFormatError::Length);
     }
@@ -385,7 +445,19 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<UnwindTable, CacheFormatError> 
     if &bytes[HEADER_BYTES..HEADER_BYTES + key_len] != key.as_bytes() {
         return Err(CacheFormatError::Key);
     }
-    let rows: Vec<UnwindRow> = bytes[HEADER_BYTES + key_len..]
+    let segments = bytes[count_at + 4..rows_at]
+        .chunks_exact(SEGMENT_BYTES)
+        .map(|raw| {
+            let u64_at = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
+            LoadSegment {
+                offset: u64_at(0),
+                size: u64_at(8),
+                address: u64_at(16),
+                executable: u64_at(24) & 1 != 0,
+            }
+        })
+        .collect();
+    let rows: Vec<UnwindRow> = bytes[rows_at..]
         .chunks_exact(ROW_BYTES)
         .map(|raw| {
             let i16_at = |at: usize| i16::from_le_bytes([raw[at], raw[at + 1]]);
@@ -405,14 +477,17 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<UnwindTable, CacheFormatError> 
     if !rows.windows(2).all(|pair| pair[0].pc < pair[1].pc) {
         return Err(CacheFormatError::Unsorted);
     }
-    Ok(UnwindTable {
-        arch,
-        kind: if frame_pointers {
-            TableKind::FramePointers
-        } else {
-            TableKind::Rows(rows)
+    Ok(CachedTable {
+        table: UnwindTable {
+            arch,
+            kind: if frame_pointers {
+                TableKind::FramePointers
+            } else {
+                TableKind::Rows(rows)
+            },
+            text_bytes,
         },
-        text_bytes,
+        segments,
     })
 }
 
@@ -446,6 +521,8 @@ fn evict(dir: &Path, budget: u64) {
     };
     let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
         .flatten()
+        // The memo is bounded on its own, and rewritten in place.
+        .filter(|entry| !entry.file_name().to_string_lossy().contains(MEMO_FILE))
         .filter_map(|entry| {
             let meta = entry.metadata().ok()?;
             meta.is_file().then(|| {

@@ -64,18 +64,18 @@ fn a_table_round_trips() {
             text_bytes: 7,
         },
     ] {
-        let bytes = encode(KEY, &table);
+        let bytes = encode(KEY, &table, &[]);
         assert_eq!(
             bytes.len(),
-            HEADER_BYTES + KEY.len() + table.rows().len() * 16
+            HEADER_BYTES + KEY.len() + 4 + table.rows().len() * 16
         );
-        assert!(same(&decode(KEY, &bytes).unwrap(), &table));
+        assert!(same(&decode(KEY, &bytes).unwrap().table, &table));
     }
 }
 
 #[test]
 fn a_truncated_or_extended_file_is_refused() {
-    let bytes = encode(KEY, &rows_table(10));
+    let bytes = encode(KEY, &rows_table(10), &[]);
     assert_eq!(
         decode_err(KEY, &bytes[..20]),
         Some(CacheFormatError::Truncated)
@@ -94,7 +94,7 @@ fn a_truncated_or_extended_file_is_refused() {
 
 #[test]
 fn a_flipped_bit_anywhere_is_refused() {
-    let bytes = encode(KEY, &rows_table(10));
+    let bytes = encode(KEY, &rows_table(10), &[]);
     for at in (0..bytes.len()).step_by(7) {
         let mut bad = bytes.clone();
         bad[at] ^= 0x10;
@@ -109,7 +109,7 @@ fn a_flipped_bit_anywhere_is_refused() {
 
 #[test]
 fn another_version_or_row_layout_is_not_read() {
-    let bytes = encode(KEY, &rows_table(3));
+    let bytes = encode(KEY, &rows_table(3), &[]);
     let mut newer = bytes.clone();
     newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     assert_eq!(
@@ -123,14 +123,14 @@ fn another_version_or_row_layout_is_not_read() {
 
 #[test]
 fn a_file_for_another_key_or_with_unsorted_rows_is_refused() {
-    let bytes = encode(KEY, &rows_table(3));
+    let bytes = encode(KEY, &rows_table(3), &[]);
     assert_eq!(decode_err(OTHER, &bytes), Some(CacheFormatError::Key));
     let mut table = rows_table(3);
     if let TableKind::Rows(rows) = &mut table.kind {
         rows.swap(0, 2);
     }
     assert_eq!(
-        decode_err(KEY, &encode(KEY, &table)),
+        decode_err(KEY, &encode(KEY, &table, &[])),
         Some(CacheFormatError::Unsorted)
     );
     // A huge row count cannot make the length check overflow.
@@ -151,8 +151,8 @@ fn the_directory_serves_what_was_stored_and_counts_the_rest() {
     assert_eq!(mode & 0o777, 0o700);
     assert!(cache.get(KEY).is_none());
     let table = rows_table(100);
-    cache.put(KEY, &table);
-    assert!(same(&cache.get(KEY).unwrap(), &table));
+    cache.put(KEY, &table, &[]);
+    assert!(same(&cache.get(KEY).unwrap().table, &table));
     // Damaged on disk: ignored, counted, and replaced by the next store.
     let path = dir.join(format!("{}.table", &KEY[7..]));
     let mut bytes = std::fs::read(&path).unwrap();
@@ -161,7 +161,7 @@ fn the_directory_serves_what_was_stored_and_counts_the_rest() {
     assert!(cache.get(KEY).is_none());
     std::fs::write(&path, b"short").unwrap();
     assert!(cache.get(KEY).is_none());
-    cache.put(KEY, &table);
+    cache.put(KEY, &table, &[]);
     assert!(cache.get(KEY).is_some());
     // Not a content id: never a path.
     assert!(cache.get("../../etc/passwd").is_none());
@@ -187,7 +187,7 @@ fn the_directory_serves_what_was_stored_and_counts_the_rest() {
 #[test]
 fn the_least_recently_used_files_go_past_the_bound() {
     let dir = temp_dir("evict");
-    let one = encode(KEY, &rows_table(100)).len() as u64;
+    let one = encode(KEY, &rows_table(100), &[]).len() as u64;
     let cache = TableCache::open(CacheOptions {
         dir: dir.clone(),
         max_bytes: one * 2 + one / 2,
@@ -195,8 +195,8 @@ fn the_least_recently_used_files_go_past_the_bound() {
     .unwrap();
     let keys: Vec<String> = (0..3).map(|i| format!("sha256:{i:064x}")).collect();
     let table = rows_table(100);
-    cache.put(&keys[0], &table);
-    cache.put(&keys[1], &table);
+    cache.put(&keys[0], &table, &[]);
+    cache.put(&keys[1], &table, &[]);
     // The first is used again: the second is now the oldest.
     let old = SystemTime::now() - Duration::from_secs(60);
     for (key, age) in keys.iter().zip([2, 1]) {
@@ -205,14 +205,14 @@ fn the_least_recently_used_files_go_past_the_bound() {
         file.set_modified(old - Duration::from_secs(age)).unwrap();
     }
     assert!(cache.get(&keys[0]).is_some());
-    cache.put(&keys[2], &table);
+    cache.put(&keys[2], &table, &[]);
     let kept: Vec<bool> = keys
         .iter()
         .map(|key| dir.join(format!("{}.table", &key[7..])).exists())
         .collect();
     assert_eq!(kept, [true, false, true]);
     // A table larger than the whole cache is not stored.
-    cache.put(KEY, &rows_table(1000));
+    cache.put(KEY, &rows_table(1000), &[]);
     assert!(cache.get(KEY).is_none());
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -235,4 +235,28 @@ fn a_directory_open_to_others_is_made_private() {
 /// Why `bytes` were refused (`None`: accepted).
 fn decode_err(key: &str, bytes: &[u8]) -> Option<CacheFormatError> {
     decode(key, bytes).err()
+}
+
+#[test]
+fn a_table_keeps_its_files_segments() {
+    use hostprof_unwind::table::{load_segments, vaddr_in};
+    let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let segments = load_segments(&exe).unwrap();
+    assert!(segments.iter().any(|segment| segment.executable));
+    let bytes = encode(KEY, &rows_table(5), &segments);
+    let cached = decode(KEY, &bytes).unwrap();
+    assert_eq!(cached.segments, segments);
+    // Placed alike from the cache as from the file.
+    for segment in &segments {
+        assert_eq!(
+            vaddr_in(&cached.segments, segment.offset & !4095),
+            hostprof_unwind::table::vaddr_of_offset(&exe, segment.offset & !4095)
+        );
+    }
+    // More segments than a file may have: refused.
+    let many = vec![segments[0]; 65];
+    let mut bytes = encode(KEY, &rows_table(1), &many);
+    let at = HEADER_BYTES + KEY.len();
+    bytes[at..at + 4].copy_from_slice(&65u32.to_le_bytes());
+    assert!(decode(KEY, &bytes).is_err());
 }

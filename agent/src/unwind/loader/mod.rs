@@ -16,15 +16,13 @@
 //! that fit (file-backed first) and waits out the same backoff.
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
 use crate::model::{CodeRange, Mapping};
 mod pieces;
+mod stats;
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
@@ -33,8 +31,10 @@ use hostprof_common::{
     },
 };
 use pieces::runtime_pieces;
+use stats::{CACHED_UNREAD, FILES_READ, PROCESS_LOADS, PROCESSES_DEGRADED, READ_FOR_CACHED};
+pub use stats::{LoaderStats, capacity_totals, file_totals};
 
-use hostprof_unwind::table::{self, TableKind, UnwindTable};
+use hostprof_unwind::table::{self, LoadSegment, TableError, TableKind, UnwindTable};
 
 use super::{FileData, UnwindError, cache::TableCache};
 
@@ -74,63 +74,12 @@ pub trait FileSource {
     fn identify(&mut self, _pid: u32, _mapping: &Mapping) -> Option<FileKey> {
         None
     }
-}
 
-/// Figures for reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoaderStats {
-    /// Tables in the kernel now (in use, or idle).
-    pub tables: u64,
-    /// Of those, tables no process uses now: kept for the next process
-    /// mapping the same file, evicted (oldest first) when room is needed.
-    pub idle_tables: u64,
-    /// Idle tables evicted to make room or to bound their number.
-    pub evicted: u64,
-    /// Rows in the kernel now.
-    pub rows: u64,
-    /// Bytes of the rows map in use (whole chunks).
-    pub bytes_used: u64,
-    /// Size of the rows map.
-    pub bytes_capacity: u64,
-    /// Bytes of executable code the loaded tables describe.
-    pub text_bytes: u64,
-    /// Processes whose mappings are in the kernel now.
-    pub processes: u64,
-    /// Tables that did not fit in the rows map.
-    pub table_full: u64,
-    /// Files whose table could not be built (no CFI, unreadable, other arch).
-    pub build_failures: u64,
-    /// Mappings left out because a process had more than the kernel keeps.
-    pub mappings_dropped: u64,
-    /// Processes that did not fit in the kernel's process map (or whose
-    /// load it refused): left to frame pointers, retried after a backoff.
-    pub process_full: u64,
-    /// Requests for tables dropped because the service was behind (the
-    /// process's next sample asks again).
-    pub requests_dropped: u64,
-    /// Files forgotten from the set of those without a usable table, to
-    /// keep it bounded (they may be parsed again).
-    pub failed_forgotten: u64,
-    /// Process loads done (each reads the process's mappings and writes
-    /// them to the kernel): bounded by processes × backoff rounds, however
-    /// often samples ask.
-    pub loads: u64,
-    /// Requests ignored because the process was backing off.
-    pub backoff_skips: u64,
-}
-
-/// Process-wide totals of [`LoaderStats::process_full`] and
-/// [`LoaderStats::loads`], for the agent's metrics.
-static PROCESSES_DEGRADED: AtomicU64 = AtomicU64::new(0);
-static PROCESS_LOADS: AtomicU64 = AtomicU64::new(0);
-
-/// (processes left to frame pointers for lack of room, process loads) so
-/// far in this process.
-pub fn capacity_totals() -> (u64, u64) {
-    (
-        PROCESSES_DEGRADED.load(Ordering::Relaxed),
-        PROCESS_LOADS.load(Ordering::Relaxed),
-    )
+    /// The table of the file `open` just gave as `key`, if it was built
+    /// already (true: taken from the disk cache), or why it has none.
+    fn take_built(&mut self, _key: &FileKey) -> Option<Result<(UnwindTable, bool), TableError>> {
+        None
+    }
 }
 
 /// A process left to frame pointers for now.
@@ -160,9 +109,9 @@ struct Loaded {
     refs: u32,
     /// With no process using it: its place in [`TableLoader::idle`].
     idle_seq: Option<u64>,
-    /// (file offset, ELF address) of the mappings seen: a process mapping
-    /// the file the same way needs no read of it.
-    vaddrs: Vec<(u64, u64)>,
+    /// The file's loadable segments: a process mapping the file, at any
+    /// offset, needs no read of it.
+    segments: Vec<LoadSegment>,
 }
 
 /// The tables and processes currently in the kernel.
@@ -196,7 +145,9 @@ pub struct TableLoader<M: TableMaps> {
     /// hands to that runtime's walker.
     runtime_code: HashMap<u32, Vec<CodeRange>>,
     /// Tables built before, on disk (none: every table is built).
-    cache: Option<TableCache>,
+    cache: Option<Arc<TableCache>>,
+    /// The file whose cached table was just found unusable (and counted).
+    unusable: Option<FileKey>,
     stats: LoaderStats,
 }
 
@@ -227,6 +178,7 @@ impl<M: TableMaps> TableLoader<M> {
             backoff: HashMap::new(),
             runtime_code: HashMap::new(),
             cache: None,
+            unusable: None,
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -240,7 +192,7 @@ impl<M: TableMaps> TableLoader<M> {
 
     /// Takes tables from `cache` before building them, and stores the ones
     /// it builds there.
-    pub fn with_cache(mut self, cache: Option<TableCache>) -> Self {
+    pub fn with_cache(mut self, cache: Option<Arc<TableCache>>) -> Self {
         self.cache = cache;
         self
     }
@@ -391,23 +343,22 @@ impl<M: TableMaps> TableLoader<M> {
                 && self.failed.contains_key(key)
             {
                 // Known to have no usable table: frame pointers.
-            } else if let Some(key) = known
-                && let Some((vaddr, loaded)) = self.reuse(&key, mapping.file_offset)
+            } else if let Some(key) = &known
+                && let Some((vaddr, loaded)) = self
+                    .reuse(key, mapping.file_offset)
+                    .or_else(|| self.acquire_cached(key, mapping.file_offset))
             {
                 entry.bias = mapping.start.wrapping_sub(vaddr);
                 entry.table_start = loaded.0;
                 entry.table_len = loaded.1;
-                keys.push(key);
+                keys.push(key.clone());
             } else if runtime.is_none()
-                && let Some((key, data)) = files.open(pid, mapping)
-                && let Some(vaddr) = table::vaddr_of_offset((*data).as_ref(), mapping.file_offset)
-                && let Some(loaded) = self.acquire(&key, (*data).as_ref())
+                && let Some((key, data)) = self.read_file(files, pid, mapping)
+                && let Some(segments) = table::load_segments((*data).as_ref())
+                && let Some(vaddr) = table::vaddr_in(&segments, mapping.file_offset)
+                && let built = files.take_built(&key)
+                && let Some(loaded) = self.acquire(&key, (*data).as_ref(), segments, built)
             {
-                if let Some(known) = self.loaded.get_mut(&key)
-                    && !known.vaddrs.contains(&(mapping.file_offset, vaddr))
-                {
-                    known.vaddrs.push((mapping.file_offset, vaddr));
-                }
                 entry.bias = mapping.start.wrapping_sub(vaddr);
                 entry.table_start = loaded.0;
                 entry.table_len = loaded.1;
@@ -471,27 +422,81 @@ impl<M: TableMaps> TableLoader<M> {
         self.stats.processes = self.processes.len() as u64;
     }
 
-    /// A loaded table mapped at `file_offset` before: its ELF address there
-    /// and placement, taking a reference.
+    /// A loaded table: its ELF address at `file_offset` and placement,
+    /// taking a reference.
     fn reuse(&mut self, key: &FileKey, file_offset: u64) -> Option<(u64, (u32, u32))> {
         let loaded = self.loaded.get(key)?;
-        let &(_, vaddr) = loaded
-            .vaddrs
-            .iter()
-            .find(|(offset, _)| *offset == file_offset)?;
+        let vaddr = table::vaddr_in(&loaded.segments, file_offset)?;
         Some((vaddr, self.take_ref(key)?))
     }
 
+    /// `files.open`, counted.
+    fn read_file(
+        &mut self,
+        files: &mut dyn FileSource,
+        pid: u32,
+        mapping: &Mapping,
+    ) -> Option<(FileKey, FileData)> {
+        let opened = files.open(pid, mapping)?;
+        self.stats.files_read += 1;
+        FILES_READ.fetch_add(1, Ordering::Relaxed);
+        Some(opened)
+    }
+
+    /// A table not loaded yet, from the disk cache without reading its
+    /// file: its ELF address at `file_offset` and placement. `None` when
+    /// the cache does not have it (the caller reads the file).
+    fn acquire_cached(&mut self, key: &FileKey, file_offset: u64) -> Option<(u64, (u32, u32))> {
+        let FileKey::Content(id) = key else {
+            return None;
+        };
+        if self.loaded.contains_key(key) {
+            // Loaded, but its segments do not place this offset.
+            return None;
+        }
+        let found = match self.cache.as_ref()?.peek(id) {
+            Ok(found) => found,
+            Err(counted) => {
+                // Damaged or stale (counted): the build need not look again.
+                if counted {
+                    self.unusable = Some(key.clone());
+                }
+                return None;
+            }
+        };
+        let vaddr = table::vaddr_in(&found.segments, file_offset)?;
+        let placed = self.place(key, &found.table, found.segments)?;
+        self.stats.cached_unread += 1;
+        CACHED_UNREAD.fetch_add(1, Ordering::Relaxed);
+        Some((vaddr, placed))
+    }
+
     /// The table's (start, len) in the rows map, loading it if needed.
-    fn acquire(&mut self, key: &FileKey, data: &[u8]) -> Option<(u32, u32)> {
+    fn acquire(
+        &mut self,
+        key: &FileKey,
+        data: &[u8],
+        segments: Vec<LoadSegment>,
+        built: Option<Result<(UnwindTable, bool), TableError>>,
+    ) -> Option<(u32, u32)> {
         if let Some(placed) = self.take_ref(key) {
             return Some(placed);
         }
         if self.failed.contains_key(key) {
             return None;
         }
-        let table = match super::cache::table_of(self.cache.as_ref(), key, data) {
-            Ok(table) => table,
+        let lookup = self.unusable.take().as_ref() != Some(key);
+        let built = built.unwrap_or_else(|| {
+            super::cache::table_of(self.cache.as_deref(), key, data, &segments, lookup)
+        });
+        let table = match built {
+            Ok((table, cached)) => {
+                if cached {
+                    self.stats.read_for_cached += 1;
+                    READ_FOR_CACHED.fetch_add(1, Ordering::Relaxed);
+                }
+                table
+            }
             Err(err) => {
                 tracing::debug!("no unwind table for {key:?}: {err}");
                 self.stats.build_failures += 1;
@@ -499,7 +504,18 @@ impl<M: TableMaps> TableLoader<M> {
                 return None;
             }
         };
-        let loaded = self.store(&table)?;
+        self.place(key, &table, segments)
+    }
+
+    /// Writes `table` to the rows map as `key`'s.
+    fn place(
+        &mut self,
+        key: &FileKey,
+        table: &UnwindTable,
+        segments: Vec<LoadSegment>,
+    ) -> Option<(u32, u32)> {
+        let mut loaded = self.store(table)?;
+        loaded.segments = segments;
         let placed = placement(&loaded);
         self.stats.tables += 1;
         self.stats.rows += loaded.rows as u64;
@@ -519,7 +535,7 @@ impl<M: TableMaps> TableLoader<M> {
                     text_bytes: table.text_bytes,
                     refs: 1,
                     idle_seq: None,
-                    vaddrs: Vec::new(),
+                    segments: Vec::new(),
                 });
             }
             TableKind::Rows(rows) => rows,
@@ -550,7 +566,7 @@ impl<M: TableMaps> TableLoader<M> {
             text_bytes: table.text_bytes,
             refs: 1,
             idle_seq: None,
-            vaddrs: Vec::new(),
+            segments: Vec::new(),
         })
     }
 

@@ -335,7 +335,7 @@ fn a_new_loader_takes_the_tables_it_built_before_from_the_cache() {
     let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
     let rows_written = |cache: TableCache| {
         let mut maps = FakeMaps::default();
-        let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(cache));
+        let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(Arc::new(cache)));
         loader
             .load_process(
                 1,
@@ -377,7 +377,7 @@ fn a_new_loader_takes_the_tables_it_built_before_from_the_cache() {
     );
     // A key that names no bytes is never cached.
     let mut maps = FakeMaps::default();
-    let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(open()));
+    let mut loader = TableLoader::new(&mut maps, 4096).with_cache(Some(Arc::new(open())));
     let mut files = OwnExe(exe.clone(), 0);
     loader
         .load_process(1, &[mapping(10, 0x10000)], &mut files)
@@ -386,5 +386,143 @@ fn a_new_loader_takes_the_tables_it_built_before_from_the_cache() {
         loader.cache.as_ref().unwrap().totals(),
         CacheTotals::default()
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// [`crate::unwind::ProcFiles`] reading our own mappings whatever pid the
+/// loader asks for.
+struct AsOurs(crate::unwind::ProcFiles);
+
+impl FileSource for AsOurs {
+    fn open(&mut self, _pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)> {
+        self.0.open(std::process::id(), mapping)
+    }
+
+    fn identify(&mut self, _pid: u32, mapping: &Mapping) -> Option<FileKey> {
+        self.0.identify(std::process::id(), mapping)
+    }
+
+    fn take_built(&mut self, key: &FileKey) -> Option<Result<(UnwindTable, bool), TableError>> {
+        self.0.take_built(key)
+    }
+}
+
+/// `path` mapped into this process, described as `/proc/PID/maps` would.
+fn map_file(path: &std::path::Path) -> Mapping {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path).unwrap();
+    let meta = file.metadata().unwrap();
+    // SAFETY: a fresh private read-only mapping of a file only this test
+    // writes (before mapping it); left mapped for the test's life.
+    let start = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            meta.len() as usize,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(start, libc::MAP_FAILED);
+    Mapping {
+        start: start as u64,
+        end: start as u64 + meta.len().next_multiple_of(4096),
+        file_offset: 0,
+        path: path.to_str().unwrap().into(),
+        dev: meta.dev(),
+        inode: meta.ino(),
+        build_ids: Default::default(),
+    }
+}
+
+/// A process mapping a large file is loaded at once without that file's
+/// table; the file is read on its own lane, and a small program's table
+/// loads while it is held there; once it is ready, the process that wanted
+/// it is asked for again and gets it.
+#[test]
+fn a_large_file_does_not_hold_up_a_small_programs_table() {
+    use crate::unwind::slow::{self, SlowLane};
+    use std::sync::{Mutex, mpsc};
+    let dir = std::env::temp_dir().join(format!("hostprof-large-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Large: our own executable padded to 48 MiB (an ELF file may end with
+    // anything). Small: a system program of a few dozen KiB.
+    let large = dir.join("large.so");
+    let mut bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    bytes.resize(bytes.len().max(48 << 20), 0);
+    std::fs::write(&large, &bytes).unwrap();
+    drop(bytes);
+    let small = dir.join("true");
+    let system = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|path| std::path::Path::new(path).exists())
+        .expect("a true program");
+    std::fs::copy(system, &small).unwrap();
+    let threshold = 4 << 20;
+    assert!(std::fs::metadata(&small).unwrap().len() < threshold);
+    let (large_map, small_map) = (map_file(&large), map_file(&small));
+
+    // The lane reads nothing until the test lets it.
+    let (gate, held) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    let (ready_tx, ready) = mpsc::channel::<Vec<u32>>();
+    let lane = SlowLane::spawn(
+        threshold,
+        false,
+        Box::new(move |file| {
+            held.lock().unwrap().recv().ok()?;
+            slow::read_and_build(file, None)
+        }),
+        Box::new(move |pids| ready_tx.send(pids.to_vec()).unwrap()),
+    )
+    .unwrap();
+    let mut files = AsOurs(crate::unwind::ProcFiles {
+        slow: Some(lane),
+        ..Default::default()
+    });
+    let waiting = |files: &AsOurs| files.0.slow.as_ref().unwrap().waiting();
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 1 << 16);
+
+    loader
+        .load_process(1, std::slice::from_ref(&large_map), &mut files)
+        .unwrap();
+    assert_eq!(loader.stats().tables, 0, "the large file was read inline");
+    assert_eq!(waiting(&files), 1);
+
+    loader
+        .load_process(2, std::slice::from_ref(&small_map), &mut files)
+        .unwrap();
+    assert_eq!(loader.stats().tables, 1, "{:?}", loader.stats());
+    assert_eq!(
+        waiting(&files),
+        1,
+        "the small table waited for the large file"
+    );
+    assert!(ready.try_recv().is_err());
+
+    // A second process mapping the large file joins the wait (as the
+    // same pid: AsOurs reads every file as this process).
+    loader
+        .load_process(3, std::slice::from_ref(&large_map), &mut files)
+        .unwrap();
+    gate.send(()).unwrap();
+    assert_eq!(ready.recv().unwrap(), [std::process::id()]);
+    assert_eq!(waiting(&files), 0);
+    for pid in [1, 3] {
+        loader
+            .load_process(pid, std::slice::from_ref(&large_map), &mut files)
+            .unwrap();
+    }
+    let stats = loader.stats();
+    assert_eq!(stats.tables, 2, "{stats:?}");
+    assert_eq!(stats.build_failures, 0);
+    drop(loader);
+    for pid in [1, 2, 3] {
+        let entry = maps.processes[&pid].mappings[0];
+        assert!(entry.table_len > 0, "pid {pid}: {entry:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
