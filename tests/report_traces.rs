@@ -130,16 +130,7 @@ fn report_keeps_exactly_the_samples_of_a_trace_or_span() {
     let Some(_serial) = require_ebpf() else {
         return;
     };
-    let writer = build_c(
-        "otel_thread_ctx.c",
-        "otel_thread_ctx",
-        &[
-            "-O1",
-            "-Wall",
-            "-pthread",
-            "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
-        ],
-    );
+    let writer = build_otel_writer();
     let dir: PathBuf = work_dir().join("report_traces");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -177,15 +177,7 @@ struct Writer {
 fn build(writer: Writer) -> (std::path::PathBuf, Vec<String>) {
     let base = ["-O1", "-Wall", "-pthread"];
     if writer.place == Place::Executable {
-        let flags = [
-            &base[..],
-            &["-Wl,--export-dynamic-symbol=otel_thread_ctx_v1"],
-        ]
-        .concat();
-        return (
-            common::build_c("otel_thread_ctx.c", "otel_thread_ctx", &flags),
-            Vec::new(),
-        );
+        return (common::build_otel_writer(), Vec::new());
     }
     let dialect = if writer.descriptors {
         "-mtls-dialect=gnu2"

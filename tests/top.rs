@@ -265,16 +265,7 @@ fn top_ranks_the_traces_of_a_thread_context_writer() {
     if !require_tool("tmux") {
         return;
     }
-    let writer = build_c(
-        "otel_thread_ctx.c",
-        "otel_thread_ctx",
-        &[
-            "-O1",
-            "-Wall",
-            "-pthread",
-            "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
-        ],
-    );
+    let writer = build_otel_writer();
     // Three threads, each in its own trace (`1011…1f`, `2021…2f`,
     // `3031…3f` for their first 3 s), a new span every 12 ms; no stop file.
     let writing = Spinners(vec![

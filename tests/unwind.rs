@@ -495,20 +495,23 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
     );
 }
 
+/// The number just before `word` in `line` ("… 12 hits, …").
+fn number_before(line: &str, word: &str) -> u64 {
+    let at = line.find(word).unwrap_or_else(|| panic!("{word}: {line}"));
+    let digits = line[..at].trim_end();
+    let start = digits
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    digits[start..].parse().unwrap()
+}
+
 /// The `hostprof: unwind table cache: …` line's (hits, misses, corrupt).
 fn cache_line(stderr: &str) -> (u64, u64, u64) {
     let line = stderr
         .lines()
         .find_map(|line| line.strip_prefix("hostprof: unwind table cache: "))
         .unwrap_or_else(|| panic!("no cache line\n{stderr}"));
-    let number_before = |word: &str| -> u64 {
-        let at = line.find(word).unwrap_or_else(|| panic!("{word}: {line}"));
-        let digits = line[..at].trim_end();
-        let start = digits
-            .rfind(|c: char| !c.is_ascii_digit())
-            .map_or(0, |i| i + 1);
-        digits[start..].parse().unwrap()
-    };
+    let number_before = |word: &str| number_before(line, word);
     (
         number_before(" hits"),
         number_before(" misses"),
@@ -524,14 +527,7 @@ fn files_line(stderr: &str) -> (u64, u64, u64, u64) {
         .lines()
         .find_map(|line| line.strip_prefix("hostprof: unwind files: "))
         .unwrap_or_else(|| panic!("no unwind files line\n{stderr}"));
-    let number_before = |word: &str| -> u64 {
-        let at = line.find(word).unwrap_or_else(|| panic!("{word}: {line}"));
-        let digits = line[..at].trim_end();
-        let start = digits
-            .rfind(|c: char| !c.is_ascii_digit())
-            .map_or(0, |i| i + 1);
-        digits[start..].parse().unwrap()
-    };
+    let number_before = |word: &str| number_before(line, word);
     (
         number_before(" tables from the cache unread"),
         number_before(" only to find a cached table"),

@@ -96,6 +96,20 @@ pub fn build_c(source: &str, output: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
+/// Flags of the OTEP 4947 writer (`tests/programs/otel_thread_ctx.c`)
+/// with its variable in the executable, exported for readers.
+pub const OTEL_WRITER_FLAGS: [&str; 4] = [
+    "-O1",
+    "-Wall",
+    "-pthread",
+    "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
+];
+
+/// That writer, built.
+pub fn build_otel_writer() -> PathBuf {
+    build_c("otel_thread_ctx.c", "otel_thread_ctx", &OTEL_WRITER_FLAGS)
+}
+
 /// Runs a command, panicking with its stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let output = cmd.output().expect("start command");

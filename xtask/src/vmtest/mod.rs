@@ -249,21 +249,12 @@ fn run_many_cpus(
         target.name,
         memory::MANY_CPUS
     ));
-    let started = Instant::now();
-    let boot = qemu::boot(
-        target.arch,
-        &kernel.image,
-        initramfs,
-        &log,
-        target.arch.timeout(),
-        kvm && target.arch == Arch::host(),
-        &qemu::Guest {
-            memory: "2G",
-            cpus: memory::MANY_CPUS,
-            append: "vmtest.suite=memory",
-        },
-    )?;
-    let seconds = started.elapsed().as_secs();
+    let guest = qemu::Guest {
+        memory: "2G",
+        cpus: memory::MANY_CPUS,
+        append: "vmtest.suite=memory",
+    };
+    let (boot, seconds) = boot_guest(target, &kernel, initramfs, &log, kvm, &guest)?;
     let (passed, words) = match (few, memory::figures(&boot)) {
         (Some(few), Some(many)) => memory::per_cpu(few, many),
         (None, _) => (false, "no memory figures from the 2-vCPU boot".to_string()),
@@ -302,18 +293,14 @@ fn run_target(
         ));
     }
     let log = dir.join(format!("console-{}.log", target.name));
-    let started = Instant::now();
-    let kvm = kvm && target.arch == Arch::host();
-    let boot = qemu::boot(
-        target.arch,
-        &kernel.image,
+    let (boot, seconds) = boot_guest(
+        target,
+        &kernel,
         initramfs,
         &log,
-        target.arch.timeout(),
         kvm,
         &qemu::Guest::default(),
     )?;
-    let seconds = started.elapsed().as_secs();
     let verdict = judge::judge(&boot);
     let passed = verdict.iter().all(|item| item.passed);
     let mut summary = format!(
@@ -334,4 +321,27 @@ fn run_target(
         summary.push_str(&format!("\nvmtest:   console: {}", log.display()));
     }
     Ok((passed, summary, memory::figures(&boot)))
+}
+
+/// Boots `kernel` as `guest` (KVM only when asked and the arch is the
+/// host's): what it left behind, and how many seconds it took.
+fn boot_guest(
+    target: &Target,
+    kernel: &kernel::Kernel,
+    initramfs: &Path,
+    log: &Path,
+    kvm: bool,
+    guest: &qemu::Guest,
+) -> Result<(qemu::Boot, u64)> {
+    let started = Instant::now();
+    let boot = qemu::boot(
+        target.arch,
+        &kernel.image,
+        initramfs,
+        log,
+        target.arch.timeout(),
+        kvm && target.arch == Arch::host(),
+        guest,
+    )?;
+    Ok((boot, started.elapsed().as_secs()))
 }

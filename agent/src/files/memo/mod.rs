@@ -360,9 +360,10 @@ fn read_file(path: &Path) -> Result<Vec<(Stat, Arc<str>)>, MemoFormatError> {
     decode(&bytes)
 }
 
-/// Writes `bytes` next to `path` (mode 0600), then renames it into place:
-/// a reader sees a whole file or the previous one.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` next to `path` (mode 0600, never through a symlink),
+/// then renames it into place: a reader sees a whole file or the previous
+/// one. The memo's and the table cache's files.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));

@@ -35,7 +35,7 @@
 //! | 44..48 | CRC-32 of the file with this field zero |
 use std::{
     fs::File,
-    io::{Read, Write},
+    io::Read,
     os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
@@ -275,7 +275,7 @@ impl TableCache {
         if bytes.len() as u64 > self.options.max_bytes {
             return;
         }
-        if let Err(err) = write_atomic(&path, &bytes) {
+        if let Err(err) = crate::files::memo::write_atomic(&path, &bytes) {
             tracing::debug!("cannot store unwind table {}: {err}", path.display());
             count(&self.counters.write_errors, &TOTALS.write_errors);
             return;
@@ -489,28 +489,6 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<CachedTable, CacheFormatError> 
         },
         segments,
     })
-}
-
-/// Writes `bytes` next to `path`, then renames it into place.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .expect("cache files are in the cache directory");
-    let name = path.file_name().expect("a file name").to_string_lossy();
-    let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));
-    let result = File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&partial)
-        .and_then(|mut file| file.write_all(bytes))
-        .and_then(|()| std::fs::rename(&partial, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&partial);
-    }
-    result
 }
 
 /// Deletes the least recently used files until at most `budget` bytes
