@@ -70,7 +70,7 @@ memory_check() {
         if [ "$bpf_kib" = 0 ] || [ "${bpf:-0}" -lt "$bpf_kib" ]; then bpf_kib=${bpf:-0}; fi
     done
     show memory /tmp/mem.err
-    say check=memory exit=$rc cpus=$(nproc) rss_kib=$rss_kib bpf_kib=$bpf_kib detail="$(detail /tmp/mem.err 'memory')"
+    say check=memory exit=$rc cpus=$(nproc) rss_kib=$rss_kib bpf_kib=$bpf_kib detail="${line:-$(detail /tmp/mem.err)}"
 }
 
 [ -e /sys/kernel/btf/vmlinux ] && btf=1 || btf=0

@@ -253,6 +253,7 @@ fn run_many_cpus(
         memory: "2G",
         cpus: memory::MANY_CPUS,
         append: "vmtest.suite=memory",
+        single_thread: true,
     };
     let (boot, seconds) = boot_guest(target, &kernel, initramfs, &log, kvm, &guest)?;
     let (passed, words) = match (few, memory::figures(&boot)) {

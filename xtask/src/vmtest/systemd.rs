@@ -131,6 +131,7 @@ pub fn run(dir: &Path, kvm: bool) -> Result<()> {
         &qemu::Guest {
             memory: "2G",
             cpus: 2,
+            single_thread: false,
             // Debian's kernels default to perf_event_paranoid=3, at which a
             // Debian patch asks CAP_SYS_ADMIN for any perf event: the unit's
             // CAP_PERFMON is enough only at 2 (upstream's default), which
