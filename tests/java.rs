@@ -576,20 +576,7 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     if failures.is_empty() {
         return failures;
     }
-    // The commonest worker stacks, to see what hostprof made of them.
-    let mut examples = workers.clone();
-    examples.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
-    let examples: Vec<String> = examples
-        .iter()
-        .take(5)
-        .map(|(frames, count)| format!("  {count} {}", frames.join(";")))
-        .collect();
-    vec![format!(
-        "{name}:\n{}\ncommonest worker stacks ({}):\n{}",
-        failures.join("\n"),
-        folded.display(),
-        examples.join("\n")
-    )]
+    vec![failure_report(name, &failures, "worker", &folded, &workers)]
 }
 
 /// The ground truth on its own (no eBPF, no root): the program runs under

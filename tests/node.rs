@@ -436,18 +436,12 @@ fn profile(node: &Node) -> Vec<String> {
     if failures.is_empty() {
         return failures;
     }
-    let mut examples = threads.clone();
-    examples.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
-    let examples: Vec<String> = examples
-        .iter()
-        .take(5)
-        .map(|(frames, count)| format!("  {count} {}", frames.join(";")))
-        .collect();
-    vec![format!(
-        "{name}:\n{}\ncommonest JavaScript-thread stacks ({}):\n{}",
-        failures.join("\n"),
-        folded.display(),
-        examples.join("\n")
+    vec![failure_report(
+        name,
+        &failures,
+        "JavaScript-thread",
+        &folded,
+        &threads,
     )]
 }
 

@@ -150,6 +150,31 @@ pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// One failure message for a runtime test: what failed, then the `stacks`
+/// (frames root first, count) seen most often, so a failing CI log shows
+/// what hostprof made of the program without the folded file at hand.
+pub fn failure_report(
+    name: &str,
+    failures: &[String],
+    what: &str,
+    folded: &Path,
+    stacks: &[&(Vec<String>, u64)],
+) -> String {
+    let mut commonest = stacks.to_vec();
+    commonest.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    let examples: Vec<String> = commonest
+        .iter()
+        .take(5)
+        .map(|(frames, count)| format!("  {count} {}", frames.join(";")))
+        .collect();
+    format!(
+        "{name}:\n{}\ncommonest {what} stacks ({}):\n{}",
+        failures.join("\n"),
+        folded.display(),
+        examples.join("\n")
+    )
+}
+
 /// Share (0..=1) of samples whose leaf frame is `function`, among stacks whose
 /// first element (comm) is `comm`.
 pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> f64 {
