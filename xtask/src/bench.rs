@@ -18,6 +18,8 @@ mod program;
 mod python;
 mod scale;
 
+pub use scale::COPIES as SCALE_COPIES;
+
 /// One part of the bench to run alone (`--only`).
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Only {
@@ -117,14 +119,19 @@ impl Row {
     }
 }
 
-pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
-    let hostprof = build(None)?;
+pub fn run(seconds: u64, only: Option<Only>, copies: usize) -> Result<()> {
+    // Another build's binary, to compare two versions on the same machine
+    // in one sitting (a copy of an earlier `target/release/hostprof`).
+    let hostprof = match std::env::var_os("HOSTPROF_BENCH_BINARY") {
+        Some(binary) => PathBuf::from(binary),
+        None => build(None)?,
+    };
     let dir = root().join("target/bench");
     fs::create_dir_all(&dir)?;
     match only {
         Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
         Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
-        Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir),
+        Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir, copies),
         None => {}
     }
     let workload = compile_workload(&dir)?;
@@ -190,7 +197,7 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     };
     with_workload(&workload, 10, encode)?;
     println!();
-    scale::bench_scale(&hostprof, &dir)
+    scale::bench_scale(&hostprof, &dir, copies)
 }
 
 /// Issue 8: what off-CPU tracing costs a context-switch-heavy program.

@@ -2,10 +2,12 @@
 //! just after the agent (re)starts. N copies of one static binary without
 //! frame pointers, made distinct by a few bytes (so N tables, nothing
 //! shared), all spinning; a 10 s host-wide `record` with a cold and then a
-//! warm unwind table cache. Early stack copies are off, so a stack is
-//! complete only once its process's table is in the kernel: the share of
-//! stacks reaching `_start`, and when each process's table arrived, say
-//! how fast the tables keep up.
+//! warm unwind table cache, as a user runs it (early stack copies on), and
+//! once more cold without the copies: there a stack is complete only once
+//! its process's table is in the kernel, which says how fast the tables
+//! keep up. For each host-wide run, why the incomplete stacks stopped:
+//! walked in the kernel, from early copies on the host, or copies that
+//! were dropped or waited too long.
 use std::{
     fmt::Write as _,
     fs,
@@ -18,8 +20,8 @@ use anyhow::{Context, Result};
 
 use crate::run_cmd;
 
-/// Distinct binaries spinning at once.
-const COPIES: usize = 16;
+/// Distinct binaries spinning at once, unless `--copies` says otherwise.
+pub const COPIES: usize = 16;
 /// Functions in each (three CFI rows each): 60,000 rows, about 1 MiB of
 /// kernel memory a copy, so that all fit the default 32 MiB rows map next
 /// to the host's other binaries.
@@ -71,8 +73,8 @@ fn filler_asm() -> String {
     asm
 }
 
-/// The base binary, then `COPIES` copies with their index appended.
-fn build_copies(dir: &Path) -> Result<Vec<PathBuf>> {
+/// The base binary, then `copies` copies with their index appended.
+fn build_copies(dir: &Path, copies: usize) -> Result<Vec<PathBuf>> {
     fs::create_dir_all(dir)?;
     let (hot, filler, base) = (dir.join("hot.c"), dir.join("filler.s"), dir.join("base"));
     fs::write(&hot, HOT_C)?;
@@ -85,9 +87,15 @@ fn build_copies(dir: &Path) -> Result<Vec<PathBuf>> {
             .arg(&filler),
     )?;
     let bytes = fs::read(&base)?;
-    (0..COPIES)
+    // Copies of an earlier, larger run are not spun.
+    for entry in fs::read_dir(dir)?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("scale_") {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    (0..copies)
         .map(|i| {
-            let copy = dir.join(format!("scale_{i:02}"));
+            let copy = dir.join(format!("scale_{i:03}"));
             let mut distinct = bytes.clone();
             distinct.extend_from_slice(&(i as u64).to_le_bytes());
             fs::write(&copy, distinct)?;
@@ -115,6 +123,12 @@ struct Run {
     files: String,
     /// record's unwind tables line.
     tables: String,
+    /// record's user stacks line (counters of the whole host).
+    stacks: String,
+    /// record's early samples line.
+    early: String,
+    /// record's memory line (peak RSS, BPF maps).
+    memory: String,
 }
 
 /// Seconds since midnight UTC of a log line's `…T21:33:58.174634Z`.
@@ -155,6 +169,7 @@ fn record(
     hostprof: &Path,
     copies: &[PathBuf],
     scope: Scope,
+    early: bool,
     cache: &Path,
     out: &Path,
 ) -> Result<Run> {
@@ -185,11 +200,12 @@ fn record(
         // Room for the host's other binaries too (a rustc's driver library
         // alone is 18 MiB of rows): this measures time, not room.
         .args(["--unwind-table-mib", "128"])
-        .args([
-            "--no-early-stack-copy",
-            "--log-level",
-            "hostprof::unwind=debug",
-        ])
+        .args(if early {
+            &[][..]
+        } else {
+            &["--no-early-stack-copy"][..]
+        })
+        .args(["--log-level", "hostprof::unwind=debug"])
         .arg("--unwind-cache-dir")
         .arg(cache)
         .arg("-o")
@@ -251,50 +267,107 @@ fn record(
         cache: line("hostprof: unwind table cache: "),
         tables: line("hostprof: unwind tables: "),
         files: line("hostprof: unwind files: "),
+        stacks: line("hostprof: user stacks: "),
+        early: line("hostprof: early samples (before their tables were loaded): "),
+        memory: line("hostprof: memory: "),
     })
+}
+
+/// `name 12, other 0, last 3` without the zeros.
+fn nonzero(list: &str) -> String {
+    let kept: Vec<&str> = list
+        .split(", ")
+        .filter(|item| !item.ends_with(" 0"))
+        .collect();
+    if kept.is_empty() {
+        "none".into()
+    } else {
+        kept.join(", ")
+    }
+}
+
+/// Why stacks stopped, from record's closing lines (host-wide counters:
+/// other processes' samples too).
+fn reasons(run: &Run) -> (String, String) {
+    // "A unwound with tables (B complete; stopped: …), C with frame
+    // pointers before their tables were loaded"
+    let stacks = &run.stacks;
+    let kernel = stacks
+        .split_once(" (")
+        .and_then(|(walked, rest)| {
+            let (complete, rest) = rest.split_once(" complete; stopped: ")?;
+            let (stopped, rest) = rest.split_once("), ")?;
+            let before = rest.split(' ').next()?;
+            Some(format!(
+                "kernel: {walked}, {complete} complete, stopped: {}; \
+                 {before} before their tables",
+                nonzero(stopped)
+            ))
+        })
+        .unwrap_or_else(|| format!("kernel: {stacks}"));
+    let early = run
+        .early
+        .split("; the copies")
+        .next()
+        .unwrap_or("none")
+        .replace(" on the host from stack copies", " from copies");
+    (kernel, format!("early: {early}"))
 }
 
 /// The bench: build, then a cold and a warm record, of the copies alone
 /// and of the whole host.
-pub(crate) fn bench_scale(hostprof: &Path, dir: &Path) -> Result<()> {
+pub(crate) fn bench_scale(hostprof: &Path, dir: &Path, count: usize) -> Result<()> {
     let dir = dir.join("scale");
-    let copies = build_copies(&dir)?;
+    let copies = build_copies(&dir, count)?;
     let cache = dir.join("cache");
     println!(
-        "scale: {COPIES} distinct static binaries without frame pointers ({FUNCTIONS} functions \
-         each), all spinning; {SECONDS} s records at 999 Hz, no early stack copies; cold: \
-         an empty table cache, warm: the cold run's"
+        "scale: {count} distinct static binaries without frame pointers ({FUNCTIONS} functions \
+         each), all spinning; {SECONDS} s records at 999 Hz; cold: an empty table cache, warm: \
+         the cold run's; early: early stack copies (the default), tables only: without them"
     );
     println!(
-        "{:<12} {:>9} {:>13} {:>34} {:>9}  cache",
+        "{:<24} {:>9} {:>13} {:>34} {:>9}  cache",
         "record", "samples", "reach _start", "tables in kernel after (s)", "loader s"
     );
     let mut tables = String::new();
-    for (scope, scope_name) in [(Scope::Copies, "-p copies"), (Scope::Host, "host-wide")] {
-        let _ = fs::remove_dir_all(&cache);
-        for name in ["cold", "warm"] {
-            let out = dir.join(format!("{scope_name}-{name}.folded").replace(' ', "_"));
-            let run = record(hostprof, &copies, scope, &cache, &out)?;
-            let median = run.loaded.get(run.loaded.len() / 2).copied();
-            let last = run.loaded.last().copied();
-            let seconds = |value: Option<f64>| value.map_or("-".into(), |s| format!("{s:.2}"));
-            println!(
-                "{:<12} {:>9} {:>12.1}% {:>34} {:>9.2}  {}",
-                format!("{scope_name} {name}"),
-                run.samples,
-                run.complete as f64 * 100.0 / run.samples.max(1) as f64,
-                format!(
-                    "{}/{COPIES}: median {}, last {}",
-                    run.loaded.len(),
-                    seconds(median),
-                    seconds(last)
-                ),
-                run.busy,
-                run.cache
-            );
-            tables = run.tables;
-            println!("{:<12} files: {}", "", run.files);
+    let runs = [
+        (Scope::Copies, "-p copies", "cold", true),
+        (Scope::Copies, "-p copies", "warm", true),
+        (Scope::Host, "host-wide", "cold", true),
+        (Scope::Host, "host-wide", "warm", true),
+        (Scope::Host, "host-wide", "cold tables only", false),
+    ];
+    for (scope, scope_name, name, early) in runs {
+        if name.starts_with("cold") {
+            let _ = fs::remove_dir_all(&cache);
         }
+        let label = format!("{scope_name} {name}");
+        let out = dir.join(format!("{label}.folded").replace(' ', "_"));
+        let run = record(hostprof, &copies, scope, early, &cache, &out)?;
+        let median = run.loaded.get(run.loaded.len() / 2).copied();
+        let last = run.loaded.last().copied();
+        let seconds = |value: Option<f64>| value.map_or("-".into(), |s| format!("{s:.2}"));
+        println!(
+            "{:<24} {:>9} {:>12.1}% {:>34} {:>9.2}  {}",
+            label,
+            run.samples,
+            run.complete as f64 * 100.0 / run.samples.max(1) as f64,
+            format!(
+                "{}/{count}: median {}, last {}",
+                run.loaded.len(),
+                seconds(median),
+                seconds(last)
+            ),
+            run.busy,
+            run.cache
+        );
+        println!("{:<24} files: {}", "", run.files);
+        println!("{:<24} memory: {}", "", run.memory);
+        if matches!(scope, Scope::Host) {
+            let (kernel, early) = reasons(&run);
+            println!("{:<24} {kernel}\n{:<24} {early}", "", "");
+        }
+        tables = run.tables;
     }
     let bytes: u64 = fs::read_dir(&cache)?
         .flatten()
