@@ -112,6 +112,9 @@ pub fn spawn(
                         .early_unwound
                         .store(figures.unwound, Ordering::Relaxed);
                     state
+                        .early_complete
+                        .store(figures.complete, Ordering::Relaxed);
+                    state
                         .early_timed_out
                         .store(figures.timed_out, Ordering::Relaxed);
                     state
@@ -189,6 +192,8 @@ pub struct PipelineState {
     /// Samples taken before their tables were loaded, unwound on the host
     /// from their stack copies ([`unwind::early`]).
     pub early_unwound: AtomicU64,
+    /// Of those, the stacks walked to their end.
+    pub early_complete: AtomicU64,
     /// Such samples that went on with frame pointers (tables too late).
     pub early_timed_out: AtomicU64,
     /// Stack copies dropped because the early queue was full.

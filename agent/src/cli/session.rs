@@ -81,6 +81,8 @@ pub(super) struct Finished<T> {
     /// Samples taken before their tables were loaded: (unwound on the host
     /// from their stack copies, sent on with frame pointers, copies dropped).
     pub early: (u64, u64, u64),
+    /// Of the samples unwound from their copies, those walked to the end.
+    pub early_complete: u64,
 }
 
 /// Longest wait for the unwind tables of `-p` processes before sampling.
@@ -187,7 +189,7 @@ impl<T: Send + 'static> Session<T> {
         // stack copies wait in a bounded queue, in memory only.
         let (early_tx, early) = match mirror {
             Some(mirror) if options.early_copy_bytes > 0 => {
-                let (tx, rx) = mpsc::sync_channel(crate::unwind::early::MAX_HELD);
+                let (tx, rx) = mpsc::sync_channel(crate::unwind::early::MAX_QUEUED);
                 (
                     Some(tx),
                     Some((rx, crate::unwind::early::EarlyStacks::new(mirror))),
@@ -289,6 +291,7 @@ impl<T: Send + 'static> Session<T> {
         );
         Ok(Finished {
             early,
+            early_complete: self.pipeline.early_complete.load(Ordering::Relaxed),
             output,
             reader,
             counters,

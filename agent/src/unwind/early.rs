@@ -10,32 +10,63 @@
 //! kernel would have found.
 //!
 //! The copied bytes are user memory of the profiled process. They live only
-//! here, in a bounded queue ([`MAX_HELD`] samples), until the sample is
-//! unwound, sent on with its frame-pointer stack after [`MAX_WAIT`], or
+//! here, in a queue bounded in bytes ([`MAX_HELD_BYTES`]), until the sample
+//! is unwound, sent on with its frame-pointer stack after [`MAX_WAIT`], or
 //! dropped because the queue is full (each counted); the bytes are then
 //! freed. Nothing of them reaches a sample, an output file or an export:
 //! only the return addresses the unwinder finds do.
+//!
+//! On a busy host with many new binaries, tables take seconds to arrive
+//! and every CPU sample meanwhile has a copy: thousands. So a held sample
+//! keeps only what it needs: its record without its frame-pointer frames
+//! (which the walk replaces), and its stack in 512-byte blocks shared with
+//! the thread's previous copy where the bytes are the same (the callers'
+//! frames of a thread busy in one place do not change between samples):
+//! about 1 KiB a sample instead of 11.
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, RwLock},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use hostprof_common::{
-    RowChunk, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_UNWIND_SHIFT, Sample,
+    MAX_STACK_DEPTH, RowChunk, SAMPLE_FLAG_TRACE, SAMPLE_FLAG_USER_TABLES,
+    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_TRACE_AT, SAMPLE_UNWIND_SHIFT, Sample,
+    trace,
 };
 use hostprof_unwind::{self as unwind, Lookup, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow};
 
 use super::{TableMaps, UnwindError, replay::HOST_ARCH};
 use crate::sampler::StackCopy;
 
-/// Samples held at most (and copies queued on their way here): with
-/// [`crate::sampler::EARLY_COPY_BYTES`] each, at most 4 MiB in all.
-pub const MAX_HELD: usize = 256;
+/// Bytes the held samples and their stack copies take at most; a copy
+/// past it is dropped (counted). About 16,000 samples of threads busy in
+/// one place: eight seconds of a 2-CPU host sampled at 999 Hz.
+pub const MAX_HELD_BYTES: usize = 16 << 20;
+
+/// Copies on their way here from the ring's reader (each a whole decoded
+/// sample and up to [`crate::sampler::EARLY_COPY_BYTES`] of stack, 11 KiB):
+/// about half a second of copies at full rate, taken in at every batch.
+pub const MAX_QUEUED: usize = 1024;
 
 /// How long a sample waits for its process's tables before it goes on with
-/// its frame-pointer stack.
-pub const MAX_WAIT: Duration = Duration::from_secs(2);
+/// its frame-pointer stack. On a saturated host with dozens of new
+/// binaries the last tables come seconds after their first sample (the
+/// bench's scale row: 16 distinct binaries, a cold cache, tables in after
+/// 4 to 10 s); a wait shorter than that loses those stacks.
+pub const MAX_WAIT: Duration = Duration::from_secs(15);
+
+/// Bytes of a stack block, the unit shared between a thread's copies.
+const BLOCK: u64 = 512;
+
+/// Threads whose last copy is remembered for sharing, at most.
+const MAX_THREADS: usize = 4096;
+
+/// Copies kept for a sample that has not come (yet), at most.
+const MAX_PENDING: usize = 4096;
 
 /// What the kernel's unwind maps hold, as the host sees it.
 #[derive(Default)]
@@ -89,27 +120,170 @@ impl<M: TableMaps> TableMaps for Mirrored<M> {
 pub struct EarlyStats {
     /// Samples unwound on the host once their tables were loaded.
     pub unwound: u64,
+    /// Of those, the stacks walked to their end (reason `COMPLETE`).
+    pub complete: u64,
     /// Samples sent on with their frame-pointer stack: tables not loaded
     /// within [`MAX_WAIT`] (or the run ended first).
     pub timed_out: u64,
-    /// Copies dropped because [`MAX_HELD`] samples were waiting already.
+    /// Copies dropped because [`MAX_HELD_BYTES`] were held already.
     pub dropped: u64,
 }
 
-struct Held {
-    sample: Sample,
+/// A stack block: bytes of one thread's stack at `start`, shared by the
+/// copies that found them unchanged. Counted in its meter while it lives.
+struct Block {
+    start: u64,
+    bytes: Box<[u8]>,
+    meter: Arc<AtomicUsize>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.meter
+            .fetch_sub(block_cost(self.bytes.len()), Ordering::Relaxed);
+    }
+}
+
+/// What a block costs: its bytes and its header.
+fn block_cost(len: usize) -> usize {
+    len + size_of::<Block>() + 2 * size_of::<usize>()
+}
+
+/// A copy of a stack from `sp` up, in blocks cut at multiples of
+/// [`BLOCK`] (the first one starts at `sp`).
+#[derive(Clone, Default)]
+struct PackedStack {
+    sp: u64,
+    len: u64,
+    blocks: Vec<Arc<Block>>,
+}
+
+impl PackedStack {
+    /// `stack` (copied from `sp` up), sharing the blocks of `previous`
+    /// that hold the same bytes at the same addresses.
+    fn pack(
+        sp: u64,
+        stack: &[u8],
+        previous: Option<&PackedStack>,
+        meter: &Arc<AtomicUsize>,
+    ) -> Self {
+        let mut blocks = Vec::with_capacity(stack.len() / BLOCK as usize + 2);
+        let mut at = 0usize;
+        while at < stack.len() {
+            let start = sp.wrapping_add(at as u64);
+            let room = (BLOCK - start % BLOCK) as usize;
+            let bytes = &stack[at..stack.len().min(at + room)];
+            let shared = previous
+                .and_then(|previous| previous.block_at(start))
+                .filter(|block| block.start == start && *block.bytes == *bytes);
+            blocks.push(match shared {
+                Some(block) => block.clone(),
+                None => {
+                    meter.fetch_add(block_cost(bytes.len()), Ordering::Relaxed);
+                    Arc::new(Block {
+                        start,
+                        bytes: bytes.into(),
+                        meter: meter.clone(),
+                    })
+                }
+            });
+            at += bytes.len();
+        }
+        PackedStack {
+            sp,
+            len: stack.len() as u64,
+            blocks,
+        }
+    }
+
+    /// The block holding `address`.
+    fn block_at(&self, address: u64) -> Option<&Arc<Block>> {
+        let offset = address.checked_sub(self.sp).filter(|&at| at < self.len)?;
+        let index = (self.sp % BLOCK + offset) / BLOCK;
+        self.blocks.get(usize::try_from(index).ok()?)
+    }
+
+    fn read_u64(&self, address: u64) -> Option<u64> {
+        let mut word = [0u8; 8];
+        for (i, byte) in word.iter_mut().enumerate() {
+            let at = address.checked_add(i as u64)?;
+            let block = self.block_at(at)?;
+            *byte = *block.bytes.get(usize::try_from(at - block.start).ok()?)?;
+        }
+        Some(u64::from_le_bytes(word))
+    }
+}
+
+/// A copy whose sample has not been attributed yet.
+struct Pending {
     regs: [u64; 4],
-    stack: Vec<u8>,
+    stack: PackedStack,
+}
+
+struct Held {
+    /// The sample as a compact ring record (`crate::sampler::decode_sample`
+    /// reads it back), without its user frames.
+    record: Box<[u8]>,
+    regs: [u64; 4],
+    stack: PackedStack,
     since: Instant,
+}
+
+impl Held {
+    fn cost(&self) -> usize {
+        size_of::<Held>() + self.record.len() + self.stack.blocks.len() * size_of::<usize>()
+    }
+}
+
+/// `sample` as a compact ring record, as the kernel writes them: its
+/// header, kernel then user frames, runtime frames and trace link if it
+/// has them. A few hundred bytes where a `Sample` is 3 KiB.
+fn pack_sample(sample: &Sample) -> Box<[u8]> {
+    // SAFETY: `Sample` is plain old data without padding (it is `aya::Pod`),
+    // so all its bytes are initialized; the slice lives as long as `sample`.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((&raw const *sample).cast::<u8>(), size_of::<Sample>())
+    };
+    let kernel = (sample.kernel_stack_len as usize).min(MAX_STACK_DEPTH);
+    let user = (sample.user_stack_len as usize).min(sample.user_stack.len());
+    let frames_end = SAMPLE_HEADER_BYTES + 8 * (kernel + user);
+    let used = if sample.runtime.len == 0 {
+        frames_end
+    } else {
+        let frames = (sample.runtime.len as usize).min(hostprof_common::runtime::MAX_FRAMES);
+        let runtime = std::mem::offset_of!(Sample, runtime)
+            + std::mem::offset_of!(hostprof_common::runtime::Stack, frames)
+            + frames * size_of::<hostprof_common::runtime::Frame>();
+        runtime.max(frames_end)
+    };
+    let mut record = bytes[..used].to_vec();
+    // The user frames right after the kernel ones.
+    let at = SAMPLE_HEADER_BYTES + 8 * kernel;
+    for (slot, frame) in record[at..frames_end]
+        .chunks_exact_mut(8)
+        .zip(&sample.user_stack[..user])
+    {
+        slot.copy_from_slice(&frame.to_ne_bytes());
+    }
+    if sample.flags & SAMPLE_FLAG_TRACE != 0 {
+        record.extend_from_slice(&bytes[SAMPLE_TRACE_AT..SAMPLE_TRACE_AT + trace::LINK_BYTES]);
+    }
+    record.into_boxed_slice()
 }
 
 /// Samples waiting for their process's tables, with their stack copies.
 pub struct EarlyStacks {
     mirror: SharedMirror,
     /// Copies that arrived before their sample was attributed, by (tid,
-    /// kernel time); at most [`MAX_HELD`].
-    copies: HashMap<(u32, u64), StackCopy>,
+    /// kernel time).
+    pending: HashMap<(u32, u64), Pending>,
     held: VecDeque<Held>,
+    /// Each thread's last copy, whose unchanged blocks the next one shares.
+    last: HashMap<u32, PackedStack>,
+    /// Bytes of the live stack blocks.
+    meter: Arc<AtomicUsize>,
+    /// Bytes of the held samples themselves.
+    held_bytes: usize,
     stats: EarlyStats,
 }
 
@@ -117,8 +291,11 @@ impl EarlyStacks {
     pub fn new(mirror: SharedMirror) -> Self {
         EarlyStacks {
             mirror,
-            copies: HashMap::new(),
+            pending: HashMap::new(),
             held: VecDeque::new(),
+            last: HashMap::new(),
+            meter: Arc::default(),
+            held_bytes: 0,
             stats: EarlyStats::default(),
         }
     }
@@ -127,34 +304,49 @@ impl EarlyStacks {
         self.stats
     }
 
+    /// Bytes held now: samples, stack blocks and the copies waiting for
+    /// their sample.
+    pub fn bytes(&self) -> usize {
+        self.meter.load(Ordering::Relaxed) + self.held_bytes
+    }
+
     /// Takes in the copy of a sample that is still to come.
     pub fn add_copy(&mut self, copy: StackCopy) {
-        if copy.regs.is_none() || copy.stack.is_empty() {
+        let Some(regs) = copy.regs else {
+            return;
+        };
+        if copy.stack.is_empty() {
             return;
         }
-        if self.copies.len() + self.held.len() >= MAX_HELD {
+        if self.bytes() >= MAX_HELD_BYTES || self.pending.len() >= MAX_PENDING {
             self.stats.dropped += 1;
             return;
         }
-        self.copies
-            .insert((copy.sample.tid, copy.sample.ktime_ns), copy);
+        let tid = copy.sample.tid;
+        let stack = PackedStack::pack(regs[1], &copy.stack, self.last.get(&tid), &self.meter);
+        if self.last.len() >= MAX_THREADS && !self.last.contains_key(&tid) {
+            self.last.clear();
+        }
+        self.last.insert(tid, stack.clone());
+        self.pending
+            .insert((tid, copy.sample.ktime_ns), Pending { regs, stack });
     }
 
     /// Holds `sample` when it has a copy (returns true): it comes back from
     /// [`EarlyStacks::ready`].
     pub fn hold(&mut self, sample: &Sample) -> bool {
-        let Some(copy) = self.copies.remove(&(sample.tid, sample.ktime_ns)) else {
+        let Some(Pending { regs, stack }) = self.pending.remove(&(sample.tid, sample.ktime_ns))
+        else {
             return false;
         };
-        let Some(regs) = copy.regs else {
-            return false;
-        };
-        self.held.push_back(Held {
-            sample: *sample,
+        let held = Held {
+            record: pack_sample(sample),
             regs,
-            stack: copy.stack,
+            stack,
             since: Instant::now(),
-        });
+        };
+        self.held_bytes += held.cost();
+        self.held.push_back(held);
         true
     }
 
@@ -162,10 +354,9 @@ impl EarlyStacks {
     /// on the host, and those that waited too long (all of them when
     /// `flush`), as they were; their copies are freed.
     pub fn ready(&mut self, flush: bool) -> Vec<Sample> {
-        // Copies whose sample never came (lost on the way) go too.
-        if self.copies.len() > MAX_HELD / 2 {
-            self.copies.clear();
-        }
+        // Copies whose sample never came (lost on the way) go too: every
+        // sample of a batch was attributed by now.
+        self.pending.clear();
         let mut out = Vec::new();
         let mirror = self.mirror.read().unwrap_or_else(|e| e.into_inner());
         let mut waiting = VecDeque::with_capacity(self.held.len());
@@ -173,23 +364,39 @@ impl EarlyStacks {
             // Mappings loaded for an earlier image of the pid (the kernel
             // forgot them at the exec, the mirror may not have yet) do not
             // hold the sample's pc: wait for the new ones.
+            let Some(sample) = crate::sampler::decode_sample(&held.record) else {
+                self.held_bytes -= held.cost();
+                self.stats.dropped += 1;
+                continue;
+            };
             let current = mirror
                 .processes
-                .get(&held.sample.tgid)
+                .get(&sample.tgid)
                 .filter(|mappings| maps_pc(mappings, held.regs[0]));
             match current {
                 Some(mappings) => {
+                    self.held_bytes -= held.cost();
                     self.stats.unwound += 1;
-                    out.push(unwound(&mirror, mappings, &held));
+                    let sample = unwound(&mirror, mappings, sample, &held);
+                    if (sample.flags >> SAMPLE_UNWIND_SHIFT) & 0xff == unwind::reason::COMPLETE {
+                        self.stats.complete += 1;
+                    }
+                    out.push(sample);
                 }
                 None if flush || held.since.elapsed() >= MAX_WAIT => {
+                    self.held_bytes -= held.cost();
                     self.stats.timed_out += 1;
-                    out.push(held.sample);
+                    // Its frame-pointer stack, as the kernel found it.
+                    out.push(sample);
                 }
                 None => waiting.push_back(held),
             }
         }
         self.held = waiting;
+        if self.held.is_empty() {
+            // Nothing waits: no copy to share blocks with.
+            self.last.clear();
+        }
         out
     }
 
@@ -211,18 +418,16 @@ fn maps_pc(mappings: &ProcessMappings, pc: u64) -> bool {
         .any(|mapping| (mapping.start..mapping.end).contains(&pc))
 }
 
-/// `held`'s sample with the user stack the kernel's unwinder would have
+/// `sample` (`held`'s) with the user stack the kernel's unwinder would have
 /// found with the tables now loaded.
-fn unwound(mirror: &Mirror, mappings: &ProcessMappings, held: &Held) -> Sample {
+fn unwound(mirror: &Mirror, mappings: &ProcessMappings, mut sample: Sample, held: &Held) -> Sample {
     let [pc, sp, fp, lr] = held.regs;
     let mut regs = Regs::interrupted(pc, sp, fp, lr);
     let mut process = CopyProcess {
         rows: &mirror.rows,
         mappings,
-        sp,
         stack: &held.stack,
     };
-    let mut sample = held.sample;
     let max = sample.user_stack.len();
     let mut frames = 1;
     sample.user_stack[0] = regs.pc;
@@ -239,6 +444,7 @@ fn unwound(mirror: &Mirror, mappings: &ProcessMappings, held: &Held) -> Sample {
         }
     };
     sample.user_stack_len = frames as u32;
+    sample.user_stack[frames..].fill(0);
     let truncated = if reason == unwind::reason::DEPTH_LIMIT {
         SAMPLE_FLAG_USER_TRUNCATED
     } else {
@@ -254,18 +460,180 @@ fn unwound(mirror: &Mirror, mappings: &ProcessMappings, held: &Held) -> Sample {
 struct CopyProcess<'a> {
     rows: &'a [UnwindRow],
     mappings: &'a ProcessMappings,
-    sp: u64,
-    stack: &'a [u8],
+    stack: &'a PackedStack,
 }
 
 impl unwind::Process for CopyProcess<'_> {
     fn read_u64(&mut self, address: u64) -> Option<u64> {
-        let at = usize::try_from(address.checked_sub(self.sp)?).ok()?;
-        let word = self.stack.get(at..at.checked_add(8)?)?;
-        Some(u64::from_le_bytes(word.try_into().ok()?))
+        self.stack.read_u64(address)
     }
 
     fn lookup(&mut self, pc: u64) -> Lookup {
         unwind::lookup_in_memory(self.mappings, self.rows, pc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hostprof_unwind::{ExecMapping, cfa, reason, reg};
+
+    use super::*;
+
+    /// The process's code and where its ELF addresses are.
+    const MAP_START: u64 = 0x55_0000_0000;
+    const BIAS: u64 = MAP_START - 0x1000;
+    /// The top of the copied stack (sp at the sample).
+    const SP: u64 = 0x7ffd_0000_0f00;
+    /// Bytes of each frame, and frames below `_start`'s.
+    const FRAME: u64 = 48;
+    const DEPTH: u64 = 120;
+
+    /// Rows for two functions: `work` (at 0x1000; CFA sp + 48, the return
+    /// address just below it) and `_start` (at 0x3000: the end of the stack).
+    fn rows() -> Vec<UnwindRow> {
+        let work = UnwindRow {
+            pc: 0x1000,
+            cfa_rule: cfa::SP,
+            cfa_offset: FRAME as i32,
+            ra_rule: reg::AT_CFA,
+            ra_offset: -8,
+            fp_rule: reg::SAME,
+            ..Default::default()
+        };
+        let start = UnwindRow {
+            pc: 0x3000,
+            cfa_rule: cfa::END,
+            ra_rule: reg::UNKNOWN,
+            ..Default::default()
+        };
+        vec![work, start]
+    }
+
+    /// `DEPTH` frames of `work` calling itself, the outermost called from
+    /// `_start`: a stack deeper than any frame-pointer walk of this code
+    /// (none) would find.
+    fn deep_stack() -> Vec<u8> {
+        let mut stack = vec![0u8; (DEPTH * FRAME) as usize];
+        for frame in 0..DEPTH {
+            let return_to = if frame + 1 == DEPTH { 0x3010 } else { 0x1020 };
+            let at = ((frame + 1) * FRAME - 8) as usize;
+            stack[at..at + 8].copy_from_slice(&(BIAS + return_to).to_le_bytes());
+        }
+        stack
+    }
+
+    /// A sample taken before the process's tables were in the kernel: two
+    /// kernel frames, its frame-pointer user stack (the pc alone).
+    fn early_sample(ktime_ns: u64) -> Sample {
+        let mut sample = crate::sampler::decode_sample(&[0u8; SAMPLE_HEADER_BYTES]).unwrap();
+        sample.tgid = 42;
+        sample.tid = 43;
+        sample.ktime_ns = ktime_ns;
+        sample.flags = reason::UNKNOWN_PROCESS << SAMPLE_UNWIND_SHIFT;
+        sample.kernel_stack[..2].copy_from_slice(&[0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]);
+        sample.kernel_stack_len = 2;
+        sample.user_stack[0] = BIAS + 0x1004;
+        sample.user_stack_len = 1;
+        sample
+    }
+
+    fn copy(sample: &Sample, stack: Vec<u8>) -> StackCopy {
+        StackCopy {
+            sample: *sample,
+            regs: Some([BIAS + 0x1004, SP, 0, 0]),
+            stack,
+        }
+    }
+
+    /// What the loader writes, late: the rows and the process's mapping.
+    fn load_tables(mirror: &SharedMirror) {
+        let mut mirror = mirror.write().unwrap();
+        let rows = rows();
+        let mut mappings = ProcessMappings::default();
+        mappings.mappings[0] = ExecMapping {
+            start: MAP_START,
+            end: MAP_START + 0x10_0000,
+            bias: BIAS,
+            table_start: 0,
+            table_len: rows.len() as u32,
+        };
+        mappings.len = 1;
+        mirror.rows = rows;
+        mirror.processes.insert(42, mappings);
+    }
+
+    #[test]
+    fn a_deep_early_stack_is_unwound_to_start_when_its_tables_come_late() {
+        let mirror = SharedMirror::default();
+        let mut early = EarlyStacks::new(mirror.clone());
+        let sample = early_sample(1);
+        early.add_copy(copy(&sample, deep_stack()));
+        assert!(early.hold(&sample));
+        // No tables yet: the sample waits.
+        assert!(early.ready(false).is_empty());
+        assert_eq!(early.len(), 1);
+        load_tables(&mirror);
+        let out = early.ready(false);
+        assert_eq!(out.len(), 1);
+        let unwound = out[0];
+        let why = (unwound.flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+        assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
+        assert_eq!(unwound.user_stack_len as u64, DEPTH + 1);
+        assert_eq!(unwound.user_stack[DEPTH as usize], BIAS + 0x3010);
+        assert_eq!(unwound.kernel_stack_len, 2);
+        assert_eq!(unwound.kernel_stack[..2], sample.kernel_stack[..2]);
+        let stats = early.stats();
+        assert_eq!((stats.unwound, stats.complete, stats.dropped), (1, 1, 0));
+        assert_eq!(early.bytes(), 0, "everything freed");
+    }
+
+    #[test]
+    fn a_thread_s_copies_share_their_unchanged_blocks() {
+        let mut early = EarlyStacks::new(SharedMirror::default());
+        let first = early_sample(1);
+        early.add_copy(copy(&first, deep_stack()));
+        assert!(early.hold(&first));
+        let one = early.bytes();
+        // The same callers, the leaf's frame rewritten.
+        let mut stack = deep_stack();
+        stack[..16].copy_from_slice(&[7; 16]);
+        let second = early_sample(2);
+        early.add_copy(copy(&second, stack));
+        assert!(early.hold(&second));
+        let two = early.bytes();
+        assert!(
+            two - one < one / 4,
+            "first copy {one} bytes, the second added {}",
+            two - one
+        );
+        // Tables never came: both go on as they were, their frame-pointer
+        // stacks kept, and nothing stays held.
+        let out = early.ready(true);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].user_stack[..1], [BIAS + 0x1004]);
+        assert_eq!(out[1].user_stack_len, 1);
+        assert_eq!(early.stats().timed_out, 2);
+        assert_eq!(early.bytes(), 0);
+    }
+
+    #[test]
+    fn copies_past_the_byte_budget_are_dropped_and_counted() {
+        let mut early = EarlyStacks::new(SharedMirror::default());
+        let mut taken = 0u64;
+        // Distinct threads: nothing shared.
+        for n in 0..(MAX_HELD_BYTES / 8192 + 64) as u64 {
+            let mut sample = early_sample(n);
+            sample.tid = 1000 + n as u32;
+            early.add_copy(copy(&sample, vec![n as u8; 8192]));
+            taken += u64::from(early.hold(&sample));
+        }
+        let stats = early.stats();
+        assert!(stats.dropped > 0 && taken > 0, "{stats:?}, {taken} held");
+        assert!(
+            early.bytes() <= MAX_HELD_BYTES + (16 << 10),
+            "{}",
+            early.bytes()
+        );
+        assert_eq!(taken + stats.dropped, (MAX_HELD_BYTES / 8192 + 64) as u64);
     }
 }
