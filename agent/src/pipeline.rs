@@ -16,7 +16,10 @@ use std::{
 
 use hostprof_common::{Sample, runtime::FRAME_MARK};
 
-use crate::{sampler::StackCopy, unwind::early::EarlyStacks};
+use crate::{
+    sampler::{Records, StackCopy},
+    unwind::early::EarlyStacks,
+};
 
 use crate::{
     model::{Frame, FrameKind, Line, Mapping, OffCpu, ResolvedSample, ThreadState, TraceLink},
@@ -77,7 +80,7 @@ const SYMBOLIZE_BACKLOG_BATCHES: usize = 128;
 /// and mappings only, which OTLP backends can symbolize): a bounded shutdown
 /// that loses no sample.
 pub fn spawn(
-    batches: Receiver<Vec<Sample>>,
+    batches: Receiver<Records>,
     symbolizer: Arc<Symbolizer>,
     unwind: Option<unwind::Requests>,
     events: Option<EventSource>,
@@ -256,17 +259,17 @@ impl Attributor {
     /// Attributes a batch; samples with an early stack copy wait (in
     /// `early`) for their tables and come out of a later call, unwound.
     /// `ended`: the last call, every sample still waiting comes out.
-    fn attribute_batch(&mut self, batch: &[Sample], ended: bool) -> Vec<ResolvedSample> {
+    fn attribute_batch(&mut self, batch: &Records, ended: bool) -> Vec<ResolvedSample> {
         let mut attributed = Vec::with_capacity(batch.len());
         let Some((copies, mut early)) = self.early.take() else {
-            attributed.extend(batch.iter().map(|sample| self.attribute(sample)));
+            batch.for_each(|sample| attributed.push(self.attribute(sample)));
             return attributed;
         };
         // The reader sent a batch's copies before the batch.
         for copy in copies.try_iter() {
             early.add_copy(copy);
         }
-        for sample in batch {
+        batch.for_each(|sample| {
             if early.hold(sample) {
                 // Its tables, and its process read while it still exists.
                 if let Some(requests) = &self.unwind {
@@ -274,10 +277,10 @@ impl Attributor {
                 }
                 self.procs
                     .info(sample.tgid, &comm_str(&sample.comm), sample.ktime_ns);
-                continue;
+                return;
             }
             attributed.push(self.attribute(sample));
-        }
+        });
         for sample in early.ready(ended) {
             attributed.push(self.attribute(&sample));
         }

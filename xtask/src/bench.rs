@@ -31,6 +31,10 @@ pub enum Only {
     /// Many distinct binaries without frame pointers at once: how fast
     /// their tables arrive, with a cold and a warm table cache.
     Scale,
+    /// The peer table's DWARF rows only: hostprof, `perf --call-graph
+    /// dwarf` and `probee --dwarf` host-wide, long and short runs, their
+    /// CPU per sample and eBPF ns per run (issue 31's per-sample goal).
+    Dwarf,
 }
 
 /// CPU time and peak memory of a finished child.
@@ -132,6 +136,7 @@ pub fn run(seconds: u64, only: Option<Only>, copies: usize) -> Result<()> {
         Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
         Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
         Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir, copies),
+        Some(Only::Dwarf) => return crate::peers::run_dwarf(&hostprof, &dir, seconds),
         None => {}
     }
     let workload = compile_workload(&dir)?;

@@ -54,6 +54,56 @@ impl Peer {
 /// Two copies of `unwind_c split` (-O2, no frame pointers) keep both CPUs
 /// busy while each profiler samples the whole host at 999 Hz.
 pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
+    let workload = compile(dir, seconds)?;
+    let probee = has_probee();
+    let mut peers = vec![
+        dwarf_run(Dwarf::Hostprof, hostprof, dir, &workload, seconds)?,
+        busy(&workload, seconds, || {
+            hostprof_run(
+                hostprof,
+                dir,
+                seconds,
+                "hostprof record --unwind fp",
+                &["--unwind", "fp"],
+            )
+        })?,
+        dwarf_run(Dwarf::Perf, hostprof, dir, &workload, seconds)?,
+        busy(&workload, seconds, || {
+            perf_run(dir, seconds, "perf -g + script", &["-g"])
+        })?,
+    ];
+    if probee {
+        peers.push(dwarf_run(Dwarf::Probee, hostprof, dir, &workload, seconds)?);
+        peers.push(busy(&workload, seconds, || {
+            probee_run(dir, seconds, "probee", &[])
+        })?);
+    } else {
+        println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
+    }
+    print_table(&peers);
+    split(hostprof, dir, &workload, &peers, seconds, probee)
+}
+
+/// `cargo xtask bench --only dwarf`: the table's DWARF rows alone, long
+/// and short, a minute or two where the whole peer table takes several.
+pub fn run_dwarf(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
+    let workload = compile(dir, seconds)?;
+    let probee = has_probee();
+    let mut peers = Vec::new();
+    for peer in [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee] {
+        if peer != Dwarf::Probee || probee {
+            peers.push(dwarf_run(peer, hostprof, dir, &workload, seconds)?);
+        }
+    }
+    if !probee {
+        println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
+    }
+    print_table(&peers);
+    split(hostprof, dir, &workload, &peers, seconds, probee)
+}
+
+/// Builds the workload and says what the runs are.
+fn compile(dir: &Path, seconds: u64) -> Result<PathBuf> {
     let workload = dir.join(WORKLOAD);
     run_cmd(
         Command::new("cc")
@@ -65,62 +115,55 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
         "peers: 2 x {WORKLOAD} split (-O2 -fomit-frame-pointer), host-wide, {seconds} s at 999 Hz; \
          CPU includes post-processing (perf script)"
     );
-    // The DWARF-mode runs, also run shorter below.
-    let hostprof_dwarf = |seconds| {
-        busy(&workload, seconds, || {
-            hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[])
-        })
-    };
-    let perf_dwarf = |seconds| {
-        busy(&workload, seconds, || {
-            perf_run(
-                dir,
-                seconds,
-                "perf --call-graph dwarf + script",
-                &["--call-graph", "dwarf"],
-            )
-        })
-    };
-    let probee_dwarf = |seconds| {
-        busy(&workload, seconds, || {
-            probee_run(dir, seconds, "probee --dwarf", &["--dwarf"])
-        })
-    };
-    let mut peers = vec![
-        hostprof_dwarf(seconds)?,
-        busy(&workload, seconds, || {
-            hostprof_run(
-                hostprof,
-                dir,
-                seconds,
-                "hostprof record --unwind fp",
-                &["--unwind", "fp"],
-            )
-        })?,
-        perf_dwarf(seconds)?,
-        busy(&workload, seconds, || {
-            perf_run(dir, seconds, "perf -g + script", &["-g"])
-        })?,
-    ];
-    let probee = has_probee();
-    if probee {
-        mount_tracefs();
-        peers.push(probee_dwarf(seconds)?);
-        peers.push(busy(&workload, seconds, || {
-            probee_run(dir, seconds, "probee", &[])
-        })?);
-    } else {
-        println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
+    Ok(workload)
+}
+
+/// The profilers in DWARF mode, the ones run long and short.
+#[derive(Clone, Copy, PartialEq)]
+enum Dwarf {
+    Hostprof,
+    Perf,
+    Probee,
+}
+
+/// One DWARF-mode run of `peer`, `seconds` long, beside the workload.
+fn dwarf_run(
+    peer: Dwarf,
+    hostprof: &Path,
+    dir: &Path,
+    workload: &Path,
+    seconds: u64,
+) -> Result<Peer> {
+    busy(workload, seconds, || match peer {
+        Dwarf::Hostprof => hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[]),
+        Dwarf::Perf => perf_run(
+            dir,
+            seconds,
+            "perf --call-graph dwarf + script",
+            &["--call-graph", "dwarf"],
+        ),
+        Dwarf::Probee => probee_run(dir, seconds, "probee --dwarf", &["--dwarf"]),
+    })
+}
+
+/// The same DWARF-mode runs again, shorter: with the long ones, each
+/// profiler's CPU splits into what it pays once and what it pays per
+/// sample.
+fn split(
+    hostprof: &Path,
+    dir: &Path,
+    workload: &Path,
+    long: &[Peer],
+    seconds: u64,
+    probee: bool,
+) -> Result<()> {
+    let mut short = Vec::new();
+    for peer in [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee] {
+        if peer != Dwarf::Probee || probee {
+            short.push(dwarf_run(peer, hostprof, dir, workload, SHORT_SECONDS)?);
+        }
     }
-    print_table(&peers);
-    // The same DWARF-mode runs again, shorter: with the long ones, each
-    // profiler's CPU splits into what it pays once and what it pays per
-    // sample.
-    let mut short = vec![hostprof_dwarf(SHORT_SECONDS)?, perf_dwarf(SHORT_SECONDS)?];
-    if probee {
-        short.push(probee_dwarf(SHORT_SECONDS)?);
-    }
-    print_split(&peers, &short, seconds);
+    print_split(long, &short, seconds);
     Ok(())
 }
 
@@ -374,6 +417,7 @@ fn mount_tracefs() {
 fn probee_run(dir: &Path, seconds: u64, name: &'static str, extra: &[&str]) -> Result<Peer> {
     let folded: PathBuf = dir.join("peer-probee.folded");
     let _ = fs::remove_file(&folded);
+    mount_tracefs();
     // BPF run-time stats on for the run (hostprof's --bpf-stats does the
     // same for itself).
     let stats = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();

@@ -7,7 +7,7 @@ use std::{
 
 use hostprof_common::Sample;
 
-use super::StackCopy;
+use super::{Records, StackCopy};
 use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, sync::watch};
 
@@ -49,7 +49,7 @@ pub struct CopySinks {
 /// stats so far.
 pub async fn read_ring(
     ring: RingBuf<MapData>,
-    out: SyncSender<Vec<Sample>>,
+    out: SyncSender<Records>,
     stop: watch::Receiver<bool>,
     progress: watch::Sender<ReaderStats>,
 ) -> std::io::Result<ReaderStats> {
@@ -65,7 +65,7 @@ pub async fn read_ring(
 /// the pipeline once, so this sets an idle agent's CPU.
 pub async fn read_ring_with_copies(
     ring: RingBuf<MapData>,
-    out: SyncSender<Vec<Sample>>,
+    out: SyncSender<Records>,
     copies: CopySinks,
     drain_every: Duration,
     mut stop: watch::Receiver<bool>,
@@ -161,8 +161,12 @@ impl Ticker {
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStats) -> Vec<Sample> {
-    let mut batch = Vec::new();
+fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStats) -> Records {
+    let mut batch = Records::default();
+    // Where each record is checked (decoded and dropped): one buffer per
+    // drain, not a 4 KiB `Sample` per record.
+    // SAFETY: all-zero is a valid `Sample` (integers only).
+    let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
     while let Some(record) = ring.next() {
         if let Some(copy) = super::decode_stack_copy(&record) {
             stats.stack_copies += 1;
@@ -185,9 +189,8 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
                 }
             }
         }
-        match super::decode_sample(&record) {
-            Some(sample) => batch.push(sample),
-            None => stats.malformed += 1,
+        if !batch.push(&record, &mut scratch) {
+            stats.malformed += 1;
         }
     }
     stats.samples += batch.len() as u64;
@@ -196,8 +199,9 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
 
 /// Samples the reader keeps while the pipeline behind it is full; past
 /// this the oldest are dropped and counted. About two seconds of a 2-CPU
-/// host sampled at 999 Hz; at most 12 MiB (a decoded sample is 3 KiB),
-/// and only while attribution is behind.
+/// host sampled at 999 Hz; about 1 MiB (records wait at their compact
+/// size, some 200 bytes for a C stack, at most 2 KiB), and only while
+/// attribution is behind.
 const MAX_WAITING_SAMPLES: usize = 4096;
 
 /// The reader's side of the channel to the pipeline. A batch that does not
@@ -206,21 +210,21 @@ const MAX_WAITING_SAMPLES: usize = 4096;
 /// selected process wakes the reader) makes batches of one sample, and
 /// the channel's batches would fill in a fraction of a second.
 struct Outbox {
-    out: SyncSender<Vec<Sample>>,
-    waiting: Vec<Sample>,
+    out: SyncSender<Records>,
+    waiting: Records,
 }
 
 impl Outbox {
-    fn new(out: SyncSender<Vec<Sample>>) -> Self {
+    fn new(out: SyncSender<Records>) -> Self {
         Outbox {
             out,
-            waiting: Vec::new(),
+            waiting: Records::default(),
         }
     }
 
     /// Passes `batch` on (after the samples still waiting) if the channel
     /// has room, keeps it otherwise; never blocks.
-    fn send(&mut self, mut batch: Vec<Sample>, stats: &mut ReaderStats) {
+    fn send(&mut self, mut batch: Records, stats: &mut ReaderStats) {
         if !self.waiting.is_empty() {
             self.waiting.append(&mut batch);
             batch = std::mem::take(&mut self.waiting);
@@ -234,7 +238,7 @@ impl Outbox {
                 // The oldest go first: theirs are the processes likeliest
                 // to have exited before they could be attributed.
                 let excess = batch.len().saturating_sub(MAX_WAITING_SAMPLES);
-                batch.drain(..excess);
+                batch.drop_oldest(excess);
                 stats.dropped_backlog += excess as u64;
                 self.waiting = batch;
             }
@@ -245,7 +249,7 @@ impl Outbox {
     /// An empty batch when nothing waits: the attribution thread then
     /// applies the process events waiting (an exec's tables are asked for
     /// within a tick, not at the process's first sample).
-    fn tick(&mut self, batch: Vec<Sample>, stats: &mut ReaderStats) {
+    fn tick(&mut self, batch: Records, stats: &mut ReaderStats) {
         if batch.is_empty() && self.waiting.is_empty() {
             let _ = self.out.try_send(batch);
         } else {
@@ -255,8 +259,8 @@ impl Outbox {
 
     /// The end of a run: waits for room rather than drop the tail; false
     /// when the pipeline is gone.
-    fn finish(mut self, batch: Vec<Sample>) -> bool {
-        self.waiting.extend(batch);
+    fn finish(mut self, mut batch: Records) -> bool {
+        self.waiting.append(&mut batch);
         self.waiting.is_empty() || self.out.send(self.waiting).is_ok()
     }
 }
@@ -266,14 +270,26 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    fn batch(tids: std::ops::Range<u32>) -> Vec<Sample> {
-        tids.map(|tid| {
-            // SAFETY: all-zero is a valid `Sample` (integers only).
-            let mut sample: Sample = unsafe { std::mem::zeroed() };
-            sample.tid = tid;
-            sample
-        })
-        .collect()
+    fn batch(tids: std::ops::Range<u32>) -> Records {
+        let mut records = Records::default();
+        // SAFETY: all-zero is a valid `Sample` (integers only).
+        let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
+        for tid in tids {
+            let mut header = [0u8; hostprof_common::SAMPLE_HEADER_BYTES];
+            let at = std::mem::offset_of!(Sample, tid);
+            header[at..at + 4].copy_from_slice(&tid.to_ne_bytes());
+            assert!(records.push(&header, &mut scratch));
+        }
+        records
+    }
+
+    /// The tids of what `rx` holds, in order.
+    fn tids(rx: &mpsc::Receiver<Records>) -> Vec<u32> {
+        let mut tids = Vec::new();
+        for records in rx.try_iter() {
+            records.for_each(|sample| tids.push(sample.tid));
+        }
+        tids
     }
 
     #[test]
@@ -287,10 +303,10 @@ mod tests {
         }
         assert_eq!(stats.dropped_backlog, 0);
         // A tick with nothing new still passes on what waits.
-        let received: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        let received = tids(&rx);
         assert_eq!(received, [0, 1]);
-        out.tick(Vec::new(), &mut stats);
-        let received: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        out.tick(Records::default(), &mut stats);
+        let received = tids(&rx);
         assert_eq!(
             received,
             (2..1000).collect::<Vec<_>>(),
@@ -309,10 +325,13 @@ mod tests {
             out.send(batch(tid..tid + 1), &mut stats);
         }
         assert_eq!(stats.dropped_backlog, 10);
-        let first: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        let first = tids(&rx);
         assert_eq!(first, [0], "the batch that fitted");
-        assert!(out.finish(Vec::new()), "the pipeline is still there");
-        let rest: Vec<u32> = rx.try_iter().flatten().map(|s| s.tid).collect();
+        assert!(
+            out.finish(Records::default()),
+            "the pipeline is still there"
+        );
+        let rest = tids(&rx);
         let received: Vec<u32> = first.into_iter().chain(rest).collect();
         assert_eq!(received[1], 11, "the oldest waiting went");
         assert_eq!(received.last(), Some(&total));
