@@ -52,8 +52,15 @@ pub fn decode_sample(record: &[u8]) -> Option<Sample> {
     let link = hostprof_common::trace::LINK_BYTES;
     let record = if sample.flags & hostprof_common::SAMPLE_FLAG_TRACE == 0 {
         sample.trace = Default::default();
+        sample.attrs.fill(0);
         record
     } else if copy {
+        // Link and attributes in place.
+        let attrs = usize::from(sample.trace.attrs_len);
+        if attrs > hostprof_common::trace::MAX_ATTRS {
+            return None;
+        }
+        sample.attrs[attrs..].fill(0);
         record
     } else {
         let body = record
@@ -65,6 +72,16 @@ pub fn decode_sample(record: &[u8]) -> Option<Sample> {
         sample.trace = unsafe {
             std::ptr::read_unaligned(tail.as_ptr().cast::<hostprof_common::trace::Link>())
         };
+        // Its attributes, if any, just before it, padded to words.
+        let attrs = usize::from(sample.trace.attrs_len);
+        if attrs > hostprof_common::trace::MAX_ATTRS {
+            return None;
+        }
+        let body = body
+            .checked_sub(attrs.next_multiple_of(8))
+            .filter(|&body| body >= header)?;
+        sample.attrs.fill(0);
+        sample.attrs[..attrs].copy_from_slice(&record[body..body + attrs]);
         bytes[body..].fill(0);
         &record[..body]
     };
