@@ -349,7 +349,7 @@ pub struct Sample {
 pub const SAMPLE_ATTRS_AT: usize = core::mem::offset_of!(Sample, attrs);
 const _: () = assert!(SAMPLE_ATTRS_AT == SAMPLE_TRACE_AT + trace::LINK_BYTES);
 const _: () = assert!(core::mem::size_of::<Sample>() == SAMPLE_ATTRS_AT + trace::ATTRS_ROOM);
-const _: () = assert!(SAMPLE_ATTRS_AT % 8 == 0);
+const _: () = assert!(SAMPLE_ATTRS_AT.is_multiple_of(8));
 
 /// Where [`Sample::trace`] is: the used part of a record ends at or before it.
 pub const SAMPLE_TRACE_AT: usize = core::mem::offset_of!(Sample, trace);
