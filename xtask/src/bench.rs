@@ -17,6 +17,7 @@ mod node;
 mod program;
 mod python;
 mod scale;
+mod thread_ctx;
 
 /// One part of the bench to run alone (`--only`).
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -29,6 +30,9 @@ pub enum Only {
     /// Many distinct binaries without frame pointers at once: how fast
     /// their tables arrive, with a cold and a warm table cache.
     Scale,
+    /// The eBPF sampler's cost per run on a process that publishes an
+    /// OpenTelemetry thread context, next to the same process without one.
+    ThreadContext,
 }
 
 /// CPU time and peak memory of a finished child.
@@ -125,6 +129,9 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
         Some(Only::Java) => return java::bench_java(&hostprof, &dir, seconds),
         Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
         Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir),
+        Some(Only::ThreadContext) => {
+            return thread_ctx::bench_thread_ctx(&hostprof, &dir, seconds);
+        }
         None => {}
     }
     let workload = compile_workload(&dir)?;
@@ -170,6 +177,8 @@ pub fn run(seconds: u64, only: Option<Only>) -> Result<()> {
     java::bench_java(&hostprof, &dir, seconds)?;
     println!();
     node::bench_node(&hostprof, &dir, seconds)?;
+    println!();
+    thread_ctx::bench_thread_ctx(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();
