@@ -37,15 +37,34 @@ const LINKED_AT_LEAST: usize = 100;
 /// agent's and the writer's realtime-monotonic offsets are two readings.
 const SWITCH_SLACK_NS: u64 = 300_000;
 
-/// One sample of a process: thread, kernel time (Unix ns) and its link.
+/// The thread-context attributes the writer publishes.
+const ATTRIBUTE_KEYS: [&str; 2] = ["http.route", "http.method"];
+
+/// One sample of a process: thread, kernel time (Unix ns), its link and
+/// its thread-context attributes.
 struct Seen {
     tid: i64,
     time: u64,
     link: Option<(String, String)>,
+    /// `http.route` and `http.method`, when the sample has them.
+    attributes: [Option<String>; 2],
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn text_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<String> {
+    sample.attribute_indices.iter().find_map(|&index| {
+        let attribute = &dictionary.attribute_table[index as usize];
+        if dictionary.string_table[attribute.key_strindex as usize] != key {
+            return None;
+        }
+        match attribute.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(value) => Some(value.clone()),
+            _ => None,
+        }
+    })
 }
 
 fn int_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<i64> {
@@ -88,11 +107,14 @@ fn samples_of(requests: &[ExportProfilesServiceRequest], pid: u32) -> Vec<Seen> 
                             assert_eq!((link.trace_id.len(), link.span_id.len()), (16, 8));
                             (hex(&link.trace_id), hex(&link.span_id))
                         });
+                        let attributes =
+                            ATTRIBUTE_KEYS.map(|key| text_attribute(dictionary, sample, key));
                         for &time in &sample.timestamps_unix_nano {
                             seen.push(Seen {
                                 tid,
                                 time,
                                 link: link.clone(),
+                                attributes: attributes.clone(),
                             });
                         }
                     }
@@ -103,9 +125,13 @@ fn samples_of(requests: &[ExportProfilesServiceRequest], pid: u32) -> Vec<Seen> 
     seen
 }
 
+/// What a thread had attached: trace and span ids, `http.route`,
+/// `http.method` (`None` when the span had none).
+type Attached = (String, String, String, Option<String>);
+
 /// The writer's log: its realtime-monotonic offset and, per thread, each
-/// switch (monotonic ns, the span then attached if any).
-type Switches = HashMap<i64, Vec<(u64, Option<(String, String)>)>>;
+/// switch (monotonic ns, what was then attached if anything).
+type Switches = HashMap<i64, Vec<(u64, Option<Attached>)>>;
 
 fn read_log(path: &std::path::Path) -> (i128, Switches) {
     let text = std::fs::read_to_string(path).expect("the writer's log");
@@ -118,10 +144,13 @@ fn read_log(path: &std::path::Path) -> (i128, Switches) {
     let mut switches = Switches::new();
     for line in lines {
         let fields: Vec<&str> = line.split(' ').collect();
-        let [tid, ns, state, trace, span] = fields[..] else {
+        let [tid, ns, state, trace, span, route, method] = fields[..] else {
             panic!("a bad log line: {line}");
         };
-        let link = (state == "1").then(|| (trace.to_owned(), span.to_owned()));
+        let link = (state == "1").then(|| {
+            let method = (method != "-").then(|| method.to_owned());
+            (trace.to_owned(), span.to_owned(), route.to_owned(), method)
+        });
         switches
             .entry(tid.parse().unwrap())
             .or_default()
@@ -132,7 +161,7 @@ fn read_log(path: &std::path::Path) -> (i128, Switches) {
 
 /// The spans a sample at monotonic `at` may show: the one attached at
 /// `at`, and its neighbour's when a switch is within the slack.
-fn allowed(switches: &[(u64, Option<(String, String)>)], at: u64) -> Vec<Option<(String, String)>> {
+fn allowed(switches: &[(u64, Option<Attached>)], at: u64) -> Vec<Option<Attached>> {
     let mut allowed = Vec::new();
     let current = switches.partition_point(|(ns, _)| *ns <= at);
     // Before the thread's first switch: nothing attached.
@@ -307,15 +336,18 @@ async fn check_links(writer: Writer) {
     }
     let mut writing = KillOnDrop(command.spawn().expect("start the writer"));
     let hostile = (writer.place == Place::Executable).then(|| {
-        KillOnDrop(
-            std::process::Command::new(&program)
-                .args(["--hostile", "120"])
-                .spawn()
-                .expect("start the hostile writer"),
-        )
+        ["--hostile", "--hostile-attrs"].map(|mode| {
+            KillOnDrop(
+                std::process::Command::new(&program)
+                    .args([mode, "120"])
+                    .spawn()
+                    .expect("start the hostile writer"),
+            )
+        })
     });
     let pid = writing.0.id();
-    let hostile_pid = hostile.as_ref().map(|hostile| hostile.0.id());
+    let hostile_pid = hostile.as_ref().map(|hostile| hostile[0].0.id());
+    let hostile_attrs_pid = hostile.as_ref().map(|hostile| hostile[1].0.id());
     let start = Instant::now();
     if writer.place == Place::Dlopened {
         // The agent has seen the process without the library: the
@@ -326,20 +358,39 @@ async fn check_links(writer: Writer) {
         }
         std::fs::write(&prefix[2], b"").unwrap();
     }
-    // Wait for the linked samples and some of the hostile process.
+    // Wait for the linked samples, with attributes, some named by the
+    // republished key map, and some of the hostile processes'.
     loop {
         let requests = collector.requests();
-        let linked = samples_of(&requests, pid)
+        let samples = samples_of(&requests, pid);
+        let linked = samples.iter().filter(|seen| seen.link.is_some()).count();
+        let routed = samples
             .iter()
-            .filter(|seen| seen.link.is_some())
+            .filter(|seen| seen.attributes[0].is_some())
+            .count();
+        let with_method = samples
+            .iter()
+            .filter(|seen| seen.attributes[1].is_some())
             .count();
         let hostile_seen = hostile_pid.map_or(20, |pid| samples_of(&requests, pid).len());
-        if linked >= LINKED_AT_LEAST && hostile_seen >= 20 {
+        let hostile_linked = hostile_attrs_pid.map_or(20, |pid| {
+            samples_of(&requests, pid)
+                .iter()
+                .filter(|seen| seen.link.is_some())
+                .count()
+        });
+        if linked >= LINKED_AT_LEAST
+            && routed >= LINKED_AT_LEAST
+            && with_method >= 20
+            && hostile_seen >= 20
+            && hostile_linked >= 20
+        {
             break;
         }
         assert!(
             start.elapsed() < SHOW_WITHIN,
-            "{}: {linked} linked samples within {SHOW_WITHIN:?}",
+            "{}: {linked} linked samples, {routed} with http.route, {with_method} with \
+             http.method within {SHOW_WITHIN:?}",
             writer.name
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -353,12 +404,18 @@ async fn check_links(writer: Writer) {
         assert!(start.elapsed() < SHOW_WITHIN, "no more windows exported");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let faults = scrape(port).and_then(|text| {
+    let metrics = scrape(port).unwrap_or_default();
+    let faults = metric(
+        &metrics,
+        "hostprof_kernel_events_total{event=\"trace_read_fault\"}",
+    );
+    let refused = |reason: &str| {
         metric(
-            &text,
-            "hostprof_kernel_events_total{event=\"trace_read_fault\"}",
+            &metrics,
+            &format!("hostprof_context_refused_total{{reason=\"{reason}\"}}"),
         )
-    });
+        .unwrap_or(0)
+    };
     let requests = collector.requests();
     server.abort();
     // The format's rules, link table included (`assert_valid` expects 19 Hz).
@@ -380,7 +437,21 @@ async fn check_links(writer: Writer) {
         .min()
         .expect("linked samples");
     let before = samples.iter().filter(|seen| seen.time < registered).count();
-    let (mut linked, mut unlinked_detached) = (0, 0);
+    // Attributes are named once the agent has read the key map (the first
+    // samples' look at the process, or a later one when the context came
+    // after them), the second key once it has read the map again: samples
+    // before may lack them, those after (a second later: samples of two
+    // CPUs are attributed a batch apart) may not.
+    let known_at = |key: usize| {
+        samples
+            .iter()
+            .filter(|seen| seen.attributes[key].is_some())
+            .map(|seen| seen.time + 1_000_000_000)
+            .min()
+            .expect("samples with the attribute")
+    };
+    let keys_known_at = [known_at(0), known_at(1)];
+    let (mut linked, mut unlinked_detached, mut routed) = (0, 0, 0);
     for seen in samples.iter().filter(|seen| seen.time >= registered) {
         let at = u64::try_from(i128::from(seen.time) - offset).expect("a monotonic time");
         let Some(thread) = switches.get(&seen.tid) else {
@@ -393,14 +464,27 @@ async fn check_links(writer: Writer) {
             continue;
         };
         let allowed = allowed(thread, at);
+        let matches = |attached: &Option<Attached>| match attached {
+            None => seen.link.is_none() && seen.attributes == [None, None],
+            Some((trace, span, route, method)) => {
+                let expected = [Some(route.clone()), method.clone()];
+                seen.link == Some((trace.clone(), span.clone()))
+                    && (0..2).all(|key| {
+                        seen.attributes[key] == expected[key]
+                            || (seen.attributes[key].is_none() && seen.time < keys_known_at[key])
+                    })
+            }
+        };
         assert!(
-            allowed.contains(&seen.link),
-            "{}: thread {} at {at}: {:?}, the writer had {:?}",
+            allowed.iter().any(matches),
+            "{}: thread {} at {at}: {:?} {:?}, the writer had {:?}",
             writer.name,
             seen.tid,
             seen.link,
+            seen.attributes,
             allowed
         );
+        routed += usize::from(seen.attributes[0].is_some());
         match &seen.link {
             Some(_) => linked += 1,
             None if allowed == [None] => unlinked_detached += 1,
@@ -408,10 +492,15 @@ async fn check_links(writer: Writer) {
         }
     }
     println!(
-        "{}: {} samples: {before} before the process was registered, {linked} linked, \
-         {unlinked_detached} while detached or not valid",
+        "{}: {} samples: {before} before the process was registered, {linked} linked \
+         ({routed} with the attributes their span had), {unlinked_detached} while \
+         detached or not valid",
         writer.name,
         samples.len()
+    );
+    assert!(
+        routed >= LINKED_AT_LEAST,
+        "{routed} samples with attributes"
     );
     // How many come before the registration depends on how busy the
     // machine is (CI: 525 of about 1,300 under three builds): said, not
@@ -431,6 +520,31 @@ async fn check_links(writer: Writer) {
             faults.is_some_and(|faults| faults > 0),
             "trace_read_fault: {faults:?}"
         );
+    }
+    // The writer of hostile attributes: linked, never an attribute, each
+    // kind of refusal counted.
+    if let Some(hostile_attrs_pid) = hostile_attrs_pid {
+        let hostile_samples = samples_of(&requests, hostile_attrs_pid);
+        assert!(
+            hostile_samples
+                .iter()
+                .filter(|seen| seen.link.is_some())
+                .count()
+                >= 20
+        );
+        assert!(
+            hostile_samples
+                .iter()
+                .all(|seen| seen.attributes == [None, None])
+        );
+        for reason in [
+            "attrs_over_cap",
+            "attrs_utf8",
+            "attrs_unknown_key",
+            "attrs_truncated",
+        ] {
+            assert!(refused(reason) > 0, "{reason}: {}", refused(reason));
+        }
     }
     drop(hostile);
 }

@@ -180,6 +180,9 @@ pub struct ProcessInfo {
     /// What the process says it is (`service.name`, `service.instance.id`,
     /// …): its OpenTelemetry process context, or else its environment.
     pub service: Option<Arc<ServiceResource>>,
+    /// The names of its thread records' attribute keys
+    /// (`threadlocal.attribute_key_map` in its process context).
+    pub thread_keys: Option<Arc<crate::procs::thread_attrs::KeyMap>>,
 }
 
 /// Resource attributes a process publishes about itself, by key (sorted,
@@ -325,6 +328,9 @@ pub struct ResolvedSample {
     /// The trace and span the thread was working for, when its process
     /// publishes an OpenTelemetry thread context.
     pub trace: Option<TraceLink>,
+    /// The attributes of that thread context, named by the process's key
+    /// map (`http.route` → `/cart`, …): OTLP sample attributes, pprof labels.
+    pub attributes: Vec<(Arc<str>, Arc<str>)>,
 }
 
 /// A W3C trace id and span id (OTLP `Link`).

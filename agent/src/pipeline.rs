@@ -22,8 +22,14 @@ use crate::{
 };
 
 use crate::{
-    model::{Frame, FrameKind, Line, Mapping, OffCpu, ResolvedSample, ThreadState, TraceLink},
-    procs::{EventSource, ProcessTable},
+    model::{
+        Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
+        TraceLink,
+    },
+    procs::{
+        EventSource, ProcessTable,
+        thread_attrs::{self, KeyMap},
+    },
     runtime::Runtime,
     symbolize::Symbolizer,
     unwind,
@@ -390,6 +396,7 @@ impl Attributor {
             self.last_sweep = Instant::now();
             self.sweeps += 1;
         }
+        let attributes = self.thread_attributes(sample, &process);
         ResolvedSample {
             process,
             tid: sample.tid,
@@ -404,7 +411,32 @@ impl Attributor {
             trace: (sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0)
                 .then(|| TraceLink::from_kernel(&sample.trace))
                 .flatten(),
+            attributes,
         }
+    }
+
+    /// The sample's thread-context attributes, named by its process's key
+    /// map; a key index past the map has the map read again soon.
+    fn thread_attributes(
+        &mut self,
+        sample: &Sample,
+        process: &ProcessInfo,
+    ) -> Vec<(Arc<str>, Arc<str>)> {
+        if sample.flags & hostprof_common::SAMPLE_FLAG_TRACE == 0 {
+            return Vec::new();
+        }
+        thread_attrs::count_kernel_refusal(sample.trace.attrs_refused);
+        let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());
+        if len == 0 {
+            return Vec::new();
+        }
+        let none = KeyMap::default();
+        let keys = process.thread_keys.as_deref().unwrap_or(&none);
+        let decoded = thread_attrs::decode(&sample.attrs[..len], keys);
+        if decoded.unknown_key {
+            self.procs.key_map_stale(sample.tgid);
+        }
+        decoded.pairs
     }
 }
 

@@ -339,7 +339,17 @@ pub struct Sample {
     /// after the record's used part, whose last [`trace::LINK_BYTES`] it
     /// then is (a stack-copy record keeps it here).
     pub trace: trace::Link,
+    /// The first `trace.attrs_len` bytes: the record's attributes, as the
+    /// SDK wrote them. Not at this place in a ring record either: they go
+    /// just before the link there (see [`trace::Link::attrs_len`]).
+    pub attrs: [u8; trace::ATTRS_ROOM],
 }
+
+/// Where [`Sample::attrs`] is.
+pub const SAMPLE_ATTRS_AT: usize = core::mem::offset_of!(Sample, attrs);
+const _: () = assert!(SAMPLE_ATTRS_AT == SAMPLE_TRACE_AT + trace::LINK_BYTES);
+const _: () = assert!(core::mem::size_of::<Sample>() == SAMPLE_ATTRS_AT + trace::ATTRS_ROOM);
+const _: () = assert!(SAMPLE_ATTRS_AT.is_multiple_of(8));
 
 /// Where [`Sample::trace`] is: the used part of a record ends at or before it.
 pub const SAMPLE_TRACE_AT: usize = core::mem::offset_of!(Sample, trace);
@@ -698,6 +708,7 @@ mod user {
                 + 4 * 2
                 + 16 * super::runtime::MAX_FRAMES
                 + super::trace::LINK_BYTES
+                + super::trace::ATTRS_ROOM
     );
     const _: () = assert!(
         core::mem::size_of::<super::hotspot::Process>() == 32 * super::hotspot::MAX_HEAPS + 4 * 12

@@ -11,7 +11,10 @@
 //! `dlopen`ed), in the block the thread's DTV holds for its module. When
 //! the variable's pointer is not null it reads the record's first 28
 //! bytes; a record whose `valid` byte is 1 becomes the sample's [`Link`].
-//! Attributes are not read.
+//! When its `attrs-data-size` is not 0 and at most [`MAX_ATTRS`], the
+//! attributes' bytes follow (into `Sample::attrs`, and in a ring record
+//! just before the link: see [`Link::attrs_len`]); the host names them
+//! with the process context's `threadlocal.attribute_key_map`.
 
 /// Capacity of the processes map (16 bytes each).
 pub const MAX_PROCESSES: u32 = 4096;
@@ -64,6 +67,16 @@ pub struct Record {
 pub const RECORD_BYTES: usize = 28;
 const _: () = assert!(core::mem::size_of::<Record>() == RECORD_BYTES);
 
+/// Bytes of attributes (`attrs-data`) a sample carries at most. OTEP 4947
+/// recommends whole records of at most 640 bytes, 28 of them the fixed
+/// part; a record announcing more keeps its link and loses its attributes
+/// ([`attrs::OVER_CAP`]): a cut list could end mid-entry.
+pub const MAX_ATTRS: usize = 640 - RECORD_BYTES;
+
+/// Room for the attributes in a `Sample`: [`MAX_ATTRS`] rounded up to
+/// whole words, since a ring record pads them to 8 bytes.
+pub const ATTRS_ROOM: usize = (MAX_ATTRS + 7) & !7;
+
 /// What a sample keeps of its thread's record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,7 +84,22 @@ pub struct Link {
     pub trace_id: [u8; 16],
     pub span_id: [u8; 8],
     pub trace_flags: u8,
-    pub _pad: [u8; 7],
+    /// Why the record's attributes were not kept ([`attrs`]; 0: kept, or
+    /// none published).
+    pub attrs_refused: u8,
+    /// Bytes of attributes read (at most [`MAX_ATTRS`]). In a ring record
+    /// they sit right before the link, padded with zeros to a multiple of
+    /// 8; in a stack-copy record, in `Sample::attrs`.
+    pub attrs_len: u16,
+    pub _pad: [u8; 4],
+}
+
+/// Values of [`Link::attrs_refused`].
+pub mod attrs {
+    /// `attrs-data-size` over [`super::MAX_ATTRS`].
+    pub const OVER_CAP: u8 = 1;
+    /// The attributes were not readable memory.
+    pub const UNREADABLE: u8 = 2;
 }
 
 /// Bytes a [`Link`] adds to a record.

@@ -8,11 +8,22 @@
  *     most SECONDS), cycling through: a new span attached for 6 ms (a
  *     fresh record, valid = 1, then the pointer), detached (pointer NULL)
  *     for 3 ms, and a record marked under modification (valid = 0) for
- *     3 ms. Each switch is logged, at exit, to LOG as
- *     "tid monotonic_ns state trace_hex span_hex", state 1 linked, 0 none;
- *     the first line is "offset REALTIME-MONOTONIC_ns".
+ *     3 ms. Each span carries attributes (OTEP 4947's attrs-data):
+ *     http.route, "/cart" or "/checkout" by turns, and, once the process
+ *     context has been republished with a second key (KEYS_AFTER_NS after
+ *     the start), http.method "GET" or "POST". The process context (OTEP
+ *     4719, otel_ctx_publish.h) holds the key map: ["http.route"], then
+ *     ["http.route", "http.method"]. Each switch is logged, at exit, to LOG
+ *     as "tid monotonic_ns state trace_hex span_hex route method", state 1
+ *     linked, 0 none, "-" for no attribute; the first line is
+ *     "offset REALTIME-MONOTONIC_ns".
  *   otel_thread_ctx --hostile SECONDS
  *     points the variable at unmapped memory and burns CPU.
+ *   otel_thread_ctx --hostile-attrs SECONDS
+ *     publishes the key map ["http.route"] and valid records whose
+ *     attributes a reader must refuse, by turns: attrs-data-size over the
+ *     640-byte record the OTEP recommends; a value that is not UTF-8, a key
+ *     index past the map and an entry cut short.
  *
  * Timestamps are CLOCK_MONOTONIC: the clock of bpf_ktime_get_ns, which
  * the sampler stamps samples with.
@@ -31,7 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The record's fixed part, byte-packed as the OTEP lays it out. */
+#include "otel_ctx_publish.h"
+
+/* The record, byte-packed as the OTEP lays it out. */
 struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
     uint8_t trace_id[16];
     uint8_t span_id[8];
@@ -40,6 +53,13 @@ struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
     uint16_t attrs_data_size;
     uint8_t attrs_data[36];
 };
+
+/* When the key map gains http.method. */
+#define KEYS_AFTER_NS 1500000000ull
+
+static const char *const KEYS[] = {"http.route", "http.method"};
+/* Keys of the published map: a thread writes only those. */
+static _Atomic int published_keys;
 
 __thread struct otel_thread_ctx_record *otel_thread_ctx_v1;
 
@@ -52,6 +72,8 @@ struct switch_log {
     int state;
     uint8_t trace_id[16];
     uint8_t span_id[8];
+    const char *route;
+    const char *method;
 };
 
 struct thread_arg {
@@ -77,7 +99,18 @@ static void burn_until(uint64_t end) {
             sink += (uint64_t)i * 2654435761u;
 }
 
-static void note(struct thread_arg *arg, int state, const struct otel_thread_ctx_record *record) {
+/* Appends one attribute entry (key index, length, UTF-8 bytes). */
+static uint16_t put_attr(struct otel_thread_ctx_record *record, uint16_t at, uint8_t key,
+                         const char *value) {
+    size_t len = strlen(value);
+    record->attrs_data[at] = key;
+    record->attrs_data[at + 1] = (uint8_t)len;
+    memcpy(&record->attrs_data[at + 2], value, len);
+    return (uint16_t)(at + 2 + len);
+}
+
+static void note(struct thread_arg *arg, int state, const struct otel_thread_ctx_record *record,
+                 const char *route, const char *method) {
     if (arg->count >= MAX_SWITCHES)
         return;
     struct switch_log *entry = &arg->log[arg->count++];
@@ -85,6 +118,8 @@ static void note(struct thread_arg *arg, int state, const struct otel_thread_ctx
     entry->state = state;
     memset(entry->trace_id, 0, sizeof entry->trace_id);
     memset(entry->span_id, 0, sizeof entry->span_id);
+    entry->route = route;
+    entry->method = method;
     if (record) {
         memcpy(entry->trace_id, record->trace_id, 16);
         memcpy(entry->span_id, record->span_id, 8);
@@ -99,7 +134,7 @@ static void *run(void *p) {
     static __thread struct otel_thread_ctx_record records[2];
     uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(arg->seconds * 1e9);
     uint64_t serial = 0;
-    note(arg, 0, NULL);
+    note(arg, 0, NULL, NULL, NULL);
     while (!stopping && now_ns(CLOCK_MONOTONIC) < end) {
         struct otel_thread_ctx_record *record = &records[serial & 1];
         serial++;
@@ -110,25 +145,31 @@ static void *run(void *p) {
         for (int i = 0; i < 8; i++)
             record->span_id[i] = (uint8_t)((serial >> (8 * (i % 4))) + 0x40 * (i / 4) + 1);
         record->trace_flags = 1;
-        record->attrs_data_size = 0;
+        const char *route = serial & 1 ? "/checkout" : "/cart";
+        const char *method =
+            atomic_load(&published_keys) > 1 ? (serial % 3 ? "GET" : "POST") : NULL;
+        uint16_t size = put_attr(record, 0, 0, route);
+        if (method)
+            size = put_attr(record, size, 1, method);
+        record->attrs_data_size = size;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         *(volatile uint8_t *)&record->valid = 1;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = record;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        note(arg, 1, record);
+        note(arg, 1, record, route, method);
         burn_until(now_ns(CLOCK_MONOTONIC) + SPAN_NS);
         /* Detach: the pointer back to NULL. */
         *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = NULL;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        note(arg, 0, NULL);
+        note(arg, 0, NULL, NULL, NULL);
         burn_until(now_ns(CLOCK_MONOTONIC) + GAP_NS);
         /* A record under modification: pointed at, valid = 0. */
         *(volatile uint8_t *)&record->valid = 0;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = record;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        note(arg, 0, NULL);
+        note(arg, 0, NULL, NULL, NULL);
         burn_until(now_ns(CLOCK_MONOTONIC) + GAP_NS);
         *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = NULL;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -139,6 +180,43 @@ static void *run(void *p) {
 static void hex(FILE *out, const uint8_t *bytes, int len) {
     for (int i = 0; i < len; i++)
         fprintf(out, "%02x", bytes[i]);
+}
+
+/* ProcessContext { resource { service.name }, attributes: the thread
+ * context's schema and key map of `keys` keys }. */
+static size_t encode_context(uint8_t *out, int keys) {
+    uint8_t resource[128];
+    size_t resource_len = put_attribute(resource, 1, "service.name", "otel-thread-writer");
+    size_t len = put_field(out, 1, resource, resource_len);
+    len += put_attribute(out + len, 2, "threadlocal.schema_version", "tls_v1");
+    return len + put_key_map(out + len, KEYS, keys);
+}
+
+static uint8_t payloads[2][1024];
+
+/* Valid records whose attributes are to be refused, by turns. */
+static int hostile_attrs(double seconds) {
+    size_t mapping_size;
+    publish(payloads[0], encode_context(payloads[0], 1), &mapping_size);
+    static struct otel_thread_ctx_record records[2];
+    for (int i = 0; i < 2; i++) {
+        memset(records[i].trace_id, 0x77, 16);
+        memset(records[i].span_id, 0x66 + i, 8);
+        records[i].trace_flags = 1;
+    }
+    /* Over the cap: the kernel must not copy 4000 bytes. */
+    records[0].attrs_data_size = 4000;
+    /* Not UTF-8; a key index past the map; an entry longer than the rest. */
+    const uint8_t bad[] = {0, 2, 0xff, 0xfe, 200, 1, 'x', 0, 30, '/'};
+    memcpy(records[1].attrs_data, bad, sizeof bad);
+    records[1].attrs_data_size = sizeof bad;
+    records[0].valid = records[1].valid = 1;
+    uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(seconds * 1e9);
+    for (unsigned n = 0; now_ns(CLOCK_MONOTONIC) < end; n++) {
+        *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = &records[n & 1];
+        burn_until(now_ns(CLOCK_MONOTONIC) + GAP_NS);
+    }
+    return 0;
 }
 
 #ifdef OTEL_WRITER_LIBRARY
@@ -155,13 +233,22 @@ int main(int argc, char **argv) {
         burn_until(now_ns(CLOCK_MONOTONIC) + (uint64_t)(atof(argv[2]) * 1e9));
         return 0;
     }
+    if (argc >= 3 && strcmp(argv[1], "--hostile-attrs") == 0)
+        return hostile_attrs(atof(argv[2]));
     if (argc < 4) {
-        fprintf(stderr, "usage: %s LOG STOP SECONDS [THREADS] | --hostile SECONDS\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s LOG STOP SECONDS [THREADS] | --hostile[-attrs] SECONDS\n",
+                argv[0]);
         return 2;
     }
     int threads = argc > 4 ? atoi(argv[4]) : 3;
     if (threads < 1 || threads > 16)
         return 2;
+    /* The key map before any thread writes a key index. */
+    size_t mapping_size;
+    struct otel_ctx_header *context =
+        publish(payloads[0], encode_context(payloads[0], 1), &mapping_size);
+    atomic_store(&published_keys, 1);
     uint64_t mono = now_ns(CLOCK_MONOTONIC);
     uint64_t real = now_ns(CLOCK_REALTIME);
     struct thread_arg args[16];
@@ -172,8 +259,15 @@ int main(int argc, char **argv) {
         pthread_create(&ids[i], NULL, run, &args[i]);
     }
     uint64_t end = mono + (uint64_t)(atof(argv[3]) * 1e9);
-    while (access(argv[2], F_OK) != 0 && now_ns(CLOCK_MONOTONIC) < end)
+    while (access(argv[2], F_OK) != 0 && now_ns(CLOCK_MONOTONIC) < end) {
+        /* The key map grows (append-only, as the OTEP says), then
+         * threads write the new key. */
+        if (atomic_load(&published_keys) == 1 && now_ns(CLOCK_MONOTONIC) - mono >= KEYS_AFTER_NS) {
+            republish(context, mapping_size, payloads[1], encode_context(payloads[1], 2));
+            atomic_store(&published_keys, 2);
+        }
         usleep(10000);
+    }
     stopping = 1;
     for (int i = 0; i < threads; i++)
         pthread_join(ids[i], NULL);
@@ -188,7 +282,8 @@ int main(int argc, char **argv) {
             hex(out, entry->trace_id, 16);
             fputc(' ', out);
             hex(out, entry->span_id, 8);
-            fputc('\n', out);
+            fprintf(out, " %s %s\n", entry->route ? entry->route : "-",
+                    entry->method ? entry->method : "-");
         }
     }
     return fclose(out) == 0 ? 0 : 1;

@@ -17,6 +17,7 @@ mod node;
 mod program;
 mod python;
 mod scale;
+mod thread_ctx;
 
 pub use scale::COPIES as SCALE_COPIES;
 
@@ -35,6 +36,9 @@ pub enum Only {
     /// dwarf` and `probee --dwarf` host-wide, long and short runs, their
     /// CPU per sample and eBPF ns per run (issue 31's per-sample goal).
     Dwarf,
+    /// The eBPF sampler's cost per run on a process that publishes an
+    /// OpenTelemetry thread context, next to the same process without one.
+    ThreadContext,
 }
 
 /// CPU time and peak memory of a finished child.
@@ -137,6 +141,9 @@ pub fn run(seconds: u64, only: Option<Only>, copies: usize) -> Result<()> {
         Some(Only::Node) => return node::bench_node(&hostprof, &dir, seconds),
         Some(Only::Scale) => return scale::bench_scale(&hostprof, &dir, copies),
         Some(Only::Dwarf) => return crate::peers::run_dwarf(&hostprof, &dir, seconds),
+        Some(Only::ThreadContext) => {
+            return thread_ctx::bench_thread_ctx(&hostprof, &dir, seconds);
+        }
         None => {}
     }
     let workload = compile_workload(&dir)?;
@@ -182,6 +189,8 @@ pub fn run(seconds: u64, only: Option<Only>, copies: usize) -> Result<()> {
     java::bench_java(&hostprof, &dir, seconds)?;
     println!();
     node::bench_node(&hostprof, &dir, seconds)?;
+    println!();
+    thread_ctx::bench_thread_ctx(&hostprof, &dir, seconds)?;
     println!();
     bench_symbolize()?;
     println!();

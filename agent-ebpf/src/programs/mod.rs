@@ -49,11 +49,11 @@ use hostprof_common::{
     COMM_LEN, Counter, DEFAULT_RING_BYTES, DEFAULT_THREAD_SIZE, DEFAULT_UNWIND_CHUNKS,
     MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
     MAX_USER_STACK_DEPTH, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK,
-    PROCESS_EVENTS_BYTES, ProcessEvent, RING_WAKEUP_BYTES, RowChunk, SAMPLE_FLAG_KERNEL_ERROR,
-    SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_TRACE, SAMPLE_FLAG_USER_ERROR,
-    SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU,
-    SAMPLE_KIND_OFF_CPU, SAMPLE_TRACE_AT, SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF,
-    UnwindState, runtime,
+    PROCESS_EVENTS_BYTES, ProcessEvent, RING_WAKEUP_BYTES, RowChunk, SAMPLE_ATTRS_AT,
+    SAMPLE_FLAG_KERNEL_ERROR, SAMPLE_FLAG_KERNEL_TRUNCATED, SAMPLE_FLAG_TRACE,
+    SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED,
+    SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_TRACE_AT,
+    SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState, runtime,
     unwind::{
         self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
     },
@@ -308,7 +308,11 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         (*sample).user_stack_len = user_len;
         // The thread's trace context: CPU, off-CPU and early-copy records
         // alike are filled here.
-        let trace = trace::read_context(tgid, &raw mut (*sample).trace);
+        let trace = trace::read_context(
+            tgid,
+            &raw mut (*sample).trace,
+            (&raw mut (*sample).attrs).cast(),
+        );
         (*sample).flags = kernel_flags | user_flags | trace;
     }
 }

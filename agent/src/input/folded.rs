@@ -74,6 +74,7 @@ pub(super) fn read(data: &[u8]) -> Result<InputProfile, InputError> {
                 container_id: None,
                 pod_uid: None,
                 service: None,
+                thread_keys: None,
             }),
             tid: 0,
             thread_name: thread.into(),
@@ -85,6 +86,7 @@ pub(super) fn read(data: &[u8]) -> Result<InputProfile, InputError> {
                 state,
             }),
             trace: None,
+            attributes: Vec::new(),
         };
         group.samples.push(Counted {
             count: if sample.off_cpu.is_some() { 1 } else { count },

@@ -353,6 +353,8 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                     let (mut pid, mut tid, mut cpu) = (0, 0, 0);
                     let (mut exe_name, mut exe_path, mut thread) = ("", "", None);
                     let mut state = None;
+                    // Any other text attribute: the thread context's (`http.route`, …).
+                    let mut attributes = Vec::new();
                     for (key, value) in tables.attributes(&sample.attribute_indices)? {
                         match key {
                             "process.pid" => pid = value.int().unwrap_or(0),
@@ -362,7 +364,11 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                             "process.executable.path" => exe_path = value.str().unwrap_or(""),
                             "thread.name" => thread = value.str(),
                             "thread.state" => state = value.str().map(ThreadState::from_name),
-                            _ => {}
+                            key => {
+                                if let Some(text) = value.str() {
+                                    attributes.push((Arc::from(key), Arc::from(text)));
+                                }
+                            }
                         }
                     }
                     let process = processes
@@ -375,6 +381,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                                 container_id: group.container_id.clone(),
                                 pod_uid: group.pod_uid.clone(),
                                 service: None,
+                                thread_keys: None,
                             })
                         })
                         .clone();
@@ -391,6 +398,7 @@ pub(super) fn decode(data: &ProfilesData) -> Result<InputProfile, String> {
                         frames,
                         off_cpu: None,
                         trace: tables.link(sample.link_index)?,
+                        attributes,
                     };
                     let texts = tables.texts(&sample.attribute_indices)?;
                     match kind {

@@ -282,6 +282,7 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
                     container_id: None,
                     pod_uid: None,
                     service: None,
+                    thread_keys: None,
                 })
             })
             .clone();
@@ -295,6 +296,7 @@ fn decode(profile: &Profile) -> Result<InputProfile, String> {
                 frames,
                 off_cpu,
                 trace,
+                attributes: Vec::new(),
             },
             count,
             timestamps: Vec::new(),

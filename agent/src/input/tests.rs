@@ -22,6 +22,7 @@ fn process(pid: u32, exe: &str, container: Option<&str>) -> Arc<ProcessInfo> {
         container_id: container.map(Arc::from),
         pod_uid: container.map(|id| Arc::from(format!("pod-{id}"))),
         service: None,
+        thread_keys: None,
     })
 }
 
@@ -80,6 +81,7 @@ pub(super) fn samples() -> Vec<ResolvedSample> {
         frames,
         off_cpu: None,
         trace: None,
+        attributes: Vec::new(),
     };
     let mut all = Vec::new();
     for round in 0..5u64 {

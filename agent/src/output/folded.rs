@@ -119,6 +119,7 @@ mod tests {
                 container_id: None,
                 pod_uid: None,
                 service: None,
+                thread_keys: None,
             }),
             tid: 1,
             thread_name: "app;worker".into(),
@@ -133,6 +134,7 @@ mod tests {
             ],
             off_cpu: None,
             trace: None,
+            attributes: Vec::new(),
         };
         assert_eq!(
             FoldedStacks::fold(&sample),

@@ -24,13 +24,15 @@ use crate::{
 /// A location's identity: mapping id, address, (function id, line) per line.
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
 
-/// What tells two pprof samples apart: stack, pid, tid, off-CPU state, span.
+/// What tells two pprof samples apart: stack, pid, tid, off-CPU state,
+/// span, thread-context attributes.
 type SampleKey = (
     Vec<u64>,
     u32,
     u32,
     Option<ThreadState>,
     Option<crate::model::TraceLink>,
+    Vec<(Arc<str>, Arc<str>)>,
 );
 
 /// Collects samples into a pprof profile.
@@ -226,6 +228,7 @@ impl Sink for PprofProfile {
             sample.tid,
             state,
             sample.trace,
+            sample.attributes.clone(),
         );
         if let Some(&at) = self.samples.get(&key) {
             let values = &mut self.profile.sample[at].value;
@@ -261,6 +264,13 @@ impl Sink for PprofProfile {
                     ..Default::default()
                 });
             }
+        }
+        for (name, value) in &sample.attributes {
+            labels.push(Label {
+                key: self.string(name),
+                str: self.string(value),
+                ..Default::default()
+            });
         }
         self.samples.insert(key.clone(), self.profile.sample.len());
         self.profile.sample.push(Sample {

@@ -17,12 +17,17 @@ use std::{
 use super::{
     environment,
     otel_ctx::{self, Reading, Refusal},
+    thread_attrs::KeyMap,
 };
 use crate::model::ServiceResource;
 
 /// How often a known context's header is read again: republished attributes
 /// show within about this long.
 const CONTEXT_RECHECK: Duration = Duration::from_secs(1);
+
+/// How soon a context is read again when a thread record names a key
+/// index its key map does not have yet.
+const UNKNOWN_KEY_RECHECK: Duration = Duration::from_millis(100);
 
 /// Backoff for a process without a context: maps are read again after this,
 /// the wait doubling up to [`MAX_SEARCH_INTERVAL`] while none shows.
@@ -35,6 +40,8 @@ struct Context {
     address: u64,
     published_at_ns: u64,
     resource: Arc<ServiceResource>,
+    /// The thread context's key map (OTEP 4947), published with it.
+    keys: Arc<KeyMap>,
 }
 
 /// What is known of one process image's identity.
@@ -105,15 +112,34 @@ impl Identity {
         }
     }
 
+    /// The thread context's key map, when the context publishes one.
+    pub(super) fn thread_keys(&self) -> Option<Arc<KeyMap>> {
+        let context = self.context.as_ref()?;
+        (!context.keys.is_empty()).then(|| context.keys.clone())
+    }
+
+    /// Looks again within [`UNKNOWN_KEY_RECHECK`]: a thread record named a
+    /// key index past the map, which the OTEP says to read again. A record
+    /// that keeps naming one costs a header read per that interval, no more.
+    /// A process without a context has no map to read again.
+    pub(super) fn hurry(&mut self) {
+        if self.context.is_some() {
+            self.check_after = self.check_after.min(UNKNOWN_KEY_RECHECK);
+        }
+    }
+
     /// Time for [`Identity::recheck`].
     pub(super) fn due(&self) -> bool {
         self.checked_at.elapsed() >= self.check_after
     }
 
-    /// Looks again; true when [`Identity::service`] changed. `reads` counts
-    /// `/proc` reads.
+    /// Looks again; true when [`Identity::service`] or
+    /// [`Identity::thread_keys`] changed. `reads` counts `/proc` reads.
     pub(super) fn recheck(&mut self, pid: u32, reads: &mut u64) -> bool {
-        let before = self.service();
+        let before = (self.service(), self.thread_keys());
+        if self.check_after < MIN_SEARCH_INTERVAL {
+            self.check_after = CONTEXT_RECHECK;
+        }
         self.checked_at = Instant::now();
         match &mut self.context {
             Some(context) => {
@@ -123,9 +149,11 @@ impl Identity {
                     Ok(Reading::Published {
                         published_at_ns,
                         resource,
+                        keys,
                     }) => {
                         context.published_at_ns = published_at_ns;
                         context.resource = Arc::new(resource);
+                        context.keys = Arc::new(keys);
                     }
                     // Mid-update for every attempt: keep what was read, try
                     // again next time.
@@ -150,7 +178,7 @@ impl Identity {
                 }
             }
         }
-        self.service() != before
+        (self.service(), self.thread_keys()) != before
     }
 
     /// Reads the context of the mapping named in `maps`, if any (the payload
@@ -166,10 +194,12 @@ impl Identity {
                 Ok(Reading::Published {
                     published_at_ns,
                     resource,
+                    keys,
                 }) => Some(Context {
                     address,
                     published_at_ns,
                     resource: Arc::new(resource),
+                    keys: Arc::new(keys),
                 }),
                 Ok(Reading::Unchanged) => known.cloned(),
                 Err(reason) => {

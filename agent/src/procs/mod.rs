@@ -19,6 +19,7 @@ mod identity;
 mod maps;
 pub mod memory;
 pub mod otel_ctx;
+pub mod thread_attrs;
 
 use std::{
     collections::HashMap,
@@ -181,6 +182,7 @@ impl ProcessTable {
                             info: Arc::new(ProcessInfo {
                                 pid,
                                 service: identity.service(),
+                                thread_keys: identity.thread_keys(),
                                 ..(*parent.info).clone()
                             }),
                             identity,
@@ -213,6 +215,19 @@ impl ProcessTable {
     /// process if /proc no longer has it.
     pub fn info(&mut self, pid: u32, comm: &str, ktime_ns: u64) -> Arc<ProcessInfo> {
         self.image(pid, comm, ktime_ns).0.info.clone()
+    }
+
+    /// A thread record of `pid` named a key index past its key map: read
+    /// its process context again soon (see `thread_attrs`).
+    pub fn key_map_stale(&mut self, pid: u32) {
+        if let Some(process) = self
+            .entries
+            .get_mut(&pid)
+            .and_then(|entry| entry.images.last_mut())
+            .and_then(|image| image.process.as_mut())
+        {
+            process.identity.hurry();
+        }
     }
 
     /// The executable mapping holding user address `address` of `pid` at
@@ -339,6 +354,7 @@ fn image_of<'a>(
         // Samples already attributed keep the identity they ran under.
         process.info = Arc::new(ProcessInfo {
             service: process.identity.service(),
+            thread_keys: process.identity.thread_keys(),
             ..(*process.info).clone()
         });
     }
@@ -390,6 +406,7 @@ fn read_process(
         container_id: cgroup.container_id.map(Into::into),
         pod_uid: cgroup.pod_uid.map(Into::into),
         service: identity.service(),
+        thread_keys: identity.thread_keys(),
     };
     Process {
         info: Arc::new(info),
@@ -409,6 +426,7 @@ fn unreadable(pid: u32, comm: &str, now: Instant) -> Process {
         container_id: None,
         pod_uid: None,
         service: None,
+        thread_keys: None,
     };
     Process {
         info: Arc::new(info),

@@ -27,12 +27,20 @@
 //! non-zero. The timestamp is also the cache key: while it stays, nothing
 //! changed, so a re-check costs one 32-byte read.
 //!
+//! The extra attributes (field 2) matter to one reader here: the thread
+//! context's `threadlocal.attribute_key_map` (OTEP 4947), decoded into a
+//! [`KeyMap`] with the resource, so a republished map is picked up the
+//! same way.
+//!
 //! A publisher may be hostile: every field is checked, the payload capped,
-//! retries bounded, and each refusal counted by reason ([`refusals`]).
+//! retries bounded, and each refusal counted by reason ([`refusals`]); the
+//! thread records' attributes are refused under the same counter
+//! ([`super::thread_attrs`]).
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hostprof_proto::{Message, common::any_value::Value, resource::Resource};
 
+use super::thread_attrs::{self, KeyMap};
 use crate::model::{ResourceValue, ServiceResource};
 
 /// Bytes of the header.
@@ -80,11 +88,23 @@ pub enum Refusal {
     Utf8,
     #[error("OTEL_RESOURCE_ATTRIBUTES in the process's environment is not key=value,…")]
     Environment,
+    #[error("threadlocal.attribute_key_map is not an array of at most 256 strings")]
+    KeyMap,
+    #[error("a thread record's attributes are over the 612-byte cap (640-byte record)")]
+    AttrsOverCap,
+    #[error("a thread record's attributes are not readable memory")]
+    AttrsUnreadable,
+    #[error("a thread record's attribute value is not UTF-8")]
+    AttrsUtf8,
+    #[error("a thread record's attribute key index is past the key map")]
+    AttrsUnknownKey,
+    #[error("a thread record's attributes end with a partial entry")]
+    AttrsTruncated,
 }
 
 impl Refusal {
     /// Every reason, in the order of [`refusals`].
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 14] = [
         Refusal::Signature,
         Refusal::Version,
         Refusal::TooLarge,
@@ -93,6 +113,12 @@ impl Refusal {
         Refusal::Protobuf,
         Refusal::Utf8,
         Refusal::Environment,
+        Refusal::KeyMap,
+        Refusal::AttrsOverCap,
+        Refusal::AttrsUnreadable,
+        Refusal::AttrsUtf8,
+        Refusal::AttrsUnknownKey,
+        Refusal::AttrsTruncated,
     ];
 
     /// The `reason` label of `hostprof_context_refused_total`.
@@ -106,11 +132,17 @@ impl Refusal {
             Refusal::Protobuf => "protobuf",
             Refusal::Utf8 => "utf8",
             Refusal::Environment => "environment",
+            Refusal::KeyMap => "key_map",
+            Refusal::AttrsOverCap => "attrs_over_cap",
+            Refusal::AttrsUnreadable => "attrs_unreadable",
+            Refusal::AttrsUtf8 => "attrs_utf8",
+            Refusal::AttrsUnknownKey => "attrs_unknown_key",
+            Refusal::AttrsTruncated => "attrs_truncated",
         }
     }
 }
 
-static REFUSED: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; 8];
+static REFUSED: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; 14];
 
 /// Contexts refused since the agent started, by reason, as [`Refusal::ALL`].
 pub fn refusals() -> [(&'static str, u64); Refusal::ALL.len()] {
@@ -126,6 +158,12 @@ pub fn refusals() -> [(&'static str, u64); Refusal::ALL.len()] {
 pub(crate) fn count_refusal(pid: u32, reason: Refusal) {
     REFUSED[reason as usize].fetch_add(1, Ordering::Relaxed);
     tracing::debug!("pid {pid}: process context refused: {reason}");
+}
+
+/// Counts a refusal without a log line: for what may come with every
+/// sample (a thread record's attributes).
+pub(crate) fn count_quietly(reason: Refusal) {
+    REFUSED[reason as usize].fetch_add(1, Ordering::Relaxed);
 }
 
 /// The header's fields.
@@ -182,6 +220,8 @@ pub enum Reading {
     Published {
         published_at_ns: u64,
         resource: ServiceResource,
+        /// The thread context's key map (empty when none is published).
+        keys: KeyMap,
     },
 }
 
@@ -223,22 +263,37 @@ pub fn read_context(
         if !copied {
             return Err(Refusal::Unreadable);
         }
+        let (resource, keys) = decode_context(&payload)?;
         return Ok(Reading::Published {
             published_at_ns: header.published_at_ns,
-            resource: decode_payload(&payload)?,
+            resource,
+            keys,
         });
     }
     Err(Refusal::Unsettled)
 }
 
+/// The resource and the thread context's key map of a `ProcessContext`
+/// payload. A key map that is not one is refused (counted, without
+/// `pid`) and left empty: the resource still stands.
+pub fn decode_context(payload: &[u8]) -> Result<(ServiceResource, KeyMap), Refusal> {
+    let resource = decode_payload(payload)?;
+    let (_, extra) = fields(payload).ok_or(Refusal::Protobuf)?;
+    let keys = thread_attrs::key_map(&extra).unwrap_or_else(|reason| {
+        count_quietly(reason);
+        KeyMap::default()
+    });
+    Ok((resource, keys))
+}
+
 /// The resource attributes of a `ProcessContext` payload. Scalar values are
 /// kept; arrays, maps and bytes are dropped (no resource convention uses
 /// them). The extra `attributes` (field 2) are for thread-context readers,
-/// not the resource, and are not kept.
+/// not the resource, and are not kept here ([`decode_context`]).
 pub fn decode_payload(payload: &[u8]) -> Result<ServiceResource, Refusal> {
     // A message field seen more than once merges, as protobuf says; the
     // concatenation of its pieces decodes as that merge.
-    let resource = resource_field(payload).ok_or(Refusal::Protobuf)?;
+    let (resource, _) = fields(payload).ok_or(Refusal::Protobuf)?;
     let resource = Resource::decode(&*resource).map_err(|err| {
         // prost checks strings as it decodes; its message says so.
         if err.to_string().contains("UTF-8") {
@@ -264,10 +319,12 @@ pub fn decode_payload(payload: &[u8]) -> Result<ServiceResource, Refusal> {
     Ok(ServiceResource::new(attributes))
 }
 
-/// The bytes of every field 1 (`resource`) of a `ProcessContext`, joined;
-/// `None` when the bytes are not protobuf's wire format.
-fn resource_field(mut bytes: &[u8]) -> Option<Vec<u8>> {
+/// The bytes of every field 1 (`resource`) of a `ProcessContext`, joined,
+/// and each field 2 (an extra attribute, a `KeyValue`); `None` when the
+/// bytes are not protobuf's wire format.
+fn fields(mut bytes: &[u8]) -> Option<(Vec<u8>, Vec<&[u8]>)> {
     let mut resource = Vec::new();
+    let mut extra = Vec::new();
     while !bytes.is_empty() {
         let key = varint(&mut bytes)?;
         let (field, wire_type) = (key >> 3, key & 7);
@@ -292,9 +349,12 @@ fn resource_field(mut bytes: &[u8]) -> Option<Vec<u8>> {
             }
             resource.extend_from_slice(value);
         }
+        if field == 2 && wire_type == 2 {
+            extra.push(value);
+        }
         bytes = rest;
     }
-    Some(resource)
+    Some((resource, extra))
 }
 
 /// A base-128 varint off the front of `bytes`.

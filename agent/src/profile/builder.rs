@@ -38,6 +38,17 @@ struct GroupKey {
     service: Option<Arc<ServiceResource>>,
 }
 
+/// The sample attributes hostprof sets itself.
+const OWN_KEYS: [&str; 7] = [
+    "process.pid",
+    "process.executable.name",
+    "process.executable.path",
+    "thread.id",
+    "thread.name",
+    "thread.state",
+    "cpu.logical_number",
+];
+
 /// A sample's identity: stack, attribute set (sorted) and link (0: none).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SampleKey {
@@ -193,6 +204,13 @@ impl ProfileBuilder {
                 "process.executable.path",
                 AttributeValue::Str(process.exe_path.to_string()),
             ));
+        }
+        // The thread context's, under their key-map names; one that would
+        // repeat a key set above is the process's to pick, not ours: dropped.
+        for (key, value) in &sample.attributes {
+            if !OWN_KEYS.contains(&&**key) {
+                attributes.push(dictionary.attribute(key, AttributeValue::Str(value.to_string())));
+            }
         }
         attributes.sort_unstable();
         attributes

@@ -19,6 +19,7 @@ fn process(pid: u32, container: Option<&str>) -> Arc<ProcessInfo> {
         container_id: container.map(Into::into),
         pod_uid: None,
         service: None,
+        thread_keys: None,
     })
 }
 
@@ -78,6 +79,7 @@ fn sample(process: &Arc<ProcessInfo>, time: u64) -> ResolvedSample {
         frames: frames(),
         off_cpu: None,
         trace: None,
+        attributes: Vec::new(),
     }
 }
 
@@ -350,6 +352,7 @@ fn processes_that_say_who_they_are_get_resources_of_their_own() {
         ]);
         Arc::new(ProcessInfo {
             service: Some(Arc::new(service)),
+            thread_keys: None,
             ..(*process(pid, container)).clone()
         })
     };

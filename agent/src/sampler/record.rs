@@ -70,6 +70,12 @@ pub fn decode_sample_into(record: &[u8], sample: &mut Sample) -> bool {
         bytes[hostprof_common::SAMPLE_TRACE_AT..].fill(0);
         record.len()
     } else if copy {
+        // Link and attributes in place.
+        let attrs = usize::from(sample.trace.attrs_len);
+        if attrs > hostprof_common::trace::MAX_ATTRS {
+            return false;
+        }
+        sample.attrs[attrs..].fill(0);
         record.len()
     } else {
         let Some(body) = record
@@ -79,15 +85,30 @@ pub fn decode_sample_into(record: &[u8], sample: &mut Sample) -> bool {
         else {
             return false;
         };
-        bytes[body..record.len()].fill(0);
         // SAFETY: a `Link` is plain old data of `link` bytes.
-        sample.trace = unsafe {
+        let trace = unsafe {
             std::ptr::read_unaligned(
                 record[body..]
                     .as_ptr()
                     .cast::<hostprof_common::trace::Link>(),
             )
         };
+        // Its attributes, if any, just before it, padded to words.
+        let attrs = usize::from(trace.attrs_len);
+        if attrs > hostprof_common::trace::MAX_ATTRS {
+            return false;
+        }
+        let Some(body) = body
+            .checked_sub(attrs.next_multiple_of(8))
+            .filter(|&body| body >= header)
+        else {
+            return false;
+        };
+        // Clear where attributes and link sat (and the fields they go to)
+        // before writing them through `sample`: `bytes` is not used after.
+        bytes[body..].fill(0);
+        sample.trace = trace;
+        sample.attrs[..attrs].copy_from_slice(&record[body..body + attrs]);
         body
     };
     let kernel = sample.kernel_stack_len as usize;

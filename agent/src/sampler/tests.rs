@@ -58,7 +58,9 @@ fn compact_records_decode_to_whole_samples() {
 
 #[test]
 fn a_trace_link_ends_the_record_that_has_one() {
-    let link = [0xabu8; hostprof_common::trace::LINK_BYTES];
+    // Ids of 0xab, no attributes.
+    let mut link = [0xabu8; hostprof_common::trace::LINK_BYTES];
+    link[25..].fill(0);
     let flagged = |mut record: Vec<u8>| {
         let flags = std::mem::offset_of!(Sample, flags);
         record[flags..flags + 4].copy_from_slice(&hostprof_common::SAMPLE_FLAG_TRACE.to_ne_bytes());
@@ -89,6 +91,37 @@ fn a_trace_link_ends_the_record_that_has_one() {
     let flags = std::mem::offset_of!(Sample, flags);
     short[flags..flags + 4].copy_from_slice(&hostprof_common::SAMPLE_FLAG_TRACE.to_ne_bytes());
     assert!(decode_sample(&short).is_none());
+}
+
+#[test]
+fn attributes_come_padded_to_words_before_the_link() {
+    let flags = std::mem::offset_of!(Sample, flags);
+    let with_attrs = |attrs: &[u8], announced: u16| {
+        let mut record = compact_record(&[0xffff_0001], &[0x401000]);
+        record[flags..flags + 4].copy_from_slice(&hostprof_common::SAMPLE_FLAG_TRACE.to_ne_bytes());
+        record.extend_from_slice(attrs);
+        record.resize(record.len().next_multiple_of(8), 0);
+        let link = hostprof_common::trace::Link {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            attrs_len: announced,
+            ..Default::default()
+        };
+        // SAFETY: a `Link` is plain old data.
+        let bytes: [u8; hostprof_common::trace::LINK_BYTES] = unsafe { std::mem::transmute(link) };
+        record.extend_from_slice(&bytes);
+        record
+    };
+    let attrs = b"\x00\x02/a\x01\x03GET";
+    let sample = decode_sample(&with_attrs(attrs, attrs.len() as u16)).expect("decodes");
+    assert_eq!(&sample.attrs[..attrs.len()], attrs);
+    assert!(sample.attrs[attrs.len()..].iter().all(|&byte| byte == 0));
+    assert_eq!(&sample.user_stack[..2], &[0x401000, 0]);
+    assert_eq!(sample.trace.span_id, [2; 8]);
+    // A length past the cap, or past what the record holds, is malformed.
+    let cap = hostprof_common::trace::MAX_ATTRS as u16;
+    assert!(decode_sample(&with_attrs(attrs, cap + 1)).is_none());
+    assert!(decode_sample(&with_attrs(attrs, cap)).is_none());
 }
 
 #[test]

@@ -273,7 +273,7 @@ impl Snapshot {
         metric(
             "hostprof_context_refused_total",
             "counter",
-            "Process contexts (OTEL_CTX) and OTEL_RESOURCE_ATTRIBUTES environments refused, by reason: bad signature or version, over the size cap, unreadable, never settled, not protobuf, not UTF-8, malformed environment.",
+            "Process contexts (OTEL_CTX) and OTEL_RESOURCE_ATTRIBUTES environments refused, by reason: bad signature or version, over the size cap, unreadable, never settled, not protobuf, not UTF-8, malformed environment, a key map that is no array of at most 256 strings; and thread-context attributes (attrs_*): over the 612-byte cap, unreadable, not UTF-8, a key index past the map, an entry cut short.",
             &refused,
         );
         let refused: Vec<(String, u64)> = crate::runtime::refusals::refusals()

@@ -50,6 +50,8 @@ pub struct StackKey {
     /// The trace the thread worked for (OpenTelemetry thread context);
     /// spans are left out, or every few milliseconds would be a new key.
     pub trace_id: Option<[u8; 16]>,
+    /// The thread context's attributes, named by the process's key map.
+    pub attributes: Vec<(Arc<str>, Arc<str>)>,
     /// What the process says it is (`service.name`, …).
     pub service: Option<Arc<ServiceResource>>,
     /// Root first, inlined functions expanded, as in folded stacks.
@@ -82,6 +84,7 @@ impl StackKey {
             container: sample.process.container_id.clone(),
             off_cpu: sample.off_cpu.map(|off| off.state),
             trace_id: sample.trace.map(|link| link.trace_id),
+            attributes: sample.attributes.clone(),
             service: sample.process.service.clone(),
             frames,
         }
@@ -99,6 +102,11 @@ impl StackKey {
             "thread.name" => Some(self.thread.to_string()),
             "container.id" => self.container.as_deref().map(str::to_owned),
             key => {
+                // The thread context's attributes (`http.route`, …) first:
+                // they are the sample's own, as in OTLP.
+                if let Some((_, value)) = self.attributes.iter().find(|(name, _)| &**name == key) {
+                    return Some(value.to_string());
+                }
                 let service = self.service.as_deref()?;
                 let (_, value) = service.attributes.iter().find(|(name, _)| name == key)?;
                 Some(match value {

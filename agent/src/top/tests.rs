@@ -22,6 +22,7 @@ fn process(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessInfo> {
         container_id: container.map(Arc::from),
         pod_uid: None,
         service: None,
+        thread_keys: None,
     })
 }
 
@@ -55,6 +56,7 @@ fn sample(process: &Arc<ProcessInfo>, tid: u32, names: &[&str]) -> ResolvedSampl
             .collect(),
         off_cpu: None,
         trace: None,
+        attributes: Vec::new(),
     }
 }
 

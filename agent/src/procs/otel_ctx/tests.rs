@@ -118,6 +118,7 @@ fn reads_a_published_context_then_only_its_header() {
     let Ok(Reading::Published {
         published_at_ns,
         resource,
+        ..
     }) = read(&mut memory, None)
     else {
         panic!("not read");
@@ -275,7 +276,13 @@ fn refusals_are_counted_by_reason() {
             "unsettled",
             "protobuf",
             "utf8",
-            "environment"
+            "environment",
+            "key_map",
+            "attrs_over_cap",
+            "attrs_unreadable",
+            "attrs_utf8",
+            "attrs_unknown_key",
+            "attrs_truncated"
         ]
     );
     assert!(after[2].1 > before[2].1);
