@@ -5,8 +5,10 @@
 //! function; a worker thread running the same loops) under Node.js 18, 20
 //! and 22 (node's own builds, which `cargo xtask setup` takes from the npm
 //! registry), on the host and in a container (a chroot into a Debian root,
-//! own mount and pid namespaces). `node --cpu-prof`, recording the same
-//! process, is the ground truth for the hot function's share.
+//! own mount and pid namespaces), and once more with the legacy eBPF
+//! variant forced (Linux 5.10 to 5.16: V8's walk a tail-called program of
+//! its own). `node --cpu-prof`, recording the same process, is the ground
+//! truth for the hot function's share.
 //!
 //! What counts, in hostprof's folded stacks (`comm;root;…;leaf COUNT`):
 //! - JavaScript frames: labels `name (file:LINE)` or `name (file)`;
@@ -79,6 +81,9 @@ struct Node {
     build: PathBuf,
     /// The root it runs in with its own pids, or `None` for the host.
     root: Option<PathBuf>,
+    /// The eBPF variant hostprof is made to load (`HOSTPROF_BPF_VARIANT`),
+    /// or `None` for the one it picks.
+    variant: Option<&'static str>,
 }
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -100,6 +105,7 @@ fn nodes() -> Vec<Node> {
             name: format!("node {version}"),
             build: build.clone(),
             root: None,
+            variant: None,
         });
         let root = target().join(CONTAINER_ROOT);
         if require_tool(&root.join("bin/sh").display().to_string()) {
@@ -107,6 +113,7 @@ fn nodes() -> Vec<Node> {
                 name: format!("node {version} in a container"),
                 build,
                 root: Some(root),
+                variant: None,
             });
         }
     }
@@ -318,12 +325,38 @@ fn javascript_frames_match_cpu_prof_on_every_node() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// The legacy eBPF variant (Linux 5.10 to 5.16, where V8's walk is a
+/// tail-called program of its own), forced on this kernel: one Node.js on
+/// the host, judged as the others (`cargo xtask vmtest --kernel 5.10` runs
+/// it on a real 5.10).
+#[test]
+fn javascript_frames_on_the_legacy_variant() {
+    let Some(_guard) = require_ebpf() else { return };
+    let Some(mut node) = nodes().into_iter().find(|node| node.root.is_none()) else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    node.name = format!("{}, legacy eBPF variant", node.name);
+    node.variant = Some("legacy");
+    let failures = profile(&node);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// Profiles one Node.js with hostprof and `--cpu-prof`; what went wrong.
 fn profile(node: &Node) -> Vec<String> {
     let name = &node.name;
     let program = Program::start(node);
     let folded = work_dir().join(format!("node-{}.folded", program.pid));
-    let (mut recording, mut log) = running::record_pid(program.pid, RATE_HZ, &folded);
+    let mut record = hostprof();
+    record
+        .args(["record", "-F", RATE_HZ, "--pid"])
+        .arg(program.pid.to_string())
+        .arg("--output")
+        .arg(&folded);
+    if let Some(variant) = node.variant {
+        record.env("HOSTPROF_BPF_VARIANT", variant);
+    }
+    let (mut recording, mut log) = running::start_recording(&mut record);
     let from = monotonic_micros();
     let enough = running::wait_for_cpu(program.pid, CPU_SECONDS, Duration::from_secs(300));
     let to = monotonic_micros();

@@ -111,9 +111,16 @@ pub const LEGACY_TAIL_UNWIND: u32 = 0;
 /// Index, in each tails map, of the program that writes the record once the
 /// stack is walked.
 pub const LEGACY_TAIL_EMIT: u32 = 1;
-/// (tails map, index, program) of every tail-called program; the first two
-/// are perf_event programs, the last two raw tracepoints.
-pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 4] = [
+/// Index, in each tails map, of V8's walk: the unwinder jumps there when
+/// it reaches V8's code, so that walk is a program of its own, checked by
+/// the verifier apart from the native unwinder's.
+pub const LEGACY_TAIL_V8: u32 = 2;
+/// Slots of each tails map (room for a runtime walk more).
+pub const LEGACY_TAIL_SLOTS: u32 = 4;
+/// (tails map, index, program) of every tail-called program; the first
+/// [`LEGACY_TAIL_PERF_EVENT`] are perf_event programs, the others raw
+/// tracepoints.
+pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 6] = [
     (
         MAP_LEGACY_SAMPLE_TAILS,
         LEGACY_TAIL_UNWIND,
@@ -124,6 +131,7 @@ pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 4] = [
         LEGACY_TAIL_EMIT,
         "sample_legacy_emit",
     ),
+    (MAP_LEGACY_SAMPLE_TAILS, LEGACY_TAIL_V8, "sample_legacy_v8"),
     (
         MAP_LEGACY_OFF_CPU_TAILS,
         LEGACY_TAIL_UNWIND,
@@ -134,9 +142,14 @@ pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 4] = [
         LEGACY_TAIL_EMIT,
         "off_cpu_legacy_emit",
     ),
+    (
+        MAP_LEGACY_OFF_CPU_TAILS,
+        LEGACY_TAIL_V8,
+        "off_cpu_legacy_v8",
+    ),
 ];
-/// The first two of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
-pub const LEGACY_TAIL_PERF_EVENT: usize = 2;
+/// The first three of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
+pub const LEGACY_TAIL_PERF_EVENT: usize = 3;
 /// Global `u32`: byte offset of `stack` (the kernel stack's base) in
 /// `task_struct`, from BTF; only the legacy programs read it.
 pub const GLOBAL_TASK_STACK_OFFSET: &str = "TASK_STACK_OFFSET";

@@ -2,7 +2,7 @@
 //! the unwinder loops and searches.
 use super::*;
 
-use super::unwinder::*;
+use super::{legacy::IDLE, unwinder::*};
 
 /// What differs between the kernels the sampler runs on: how it finds
 /// the user registers and how it loops. Each program exists in two
@@ -17,9 +17,10 @@ pub(super) trait Kernel {
     /// kernel entry: right whether the sample hit user or kernel code),
     /// or null.
     fn user_regs() -> *const u8;
-    /// Whether the unwinder walks language runtimes' frames (HotSpot's):
-    /// only with `bpf_loop`, whose callbacks the verifier checks once.
-    const RUNTIME_WALKS: bool;
+    /// Steps the frame at `state.regs`, in the code of the runtime tagged
+    /// `runtime`; true when the unwind stops here (`state.reason` set, or,
+    /// legacy, the reason that hands the unwind to the runtime's walk).
+    fn runtime_step(state: &mut UnwindState, runtime: u8) -> bool;
     /// The current task's user stack, unwound with the tables into `dst`,
     /// its runtime frames into `runtime` (see [`unwind_user`]).
     fn unwind_user(
@@ -47,7 +48,16 @@ impl Kernel for Modern {
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
     }
 
-    const RUNTIME_WALKS: bool = true;
+    /// Right here, in the same `bpf_loop` callback as the native frames
+    /// (the verifier checks the callback once).
+    #[inline(always)]
+    fn runtime_step(state: &mut UnwindState, runtime: u8) -> bool {
+        if runtime == hostprof_common::runtime::tag::V8 {
+            super::v8::step(state)
+        } else {
+            super::hotspot::step(state)
+        }
+    }
 
     /// Unwinds right here, one `bpf_loop` call per frame.
     #[inline(always)]
@@ -166,12 +176,23 @@ impl Kernel for Legacy {
         }
     }
 
-    /// No Java frames before 5.17 (walks of their own, in tail calls,
-    /// are still to come): code-cache frames end the walk.
-    const RUNTIME_WALKS: bool = false;
+    /// V8: stops the native unwinder, for `legacy_continue` to jump to
+    /// V8's walk, a program of its own (the old verifiers walk every path:
+    /// in line, the V8 step's paths would multiply the unwinder's). No
+    /// Java frames before 5.17 (HotSpot's walk is not one of those
+    /// programs yet): code-cache frames end the walk.
+    #[inline(always)]
+    fn runtime_step(state: &mut UnwindState, runtime: u8) -> bool {
+        state.reason = if runtime == hostprof_common::runtime::tag::V8 {
+            super::legacy::AT_V8
+        } else {
+            unwind::reason::NO_TABLE
+        };
+        true
+    }
 
-    /// Hands over the unwind that [`legacy_start`] and the tail calls
-    /// of [`legacy_continue`] did before this program run reached here.
+    /// Hands over the unwind that `legacy::legacy_start` and the tail
+    /// calls after it did before this program run reached here.
     #[inline(always)]
     fn unwind_user(
         slot: u32,
@@ -190,13 +211,10 @@ impl Kernel for Legacy {
 
     /// No interpreter frames before 5.17: Linux 5.10's verifier rejects
     /// the walk in `sample_legacy` (to be split into a tail call of its own).
+    /// `dst` is left as the record's fill left it: empty, or the JIT
+    /// runtime frames (V8's) the unwind found.
     #[inline(always)]
-    fn python(_tgid: u32, dst: *mut hostprof_common::python::Stack) {
-        unsafe {
-            (*dst).len = 0;
-            (*dst).reason = hostprof_common::python::reason::NONE;
-        }
-    }
+    fn python(_tgid: u32, _dst: *mut hostprof_common::python::Stack) {}
 
     /// Branch-free probes (see `Search::probe_branchless`); rows are
     /// read with `bpf_probe_read_kernel` from the rows map's flat memory,

@@ -9,7 +9,9 @@
 //! - `kernel`: what differs between kernels (modern: `bpf_loop`; legacy:
 //!   5.10 to 5.16) and the user registers;
 //! - `unwinder`: the table-driven unwinder's kernel side, in `bpf_loop`
-//!   callbacks or in chains of tail calls;
+//!   callbacks;
+//! - `legacy`: the legacy variant's chain of tail calls (the unwinder's
+//!   runs, V8's walk, the record's writer);
 //! - `python`: CPython's interpreter frames;
 //! - `trace`: the OpenTelemetry thread context of the sampled thread;
 //! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
@@ -17,6 +19,7 @@
 //! - `v8`: V8's JavaScript frames, stepped by the unwinder in V8's code.
 mod hotspot;
 mod kernel;
+mod legacy;
 mod off_cpu;
 mod process;
 mod python;

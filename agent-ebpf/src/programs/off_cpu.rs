@@ -1,11 +1,11 @@
 //! `off_cpu_switch`: where and why threads leave the CPU, emitted when they
-//! come back (and, legacy, its tail-called unwinder and writer).
+//! come back (and, legacy, its tail-called unwinder, V8 walk and writer).
 use super::*;
 
 use super::{
     kernel::Legacy,
     kernel::Modern,
-    unwinder::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_start},
+    legacy::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_start, legacy_v8},
 };
 
 pub(super) const TASK_DEAD: u32 = 0x80;
@@ -54,6 +54,13 @@ pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
     legacy_continue(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    0
+}
+
+/// V8's walk for `off_cpu_legacy`'s unwinder.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy_v8(ctx: RawTracePointContext) -> i32 {
+    legacy_v8(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
     0
 }
 

@@ -1,5 +1,6 @@
 //! The kernel side of the table-driven unwinder: the process view it
-//! walks, `bpf_loop` callbacks (modern) and tail-call chains (legacy).
+//! walks, and its `bpf_loop` callbacks (modern; the legacy tail-call
+//! chain is in `legacy`).
 use super::*;
 
 use super::kernel::*;
@@ -148,15 +149,9 @@ pub(super) fn frame<K: Kernel>(
             unsafe { write_volatile(&mut state.reason, reason) };
             true
         }
-        Step::Runtime(runtime)
-            if K::RUNTIME_WALKS && unsafe { read_volatile(&RUNTIME_WALK) } != 0 =>
-        {
-            // The runtime the agent marked the mapping with.
-            if runtime == runtime::tag::V8 {
-                super::v8::step(state)
-            } else {
-                super::hotspot::step(state)
-            }
+        // The runtime the agent marked the mapping with.
+        Step::Runtime(runtime) if unsafe { read_volatile(&RUNTIME_WALK) } != 0 => {
+            K::runtime_step(state, runtime)
         }
         Step::Runtime(_) => {
             unsafe { write_volatile(&mut state.reason, unwind::reason::NO_TABLE) };
@@ -277,88 +272,4 @@ pub(super) fn finish_unwind(
         flags |= SAMPLE_FLAG_USER_TRUNCATED;
     }
     (state.len, flags)
-}
-
-/// `UnwindState::reason` of a legacy slot with no unwind waiting to be
-/// handed over (the process has no tables: frame pointers serve).
-pub(super) const IDLE: u32 = u32::MAX - 1;
-
-/// The tail-call targets of the legacy sampler
-/// (`hostprof_common::LEGACY_TAIL_PROGRAMS`): unwinders that walk
-/// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
-/// programs that then write the record. Tail calls, not a loop, because
-/// the verifiers of those kernels walk every path of a loop: a whole
-/// stack in one program is more than they accept, and so is the record's
-/// code after every way an unwind can end.
-#[map(name = "LEGACY_SAMPLE_TAILS")]
-pub(super) static LEGACY_SAMPLE_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
-
-/// The same for the off-CPU tracepoint (a program array serves one
-/// program type).
-#[map(name = "LEGACY_OFFCPU_TAILS")]
-pub(super) static LEGACY_OFFCPU_TAILS: ProgramArray = ProgramArray::with_max_entries(2, 0);
-
-/// Frames one legacy unwinder run walks.
-pub(super) const LEGACY_FRAMES_PER_CALL: usize = 3;
-/// Unwinder runs per stack after the first: the kernel allows 32 tail calls
-/// in a row (33 since 5.16); one starts the unwind, 30 continue it, one
-/// writes the record. 31 runs of 3 frames after the first frame: user
-/// stacks of up to 94 frames.
-pub(super) const LEGACY_UNWIND_CALLS: u32 = 30;
-
-/// Tail-call indices in each tails map.
-pub(super) const TAIL_UNWIND: u32 = hostprof_common::LEGACY_TAIL_UNWIND;
-pub(super) const TAIL_EMIT: u32 = hostprof_common::LEGACY_TAIL_EMIT;
-
-/// Starts the unwind of the current task in `slot` when its process has
-/// tables, then jumps to the unwinder in `tails`.
-/// Returns when there is nothing to unwind (or the jump failed): the
-/// caller then writes the record itself.
-#[inline(always)]
-pub(super) fn legacy_start<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgid: u32) {
-    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
-        return;
-    };
-    // SAFETY: a per-CPU map value; nothing else runs on this CPU's slot.
-    let state = unsafe { &mut *state };
-    state.reason = IDLE;
-    state.tail_calls = 0;
-    state.runtime_len = 0;
-    let dwarf = unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF;
-    if !dwarf || unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none() {
-        return;
-    }
-    if start_unwind::<Legacy>(state, tgid).is_some() {
-        unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
-    }
-}
-
-/// Walks the next frames of the unwind in `slot`; jumps to itself while
-/// there are more, then to the program that writes the record. An unwind still going after the last run counts as
-/// cut at the depth limit.
-#[inline(always)]
-pub(super) fn legacy_continue<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32) {
-    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else {
-        return;
-    };
-    // SAFETY: as in `legacy_start`.
-    let state = unsafe { &mut *state };
-    if let Some(mappings) = unsafe { PROCESS_MAPPINGS.get(&state.tgid) } {
-        let base = rows_base();
-        for _ in 0..LEGACY_FRAMES_PER_CALL {
-            let reason = unsafe { read_volatile(&state.reason) };
-            if reason != RUNNING || frame::<Legacy>(state, mappings, base) {
-                break;
-            }
-        }
-    } else {
-        state.reason = unwind::reason::UNKNOWN_PROCESS;
-    }
-    if state.reason == RUNNING && state.tail_calls < LEGACY_UNWIND_CALLS {
-        state.tail_calls += 1;
-        unsafe { tails.tail_call(ctx, TAIL_UNWIND) };
-    }
-    unsafe { tails.tail_call(ctx, TAIL_EMIT) };
-    // Both jumps failed: the record is lost.
-    bump(Counter::RingFull);
 }

@@ -3,14 +3,16 @@
 //! the agent marked `unwind::RUNTIME_TABLE`; see `hostprof_common::v8`).
 //!
 //! V8 keeps frame pointers in all the code it generates, so each step is
-//! one frame-pointer step, from the same `bpf_loop` callback as the native
-//! frames: JavaScript and native frames interleave as they ran (native
-//! add-ons called from JavaScript, C++ calling back into it) and the
-//! native walk resumes by itself below V8's entry frame. A JavaScript
+//! one frame-pointer step: modern, from the same `bpf_loop` callback as
+//! the native frames; legacy, in a tail-called program of its own
+//! (`legacy::legacy_v8`), a few frames a run. JavaScript and native
+//! frames interleave as they ran (native add-ons called from JavaScript,
+//! C++ calling back into it) and the native walk resumes by itself below
+//! V8's entry frame. A JavaScript
 //! frame (a context, not a type marker, below its frame pointer) is
 //! recorded as its function's `SharedFunctionInfo` and where in it the
 //! frame was; frames of other types (entry, exit, stubs) stay native
-//! addresses (the builtins have symbols). Modern variant only.
+//! addresses (the builtins have symbols).
 use super::*;
 
 use super::unwinder::Entered;

@@ -149,7 +149,8 @@ pub struct Sampler {
     /// Kernel memory of each map, largest first, read at the load (the
     /// maps never grow; others take some of them later).
     map_memory: Vec<MapMemory>,
-    /// The kernel walks JIT runtimes' frames (HotSpot, V8) on this kernel.
+    /// The kernel walks JIT runtimes' frames on this kernel (V8's; HotSpot's
+    /// too on the modern variant).
     runtime_walks: bool,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
@@ -247,14 +248,20 @@ impl Sampler {
                 PYTHON_WALK_SINCE.0,
                 PYTHON_WALK_SINCE.1
             );
+        }
+        // The JIT runtimes' walks: modern, the same `bpf_loop` callbacks
+        // as Python's, on the same kernels; legacy, V8's is a tail-called
+        // program of its own (checked on 5.10 by cargo xtask vmtest), and
+        // HotSpot's is not there yet.
+        let runtime_walk = u32::from(variant == Variant::Legacy || python_walk != 0);
+        if variant == Variant::Legacy || python_walk == 0 {
             tracing::info!(
-                "no Java frames on this kernel (they need Linux {}.{} or later)",
+                "no Java frames on this kernel (they need Linux {}.{} or later, \
+                 and the modern eBPF variant)",
                 PYTHON_WALK_SINCE.0,
                 PYTHON_WALK_SINCE.1
             );
         }
-        // The same kernels for Java's walk (the same `bpf_loop` callbacks).
-        let runtime_walk = python_walk;
         // The OpenTelemetry thread context's thread pointer: without it
         // (no BTF, an unknown layout) samples carry no trace context.
         let tp_offset = read_btf()
@@ -583,8 +590,9 @@ impl Sampler {
         RingBuf::try_from(map).map_err(SamplerError::map)
     }
 
-    /// True when the kernel walks JIT runtimes' frames (HotSpot, V8): the
-    /// kernels their walks were checked on.
+    /// True when the kernel walks JIT runtimes' frames (V8's; HotSpot's
+    /// only when the modern variant does too): the kernels and variants
+    /// their walks were checked on.
     pub fn runtime_walks(&self) -> bool {
         self.runtime_walks
     }

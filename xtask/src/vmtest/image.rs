@@ -2,8 +2,10 @@
 //! suite), the release `hostprof` and `otlp_sink` for the guest's arch with
 //! the shared libraries they load, the C test programs (static, built
 //! here), and, for the host's arch, Debian's `python3.11` with its libraries,
-//! its `encodings` package and a Python program. One per arch, shared by its kernels; an uncompressed newc cpio,
-//! which every kernel unpacks and which costs TCG no decompression.
+//! its `encodings` package and a Python program, and node's own build of
+//! Node.js with a JavaScript program. One per arch, shared by its kernels;
+//! an uncompressed newc cpio, which every kernel unpacks and which costs
+//! TCG no decompression.
 use std::{
     collections::BTreeSet,
     fs,
@@ -60,6 +62,7 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
     }
     if arch == Arch::host() {
         install_python(&tree, arch)?;
+        install_node(&tree, arch)?;
     }
     let cpio = dir.join("initramfs.cpio");
     pack(&tree, &cpio)?;
@@ -87,6 +90,29 @@ fn install_python(tree: &Path, arch: Arch) -> Result<()> {
     }
     let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs/pyspin.py");
     fs::copy(&program, tree.join("bin/pyspin.py"))?;
+    Ok(())
+}
+
+/// The Node.js build the guest runs: the smallest that `cargo xtask setup`
+/// unpacks in target/node-roots (x86_64 builds: the guest's RAM holds it,
+/// ~90 MB).
+const NODE_VERSION: &str = "18.20.4";
+
+/// Node's build as `/bin/node`, with its libraries and a JavaScript
+/// program. Absent from the host: the guest's suite says so and the
+/// Node.js check fails.
+fn install_node(tree: &Path, arch: Arch) -> Result<()> {
+    let node = root()
+        .join("target/node-roots")
+        .join(NODE_VERSION)
+        .join("package/bin/node");
+    if arch != Arch::X86_64 || !node.exists() {
+        return Ok(());
+    }
+    install(&node, &tree.join("bin/node"))?;
+    install_libraries(&node, arch, tree)?;
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs/jsspin.js");
+    fs::copy(&program, tree.join("bin/jsspin.js"))?;
     Ok(())
 }
 

@@ -161,9 +161,25 @@ else
     say check=python exit=0 absent=1
 fi
 
+# 7. JavaScript frames, walked in the kernel: a Node.js program whose main
+# thread spends its time in hotLoop (x86_64 images only: they carry node's
+# own build). The main thread's samples are the node process's stacks not
+# rooted in a thread start (node's other threads run native code only).
+if [ -x /bin/node ]; then
+    node /bin/jsspin.js &
+    js=$!
+    timeout 360 hostprof record --log-level info -p $js -F 199 -d 4 -o /tmp/js.folded 2>/tmp/js.err
+    rc=$?
+    kill $js
+    show node /tmp/js.err
+    say check=node exit=$rc $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) detail="$(detail /tmp/js.err 'samples from')"
+else
+    say check=node exit=0 absent=1
+fi
+
 kill $spin
 
-# 7. Memory of a host-wide record on this guest (idle now).
+# 8. Memory of a host-wide record on this guest (idle now).
 memory_check
 
 say done

@@ -61,12 +61,18 @@ const CHECKS: &[(&str, &str)] = &[
     ("agent", "agent"),
     ("error-line", "error line"),
     ("python", "python"),
+    ("node", "node"),
     ("memory", "memory"),
 ];
 
 /// The share of the Python program's samples that must show
 /// `run → stage → hot_path` as Python frames.
 const MIN_PYTHON_SHARE: f64 = 0.9;
+
+/// The share of the Node.js program's main-thread samples that must show
+/// `hotLoop` as a JavaScript frame (V8's walk: on every kernel, the legacy
+/// variant's in a tail-called program of its own).
+const MIN_NODE_SHARE: f64 = 0.9;
 
 /// The oldest kernel whose verifier accepts the Python walk (the agent's
 /// `PYTHON_WALK_SINCE`): from it on, the walk must be on and work.
@@ -247,6 +253,29 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 ),
             )
         }
+        "node" => {
+            if check.number("absent") > 0 {
+                // Only images for another arch than x86_64 lack it.
+                return verdict(
+                    true,
+                    format!("{short} n/a"),
+                    format!("{name}: no node in this image"),
+                );
+            }
+            let samples = check.number("samples");
+            let main = samples.saturating_sub(check.number("threads"));
+            let share = check.number("hot") as f64 / main.max(1) as f64;
+            let passed = exit == "0" && main >= MIN_SAMPLES && share >= MIN_NODE_SHARE;
+            verdict(
+                passed,
+                format!("{short} {share:.3} of {main}"),
+                format!(
+                    "{name}: exit {exit}, {samples} samples, {main} of the main thread, {share:.3} \
+                     of those with hotLoop as a JavaScript frame (want >= {MIN_NODE_SHARE} of >= \
+                     {MIN_SAMPLES}): {detail}"
+                ),
+            )
+        }
         "memory" => {
             // Figures here; what each CPU adds is judged across two boots
             // (`super::memory`).
@@ -304,6 +333,7 @@ mod tests {
         "check=agent exit=0 requests=2 with_samples=2 detail=x",
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
+        "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
         "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
     ];
 
@@ -366,6 +396,18 @@ mod tests {
             ),
             (
                 7,
+                "check=node exit=0 samples=700 threads=12 hot=300 detail=x",
+            ),
+            (
+                7,
+                "check=node exit=0 samples=700 threads=650 hot=50 detail=x",
+            ),
+            (
+                7,
+                "check=node exit=1 samples=700 threads=12 hot=680 detail=x",
+            ),
+            (
+                8,
                 "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
             ),
         ] {
@@ -390,13 +432,14 @@ mod tests {
         lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
         assert!(failed(&judge(&boot(&lines))).is_empty());
         lines[6] = "check=python exit=0 absent=1";
+        lines[7] = "check=node exit=0 absent=1";
         assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
     }
 
     #[test]
     fn missing_results_fail() {
         let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 5);
+        assert_eq!(failed(&verdicts).len(), 6);
         assert!(verdicts[2].long.contains("no result"));
         let verdicts = judge(&boot(&[]));
         assert_eq!(failed(&verdicts), ["boot FAIL"]);
