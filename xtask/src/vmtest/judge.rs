@@ -70,9 +70,13 @@ const CHECKS: &[(&str, &str)] = &[
 const MIN_PYTHON_SHARE: f64 = 0.9;
 
 /// The share of the Node.js program's main-thread samples that must show
-/// `hotLoop` as a JavaScript frame (V8's walk: on every kernel, the legacy
-/// variant's in a tail-called program of its own).
+/// `hotLoop` as a JavaScript frame (the legacy variant's V8 walk, in a
+/// tail-called program of its own).
 const MIN_NODE_SHARE: f64 = 0.9;
+
+/// The first kernel with the modern variant (`bpf_loop`): the guest checks
+/// JavaScript frames only before it, where the legacy variant walks V8.
+const LEGACY_BEFORE: (u32, u32) = (5, 17);
 
 /// The oldest kernel whose verifier accepts the Python walk (the agent's
 /// `PYTHON_WALK_SINCE`): from it on, the walk must be on and work.
@@ -254,6 +258,15 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             )
         }
         "node" => {
+            if check.number("modern") > 0 {
+                // The guest runs the check only where the legacy variant
+                // walks V8; the modern variant's walk is tested on the host.
+                return verdict(
+                    *kernel >= LEGACY_BEFORE,
+                    format!("{short} n/a"),
+                    format!("{name}: modern variant, tested on the host (tests/node.rs)"),
+                );
+            }
             if check.number("absent") > 0 {
                 // Only images for another arch than x86_64 lack it.
                 return verdict(
@@ -434,6 +447,21 @@ mod tests {
         lines[6] = "check=python exit=0 absent=1";
         lines[7] = "check=node exit=0 absent=1";
         assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
+    }
+
+    #[test]
+    fn javascript_frames_are_checked_in_the_guest_only_before_linux_5_17() {
+        let mut lines = PASSING.to_vec();
+        lines[7] = "check=node exit=0 modern=1";
+        assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
+        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+        lines[0] = &old_boot;
+        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
+        assert_eq!(
+            failed(&judge(&boot(&lines))),
+            ["node n/a FAIL"],
+            "5.10: the legacy walk must be checked"
+        );
     }
 
     #[test]
