@@ -29,6 +29,11 @@ const CONTEXT_RECHECK: Duration = Duration::from_secs(1);
 /// index its key map does not have yet.
 const UNKNOWN_KEY_RECHECK: Duration = Duration::from_millis(100);
 
+/// How soon the maps of a process without a known context are searched
+/// when its threads' records carry attributes (at most 4 reads of its
+/// `/proc/PID/maps` a second however many such samples come).
+const UNKNOWN_CONTEXT_SEARCH: Duration = Duration::from_millis(250);
+
 /// Backoff for a process without a context: maps are read again after this,
 /// the wait doubling up to [`MAX_SEARCH_INTERVAL`] while none shows.
 const MIN_SEARCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -121,11 +126,17 @@ impl Identity {
     /// Looks again within [`UNKNOWN_KEY_RECHECK`]: a thread record named a
     /// key index past the map, which the OTEP says to read again. A record
     /// that keeps naming one costs a header read per that interval, no more.
-    /// A process without a context has no map to read again.
+    /// A process whose context was not found yet (its first look came before
+    /// it published, and the backoff doubles) has its maps searched within
+    /// [`UNKNOWN_CONTEXT_SEARCH`]: its threads' attributes say it publishes
+    /// one, and they go unnamed until it is read.
     pub(super) fn hurry(&mut self) {
-        if self.context.is_some() {
-            self.check_after = self.check_after.min(UNKNOWN_KEY_RECHECK);
-        }
+        let soon = if self.context.is_some() {
+            UNKNOWN_KEY_RECHECK
+        } else {
+            UNKNOWN_CONTEXT_SEARCH
+        };
+        self.check_after = self.check_after.min(soon);
     }
 
     /// Time for [`Identity::recheck`].

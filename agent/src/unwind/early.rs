@@ -236,8 +236,8 @@ impl Held {
 }
 
 /// `sample` as a compact ring record, as the kernel writes them: its
-/// header, kernel then user frames, runtime frames and trace link if it
-/// has them. A few hundred bytes where a `Sample` is 3 KiB.
+/// header, kernel then user frames, runtime frames, and the thread
+/// context's attributes and link if it has them. A few hundred bytes where a `Sample` is 3 KiB.
 fn pack_sample(sample: &Sample) -> Box<[u8]> {
     // SAFETY: `Sample` is plain old data without padding (it is `aya::Pod`),
     // so all its bytes are initialized; the slice lives as long as `sample`.
@@ -266,6 +266,10 @@ fn pack_sample(sample: &Sample) -> Box<[u8]> {
         slot.copy_from_slice(&frame.to_ne_bytes());
     }
     if sample.flags & SAMPLE_FLAG_TRACE != 0 {
+        // The thread context's attributes, padded to words, then its link.
+        let attrs = usize::from(sample.trace.attrs_len).min(trace::MAX_ATTRS);
+        record.extend_from_slice(&sample.attrs[..attrs]);
+        record.resize(record.len() + (attrs.next_multiple_of(8) - attrs), 0);
         record.extend_from_slice(&bytes[SAMPLE_TRACE_AT..SAMPLE_TRACE_AT + trace::LINK_BYTES]);
     }
     record.into_boxed_slice()
@@ -585,6 +589,21 @@ mod tests {
         let stats = early.stats();
         assert_eq!((stats.unwound, stats.complete, stats.dropped), (1, 1, 0));
         assert_eq!(early.bytes(), 0, "everything freed");
+    }
+
+    #[test]
+    fn a_held_sample_keeps_its_thread_context() {
+        let mut sample = early_sample(1);
+        sample.flags |= SAMPLE_FLAG_TRACE;
+        sample.trace.span_id = [7; 8];
+        let attrs = b"\x00\x05/cart";
+        sample.trace.attrs_len = attrs.len() as u16;
+        sample.attrs[..attrs.len()].copy_from_slice(attrs);
+        let back = crate::sampler::decode_sample(&pack_sample(&sample)).expect("decodes");
+        assert_eq!(back.trace.span_id, [7; 8]);
+        assert_eq!(usize::from(back.trace.attrs_len), attrs.len());
+        assert_eq!(&back.attrs[..attrs.len()], attrs);
+        assert_eq!(back.user_stack[..2], sample.user_stack[..2]);
     }
 
     #[test]
