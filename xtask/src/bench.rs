@@ -421,16 +421,22 @@ fn bench_hostprof_with(
 /// One measurement with the workload's pids: the row and hostprof's stderr.
 type Measure<'a> = dyn FnMut(&[String]) -> Result<(Row, String)> + 'a;
 
+/// Builds tests/programs/unwind_c.c at `to` without frame pointers, with
+/// DWARF: the workload of the unwinding rows and of the peer table.
+pub(crate) fn compile_unwind_c(to: &Path) -> Result<()> {
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+            .arg(to)
+            .arg(root().join("tests/programs/unwind_c.c")),
+    )
+}
+
 /// Issue 5: in-kernel unwinding of code without frame pointers, next to
 /// frame pointers and to perf's stack copies (`--call-graph dwarf`).
 fn bench_unwinding(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
     let workload = dir.join("unwind_c");
-    run_cmd(
-        Command::new("cc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-            .arg(&workload)
-            .arg(root().join("tests/programs/unwind_c.c")),
-    )?;
+    compile_unwind_c(&workload)?;
     // Only the workload's processes (-p): host-wide, perf script would also
     // expand inlines of whatever else runs (addr2line on a busy build host
     // can take minutes), which says nothing about unwinding.

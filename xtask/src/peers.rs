@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{bench::Usage, root, run_cmd};
+use crate::bench::Usage;
 
 /// The workload's command name: its samples are the ones that count.
 const WORKLOAD: &str = "unwind_c";
@@ -105,12 +105,7 @@ pub fn run_dwarf(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
 /// Builds the workload and says what the runs are.
 fn compile(dir: &Path, seconds: u64) -> Result<PathBuf> {
     let workload = dir.join(WORKLOAD);
-    run_cmd(
-        Command::new("cc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-            .arg(&workload)
-            .arg(root().join("tests/programs/unwind_c.c")),
-    )?;
+    crate::bench::compile_unwind_c(&workload)?;
     println!(
         "peers: 2 x {WORKLOAD} split (-O2 -fomit-frame-pointer), host-wide, {seconds} s at 999 Hz; \
          CPU includes post-processing (perf script)"
