@@ -24,5 +24,7 @@ pub mod runtime;
 pub mod sampler;
 pub mod status;
 pub mod symbolize;
+#[cfg(test)]
+mod test_rng;
 pub mod top;
 pub mod unwind;

@@ -319,18 +319,11 @@ mod tests {
             put(&mut image, BASE + field, BASE);
         }
         let _ = read(&image, &layout);
-        // Pseudo-random images (xorshift), pointers into the image made
-        // likely.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        // Pseudo-random images, pointers into the image made likely.
+        let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..2000 {
-            let mut garbage: Vec<u8> = (0..0x200)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
+            let mut garbage = rng.bytes(0x200);
+            let state = rng.next_u64();
             put(&mut garbage, BASE + 8, CODE_TYPE);
             for field in [layout.qualname, layout.filename, layout.linetable] {
                 put(&mut garbage, BASE + field, BASE + (state % 0x1f8));

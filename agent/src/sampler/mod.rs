@@ -29,7 +29,9 @@ use hostprof_common::Counter;
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
-pub use record::{Records, StackCopy, decode_sample, decode_sample_into, decode_stack_copy};
+pub use record::{
+    Records, StackCopy, decode_sample, decode_sample_into, decode_stack_copy, encode_sample,
+};
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));

@@ -145,6 +145,67 @@ pub fn decode_sample_into(record: &[u8], sample: &mut Sample) -> bool {
     true
 }
 
+/// Encodes `sample` as the kernel writes it to the ring: the header, the
+/// kernel frames and right after them the user frames, the runtime frames
+/// (at their place) when it has some, then, with a trace context, its
+/// attributes padded to words and its link. The kernel's writer
+/// (`agent-ebpf`'s `output`) is the other half; [`decode_sample_into`]
+/// reads both, and the tests hold the three to one layout. For records the
+/// agent keeps (`crate::unwind::early` holds samples at this size).
+pub fn encode_sample(sample: &Sample) -> Vec<u8> {
+    use hostprof_common::{
+        SAMPLE_FLAG_TRACE, SAMPLE_HEADER_BYTES, SAMPLE_TRACE_AT, runtime, trace,
+    };
+    // SAFETY: `Sample` is plain old data without padding (it is `aya::Pod`),
+    // so all its bytes are initialized; the slice lives as long as `sample`.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (sample as *const Sample).cast::<u8>(),
+            std::mem::size_of::<Sample>(),
+        )
+    };
+    let kernel = (sample.kernel_stack_len as usize).min(hostprof_common::MAX_STACK_DEPTH);
+    let user = (sample.user_stack_len as usize).min(sample.user_stack.len());
+    let frames_end = SAMPLE_HEADER_BYTES + 8 * (kernel + user);
+    let used = match (sample.runtime.len as usize).min(runtime::MAX_FRAMES) {
+        0 => frames_end,
+        frames => {
+            let at = std::mem::offset_of!(Sample, runtime)
+                + std::mem::offset_of!(runtime::Stack, frames);
+            (at + frames * std::mem::size_of::<runtime::Frame>()).max(frames_end)
+        }
+    };
+    let mut record = bytes[..used].to_vec();
+    // Counts past their arrays are cut to what the record holds.
+    let mut put = |at: usize, count: usize| {
+        record[at..at + 4].copy_from_slice(&(count as u32).to_ne_bytes());
+    };
+    put(std::mem::offset_of!(Sample, kernel_stack_len), kernel);
+    put(std::mem::offset_of!(Sample, user_stack_len), user);
+    if sample.runtime.len != 0 {
+        let frames = (sample.runtime.len as usize).min(runtime::MAX_FRAMES);
+        put(std::mem::offset_of!(Sample, runtime), frames);
+    }
+    let at = SAMPLE_HEADER_BYTES + 8 * kernel;
+    for (slot, frame) in record[at..frames_end]
+        .chunks_exact_mut(8)
+        .zip(&sample.user_stack[..user])
+    {
+        slot.copy_from_slice(&frame.to_ne_bytes());
+    }
+    if sample.flags & SAMPLE_FLAG_TRACE != 0 {
+        let attrs = usize::from(sample.trace.attrs_len).min(trace::MAX_ATTRS);
+        record.extend_from_slice(&sample.attrs[..attrs]);
+        record.resize(record.len() + (attrs.next_multiple_of(8) - attrs), 0);
+        let link = record.len();
+        record.extend_from_slice(&bytes[SAMPLE_TRACE_AT..SAMPLE_TRACE_AT + trace::LINK_BYTES]);
+        // The length the record carries is the one it holds.
+        let len_at = link + std::mem::offset_of!(trace::Link, attrs_len);
+        record[len_at..len_at + 2].copy_from_slice(&(attrs as u16).to_ne_bytes());
+    }
+    record
+}
+
 /// Ring records as they came, back to back: the samples of a drain, on
 /// their way to the pipeline, at their compact size (a header and 8 bytes
 /// per frame: some 200 bytes where a decoded [`Sample`] is 4 KiB). The

@@ -124,6 +124,89 @@ fn attributes_come_padded_to_words_before_the_link() {
     assert!(decode_sample(&with_attrs(attrs, cap)).is_none());
 }
 
+/// The agent's encoder writes what the kernel writes (the hand-built
+/// records above) and what the decoder reads back, for samples of every
+/// shape: frames from none to full, runtime frames, links with and
+/// without attributes.
+#[test]
+fn encoded_samples_decode_to_themselves() {
+    use hostprof_common::{
+        MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, SAMPLE_FLAG_TRACE, runtime, trace,
+    };
+    let plain = {
+        // SAFETY: all-zero is a valid `Sample` (integers only).
+        let mut sample: Sample = unsafe { std::mem::zeroed() };
+        sample.tgid = 42;
+        sample.kernel_stack_len = 1;
+        sample.kernel_stack[0] = 0xffff_0001;
+        sample.user_stack_len = 2;
+        sample.user_stack[..2].copy_from_slice(&[0x401000, 0x402000]);
+        sample
+    };
+    assert_eq!(
+        encode_sample(&plain),
+        compact_record(&[0xffff_0001], &[0x401000, 0x402000])
+    );
+
+    let mut rng = crate::test_rng::XorShift::new(0x51_7cc1_b727_220a);
+    for round in 0..500 {
+        // SAFETY: as above.
+        let mut sample: Sample = unsafe { std::mem::zeroed() };
+        sample.tgid = rng.next_u64() as u32;
+        sample.tid = rng.next_u64() as u32;
+        sample.ktime_ns = rng.next_u64();
+        let kernel = rng.below(MAX_STACK_DEPTH as u64 + 1) as usize;
+        let user = rng.below(MAX_USER_STACK_DEPTH as u64 + 1) as usize;
+        sample.kernel_stack_len = kernel as u32;
+        sample.user_stack_len = user as u32;
+        for frame in &mut sample.kernel_stack[..kernel] {
+            *frame = rng.next_u64();
+        }
+        for frame in &mut sample.user_stack[..user] {
+            *frame = rng.next_u64();
+        }
+        if round % 3 == 0 {
+            let frames = rng.below(runtime::MAX_FRAMES as u64 + 1) as usize;
+            sample.runtime.len = frames as u32;
+            for frame in &mut sample.runtime.frames[..frames] {
+                frame.code = rng.next_u64();
+            }
+        }
+        if round % 2 == 0 {
+            sample.flags |= SAMPLE_FLAG_TRACE;
+            sample.trace.span_id = rng.next_u64().to_ne_bytes();
+            let attrs = if round % 4 == 0 {
+                rng.below(trace::MAX_ATTRS as u64 + 1) as usize
+            } else {
+                0
+            };
+            sample.trace.attrs_len = attrs as u16;
+            sample.attrs[..attrs].copy_from_slice(&rng.bytes(attrs));
+        }
+        let record = encode_sample(&sample);
+        let back = decode_sample(&record).unwrap_or_else(|| panic!("round {round} decodes"));
+        assert_eq!(back.tgid, sample.tgid);
+        assert_eq!(back.tid, sample.tid);
+        assert_eq!(back.ktime_ns, sample.ktime_ns);
+        assert_eq!(back.kernel_stack, sample.kernel_stack, "round {round}");
+        assert_eq!(back.user_stack, sample.user_stack, "round {round}");
+        assert_eq!(back.runtime.len, sample.runtime.len);
+        assert_eq!(back.runtime.frames, sample.runtime.frames, "round {round}");
+        assert_eq!(back.trace, sample.trace, "round {round}");
+        assert_eq!(back.attrs, sample.attrs, "round {round}");
+        // Only the used part travels.
+        let runtime_end = std::mem::offset_of!(Sample, runtime)
+            + std::mem::offset_of!(runtime::Stack, frames)
+            + sample.runtime.len as usize * std::mem::size_of::<runtime::Frame>();
+        assert!(
+            record.len()
+                <= runtime_end.max(hostprof_common::SAMPLE_HEADER_BYTES + 8 * (kernel + user))
+                    + trace::ATTRS_ROOM
+                    + trace::LINK_BYTES
+        );
+    }
+}
+
 #[test]
 fn records_shorter_than_their_frames_are_malformed() {
     let mut record = compact_record(&[1, 2], &[3]);

@@ -33,9 +33,7 @@ use std::{
 };
 
 use hostprof_common::{
-    MAX_STACK_DEPTH, RowChunk, SAMPLE_FLAG_TRACE, SAMPLE_FLAG_USER_TABLES,
-    SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_HEADER_BYTES, SAMPLE_TRACE_AT, SAMPLE_UNWIND_SHIFT, Sample,
-    trace,
+    RowChunk, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_UNWIND_SHIFT, Sample,
 };
 use hostprof_unwind::{self as unwind, Lookup, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow};
 
@@ -222,7 +220,8 @@ struct Pending {
 
 struct Held {
     /// The sample as a compact ring record (`crate::sampler::decode_sample`
-    /// reads it back), without its user frames.
+    /// reads it back), its frame-pointer user frames kept for when the
+    /// tables never come.
     record: Box<[u8]>,
     regs: [u64; 4],
     stack: PackedStack,
@@ -239,40 +238,7 @@ impl Held {
 /// header, kernel then user frames, runtime frames, and the thread
 /// context's attributes and link if it has them. A few hundred bytes where a `Sample` is 3 KiB.
 fn pack_sample(sample: &Sample) -> Box<[u8]> {
-    // SAFETY: `Sample` is plain old data without padding (it is `aya::Pod`),
-    // so all its bytes are initialized; the slice lives as long as `sample`.
-    let bytes = unsafe {
-        std::slice::from_raw_parts((&raw const *sample).cast::<u8>(), size_of::<Sample>())
-    };
-    let kernel = (sample.kernel_stack_len as usize).min(MAX_STACK_DEPTH);
-    let user = (sample.user_stack_len as usize).min(sample.user_stack.len());
-    let frames_end = SAMPLE_HEADER_BYTES + 8 * (kernel + user);
-    let used = if sample.runtime.len == 0 {
-        frames_end
-    } else {
-        let frames = (sample.runtime.len as usize).min(hostprof_common::runtime::MAX_FRAMES);
-        let runtime = std::mem::offset_of!(Sample, runtime)
-            + std::mem::offset_of!(hostprof_common::runtime::Stack, frames)
-            + frames * size_of::<hostprof_common::runtime::Frame>();
-        runtime.max(frames_end)
-    };
-    let mut record = bytes[..used].to_vec();
-    // The user frames right after the kernel ones.
-    let at = SAMPLE_HEADER_BYTES + 8 * kernel;
-    for (slot, frame) in record[at..frames_end]
-        .chunks_exact_mut(8)
-        .zip(&sample.user_stack[..user])
-    {
-        slot.copy_from_slice(&frame.to_ne_bytes());
-    }
-    if sample.flags & SAMPLE_FLAG_TRACE != 0 {
-        // The thread context's attributes, padded to words, then its link.
-        let attrs = usize::from(sample.trace.attrs_len).min(trace::MAX_ATTRS);
-        record.extend_from_slice(&sample.attrs[..attrs]);
-        record.resize(record.len() + (attrs.next_multiple_of(8) - attrs), 0);
-        record.extend_from_slice(&bytes[SAMPLE_TRACE_AT..SAMPLE_TRACE_AT + trace::LINK_BYTES]);
-    }
-    record.into_boxed_slice()
+    crate::sampler::encode_sample(sample).into_boxed_slice()
 }
 
 /// Samples waiting for their process's tables, with their stack copies.
@@ -479,6 +445,7 @@ impl unwind::Process for CopyProcess<'_> {
 
 #[cfg(test)]
 mod tests {
+    use hostprof_common::{SAMPLE_FLAG_TRACE, SAMPLE_HEADER_BYTES};
     use hostprof_unwind::{ExecMapping, cfa, reason, reg};
 
     use super::*;
