@@ -484,9 +484,12 @@ async fn check_links(writer: Writer) {
         let allowed = allowed(thread, at);
         // A sample with the right link and no attributes at all, after the
         // agent had named them: its process's key map was not at hand when
-        // it was attributed (seen around the map's growth, 65 to 200 of
-        // about 900 linked samples, in one run of three). Counted and
-        // bounded below; a wrong value never passes.
+        // it was attributed. Up to 200 of about 900 linked samples were,
+        // while a sample's attribution used the process as it was before a
+        // look during that attribution found the map; now the map known at
+        // decoding is used. Counted and bounded below (a rare race stays
+        // possible: a look due while samples of a whole export request go
+        // by); a wrong value never passes.
         let unnamed = seen.attributes == [None, None]
             && allowed.iter().any(|attached| {
                 attached.as_ref().is_some_and(|(trace, span, ..)| {
@@ -534,7 +537,7 @@ async fn check_links(writer: Writer) {
         samples.len()
     );
     assert!(
-        unnamed_late * 4 <= linked,
+        unnamed_late * 50 <= linked,
         "{unnamed_late} of {linked} linked samples lost their attributes"
     );
     assert!(

@@ -26,10 +26,7 @@ use crate::{
         Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
         TraceLink,
     },
-    procs::{
-        EventSource, ProcessTable,
-        thread_attrs::{self, KeyMap},
-    },
+    procs::{EventSource, ProcessTable, thread_attrs},
     runtime::Runtime,
     symbolize::Symbolizer,
     unwind,
@@ -430,13 +427,17 @@ impl Attributor {
         if len == 0 {
             return Vec::new();
         }
-        let none = KeyMap::default();
-        let keys = process.thread_keys.as_deref().unwrap_or(&none);
-        let decoded = thread_attrs::decode(&sample.attrs[..len], keys);
-        if decoded.unknown_key {
-            self.procs.key_map_stale(sample.tgid);
+        let attrs = &sample.attrs[..len];
+        let mut keys = process.thread_keys.clone().unwrap_or_default();
+        // The writer appends to its map before its records use the new
+        // index: read the map again now, not after these samples went by
+        // unnamed.
+        if thread_attrs::names_unknown_key(attrs, &keys)
+            && let Some(fresh) = self.procs.key_map_stale(sample.tgid)
+        {
+            keys = fresh;
         }
-        decoded.pairs
+        thread_attrs::decode(attrs, &keys).pairs
     }
 }
 

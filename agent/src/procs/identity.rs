@@ -26,13 +26,18 @@ use crate::model::ServiceResource;
 const CONTEXT_RECHECK: Duration = Duration::from_secs(1);
 
 /// How soon a context is read again when a thread record names a key
-/// index its key map does not have yet.
-const UNKNOWN_KEY_RECHECK: Duration = Duration::from_millis(100);
+/// index its key map does not have yet: at once, unless it was read this
+/// recently (a header read, 32 bytes; the payload only if republished).
+const UNKNOWN_KEY_RECHECK: Duration = Duration::from_millis(10);
 
 /// How soon the maps of a process without a known context are searched
-/// when its threads' records carry attributes (at most 4 reads of its
-/// `/proc/PID/maps` a second however many such samples come).
+/// when its threads' records carry attributes: after [`FIRST_CONTEXT_SEARCH`]
+/// first, the wait doubling while none is found up to this (at most 4
+/// reads of its `/proc/PID/maps` a second however many such samples come).
+/// The agent attributes samples in batches, maybe seconds behind when busy:
+/// a fixed quarter second there left hundreds of samples unnamed.
 const UNKNOWN_CONTEXT_SEARCH: Duration = Duration::from_millis(250);
+const FIRST_CONTEXT_SEARCH: Duration = Duration::from_millis(10);
 
 /// Backoff for a process without a context: maps are read again after this,
 /// the wait doubling up to [`MAX_SEARCH_INTERVAL`] while none shows.
@@ -57,6 +62,9 @@ pub(super) struct Identity {
     environment: Option<Arc<ServiceResource>>,
     checked_at: Instant,
     check_after: Duration,
+    /// The next search's wait when records carry attributes and no
+    /// context is known ([`Identity::hurry`]).
+    search_wait: Duration,
 }
 
 impl Identity {
@@ -79,6 +87,7 @@ impl Identity {
                     .flatten(),
                 checked_at: Instant::now(),
                 check_after: MIN_SEARCH_INTERVAL,
+                search_wait: FIRST_CONTEXT_SEARCH,
             },
         };
         identity.checked_at = Instant::now();
@@ -94,6 +103,7 @@ impl Identity {
             environment: None,
             checked_at: Instant::now(),
             check_after: MAX_SEARCH_INTERVAL,
+            search_wait: FIRST_CONTEXT_SEARCH,
         }
     }
 
@@ -106,6 +116,7 @@ impl Identity {
             environment: self.environment.clone(),
             checked_at: Instant::now(),
             check_after: MIN_SEARCH_INTERVAL,
+            search_wait: FIRST_CONTEXT_SEARCH,
         }
     }
 
@@ -128,13 +139,14 @@ impl Identity {
     /// that keeps naming one costs a header read per that interval, no more.
     /// A process whose context was not found yet (its first look came before
     /// it published, and the backoff doubles) has its maps searched within
+    /// [`FIRST_CONTEXT_SEARCH`], then at doubling waits up to
     /// [`UNKNOWN_CONTEXT_SEARCH`]: its threads' attributes say it publishes
     /// one, and they go unnamed until it is read.
     pub(super) fn hurry(&mut self) {
         let soon = if self.context.is_some() {
             UNKNOWN_KEY_RECHECK
         } else {
-            UNKNOWN_CONTEXT_SEARCH
+            self.search_wait
         };
         self.check_after = self.check_after.min(soon);
     }
@@ -187,6 +199,9 @@ impl Identity {
                     // Gone: nothing more to learn.
                     Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
                 }
+                if self.context.is_none() {
+                    self.search_wait = (self.search_wait * 2).min(UNKNOWN_CONTEXT_SEARCH);
+                }
             }
         }
         (self.service(), self.thread_keys()) != before
@@ -213,6 +228,12 @@ impl Identity {
                     keys: Arc::new(keys),
                 }),
                 Ok(Reading::Unchanged) => known.cloned(),
+                // Mid-update for every attempt: keep what was read (as
+                // `recheck` does), the next look reads the update.
+                Err(Refusal::Unsettled) if known.is_some() => {
+                    otel_ctx::count_refusal(pid, Refusal::Unsettled);
+                    known.cloned()
+                }
                 Err(reason) => {
                     otel_ctx::count_refusal(pid, reason);
                     None

@@ -34,6 +34,7 @@ use identity::Identity;
 pub use maps::{ExecutableMaps, MapsError, parse_maps};
 
 use crate::model::{Mapping, ProcessInfo};
+use thread_attrs::KeyMap;
 
 /// Re-read a process's maps at most this often when addresses miss; the
 /// interval doubles, up to [`MAX_REFRESH_INTERVAL`], while re-reading finds
@@ -217,17 +218,27 @@ impl ProcessTable {
         self.image(pid, comm, ktime_ns).0.info.clone()
     }
 
-    /// A thread record of `pid` named a key index past its key map: read
-    /// its process context again soon (see `thread_attrs`).
-    pub fn key_map_stale(&mut self, pid: u32) {
-        if let Some(process) = self
+    /// A thread record of `pid` named a key index past its key map: reads
+    /// its process context again unless it was just read (see
+    /// `Identity::hurry`), and returns the key map known now (the caller's
+    /// may be older: a look at the process while its sample was attributed
+    /// may have found it).
+    pub fn key_map_stale(&mut self, pid: u32) -> Option<Arc<KeyMap>> {
+        let process = self
             .entries
             .get_mut(&pid)
             .and_then(|entry| entry.images.last_mut())
             .and_then(|image| image.process.as_mut())
-        {
-            process.identity.hurry();
+            .filter(|process| process.readable)?;
+        process.identity.hurry();
+        if process.identity.due() && process.identity.recheck(pid, &mut self.stats.proc_reads) {
+            process.info = Arc::new(ProcessInfo {
+                service: process.identity.service(),
+                thread_keys: process.identity.thread_keys(),
+                ..(*process.info).clone()
+            });
         }
+        process.info.thread_keys.clone()
     }
 
     /// The executable mapping holding user address `address` of `pid` at

@@ -148,6 +148,21 @@ pub fn decode(mut bytes: &[u8], keys: &KeyMap) -> Attributes {
     attributes
 }
 
+/// Whether `bytes` name a key index past `keys` (the map may have grown
+/// since it was read): a walk of the entries, nothing decoded or counted.
+pub fn names_unknown_key(mut bytes: &[u8], keys: &KeyMap) -> bool {
+    while let [index, length, rest @ ..] = bytes {
+        if usize::from(*index) >= keys.len() {
+            return true;
+        }
+        let Some(rest) = rest.get(usize::from(*length)..) else {
+            return false;
+        };
+        bytes = rest;
+    }
+    false
+}
+
 /// Counts a record whose attributes the kernel did not copy
 /// (`hostprof_common::trace::Link::attrs_refused`).
 pub fn count_kernel_refusal(refused: u8) {

@@ -115,6 +115,13 @@ fn hostile_entries_are_skipped_and_counted() {
     assert!(refused("attrs_unknown_key") > before);
     // No key map at all: every index is unknown.
     assert!(decode(b"\x00\x02/a", &KeyMap::default()).unknown_key);
+    // The look before decoding sees the same.
+    assert!(names_unknown_key(b"\x00\x02/a\x05\x01x", &keys));
+    assert!(names_unknown_key(b"\x00\x02/a", &KeyMap::default()));
+    assert!(!names_unknown_key(b"\x00\x02/a\x00\x01b", &keys));
+    // An index after a cut-off entry is never decoded: not unknown.
+    assert!(!names_unknown_key(b"\x00\x09/a\x05\x01x", &keys));
+    assert!(!names_unknown_key(b"", &keys));
 
     // A length past the end, or a lone key byte: parsing stops there.
     let before = refused("attrs_truncated");
@@ -134,17 +141,10 @@ fn any_bytes_decode_within_their_length() {
     // Every byte pattern a record may hold, up to the kernel's cap: no
     // panic, no value longer than the input.
     let keys = KeyMap::new((0..256).map(|i| format!("k{i}")));
-    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
     for round in 0..2000 {
         let len = round % (hostprof_common::trace::MAX_ATTRS + 1);
-        let bytes: Vec<u8> = (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
+        let bytes = rng.bytes(len);
         let attributes = decode(&bytes, &keys);
         let total: usize = attributes
             .pairs
