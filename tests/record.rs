@@ -442,3 +442,39 @@ fn pid_of_an_idle_shell_names_its_busy_child() {
         assert!(samples >= 200, "{args:?}: {samples} samples of the child");
     }
 }
+
+/// The niceness (field 19 of a `stat` line) of each line of `text`.
+fn nice_values(text: &str) -> Vec<i32> {
+    text.lines()
+        .filter_map(|line| {
+            // After the comm's closing parenthesis: state is field 3.
+            let rest = &line[line.rfind(')')? + 2..];
+            rest.split(' ').nth(16)?.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn record_runs_ahead_of_the_host_and_its_command_at_the_user_s_priority() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let ours = nice_values(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    let out = work_dir().join("nice.txt");
+    // The command: its own stat line, then those of record's threads
+    // (its parent), all started by then.
+    let script = format!(
+        "cat /proc/self/stat > {out}; cat /proc/$PPID/task/*/stat >> {out}",
+        out = out.display()
+    );
+    run_ok(hostprof().args(["record", "-d", "1", "-o", "-", "--", "sh", "-c", &script]));
+    let nice = nice_values(&std::fs::read_to_string(&out).unwrap());
+    assert!(nice.len() >= 3, "{nice:?}");
+    assert_eq!(nice[0], ours[0], "the command's priority: {nice:?}");
+    // Root may raise it: every thread of record runs at nice -10.
+    assert!(
+        nice[1..].iter().all(|&value| value == -10),
+        "record's threads: {:?}",
+        &nice[1..]
+    );
+}

@@ -1,5 +1,6 @@
 //! Command-line interface: clap arguments and the commands they run.
 mod agent;
+mod priority;
 mod progress;
 mod record;
 mod report;

@@ -100,6 +100,11 @@ impl<T: Send + 'static> Session<T> {
         copies: Option<mpsc::SyncSender<StackCopy>>,
         work: impl FnOnce(mpsc::Receiver<Vec<ResolvedSample>>) -> T + Send + 'static,
     ) -> anyhow::Result<Self> {
+        if mode != Mode::Agent {
+            // Before the programs load (seconds of verifier work when
+            // the CPUs are busy) and before any thread of the session.
+            super::priority::raise();
+        }
         let mut sampler = Sampler::load(options)?;
         if mode == Mode::Agent {
             // Perf events need CAP_PERFMON, dropped below.
@@ -211,6 +216,9 @@ impl<T: Send + 'static> Session<T> {
             crate::sampler::CopySinks {
                 all: copies,
                 early: early_tx,
+                tables: requests.clone().map(|requests| {
+                    Box::new(move |pid| requests.request(pid)) as Box<dyn Fn(u32) + Send + Sync>
+                }),
             },
             match mode {
                 Mode::Agent => AGENT_RING_DRAIN,

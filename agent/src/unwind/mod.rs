@@ -364,9 +364,10 @@ const BACKGROUND_NICE: i32 = 10;
 /// bench's scale row (16 busy binaries on 2 CPUs, other builds beside)
 /// had tables in after a median of 4 to 57 s of a 10 s record. At -10 (nine
 /// times a nice-0 thread's weight) the same work, milliseconds per small
-/// binary, is done first rather than spread over the run. Large files'
-/// lane (`slow`) keeps normal priority: one of them is seconds of CPU.
-const FOREGROUND_NICE: i32 = -10;
+/// binary, is done first rather than spread over the run. `record` and
+/// `top` run all their threads at it (`crate::cli::priority`), the large
+/// files' lane (`slow`) included.
+pub const FOREGROUND_NICE: i32 = -10;
 
 /// Starts the thread that loads tables for the processes asked for (and
 /// `preload` right away, which the returned receiver signals when done); it

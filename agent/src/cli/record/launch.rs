@@ -29,15 +29,22 @@ pub(super) fn spawn_profiled(
     }
     let (gate_read, gate_write) = pipe().context("cannot create a pipe")?;
     let read_fd = gate_read.as_raw_fd();
+    // The command runs at the user's priority, not at record's.
+    let user_nice = crate::cli::priority::user_nice();
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(r#"read -r _ <&3; exec 3<&-; exec "$0" "$@""#)
         .args(command);
-    // SAFETY: dup2 is async-signal-safe; it runs between fork and exec.
+    // SAFETY: dup2 and setpriority are async-signal-safe system calls;
+    // they run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(read_fd, GATE_FD) < 0 {
                 return Err(io::Error::last_os_error());
+            }
+            if let Some(nice) = user_nice {
+                // Lowering one's own priority needs no privilege.
+                libc::setpriority(libc::PRIO_PROCESS, 0, nice);
             }
             Ok(())
         });
