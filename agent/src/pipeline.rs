@@ -224,7 +224,9 @@ pub struct Attributor {
     sweep_interval: Duration,
     /// Sweeps so far.
     sweeps: u64,
-    /// Where to ask for unwind tables of processes the kernel did not know.
+    /// Where to ask for a process's unwind tables again (a runtime found in
+    /// it; an exec). The samples the kernel could not unwind ask from the
+    /// ring's reader (`crate::sampler::CopySinks::tables`).
     unwind: Option<unwind::Requests>,
     /// The kernel's forks, execs and exits.
     events: Option<EventSource>,
@@ -274,10 +276,8 @@ impl Attributor {
         }
         batch.for_each(|sample| {
             if early.hold(sample) {
-                // Its tables, and its process read while it still exists.
-                if let Some(requests) = &self.unwind {
-                    requests.request(sample.tgid);
-                }
+                // Its process read while it still exists (the reader asked
+                // for its tables).
                 self.procs
                     .info(sample.tgid, &comm_str(&sample.comm), sample.ktime_ns);
                 return;
@@ -335,11 +335,6 @@ impl Attributor {
     /// The sample with its process, wall-clock time, and one frame per
     /// address (mapping and file offset for user frames); no names yet.
     pub fn attribute(&mut self, sample: &Sample) -> ResolvedSample {
-        if let Some(requests) = &self.unwind
-            && needs_tables(sample.flags)
-        {
-            requests.request(sample.tgid);
-        }
         let comm = comm_str(&sample.comm);
         let process = self.procs.info(sample.tgid, &comm, sample.ktime_ns);
         let kernel = &sample.kernel_stack
@@ -480,14 +475,6 @@ fn sweep_interval() -> Duration {
         .ok()
         .and_then(|ms| ms.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis)
-}
-
-/// True when the kernel had no (current) mappings for the sample's process:
-/// unknown to it, or an address outside them (an exec or dlopen since).
-fn needs_tables(flags: u32) -> bool {
-    use hostprof_unwind::reason;
-    let why = (flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
-    why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
 }
 
 /// Names every frame of an attributed sample and gives its mappings their

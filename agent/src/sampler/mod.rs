@@ -31,6 +31,7 @@ pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{
     Records, StackCopy, decode_sample, decode_sample_into, decode_stack_copy, encode_sample,
+    needs_tables,
 };
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.

@@ -32,7 +32,8 @@ pub struct ReaderStats {
     pub early_copies_dropped: u64,
 }
 
-/// Where the stack copies of ring records go.
+/// Where the stack copies of ring records go, and who hears of the
+/// processes whose tables the kernel lacked.
 #[derive(Default)]
 pub struct CopySinks {
     /// Every copy (`--stack-copy`).
@@ -40,6 +41,13 @@ pub struct CopySinks {
     /// Copies of samples the kernel could not unwind for want of tables
     /// (`crate::unwind::early`).
     pub early: Option<SyncSender<StackCopy>>,
+    /// Called with the process of each record the kernel could not unwind
+    /// for want of tables ([`super::needs_tables`]): the unwind service's
+    /// request, made as the record arrives. Made by attribution instead,
+    /// it waited behind whatever attribution was busy with (a co-tenant's
+    /// huge binary read for names): on a saturated host, tables came after
+    /// the recording while the copies waiting for them overflowed.
+    pub tables: Option<Box<dyn Fn(u32) + Send + Sync>>,
 }
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
@@ -191,6 +199,10 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
         }
         if !batch.push(&record, &mut scratch) {
             stats.malformed += 1;
+        } else if let Some(ask) = &copies.tables
+            && super::needs_tables(scratch.flags)
+        {
+            ask(scratch.tgid);
         }
     }
     stats.samples += batch.len() as u64;

@@ -206,6 +206,15 @@ pub fn encode_sample(sample: &Sample) -> Vec<u8> {
     record
 }
 
+/// Whether a sample with these `flags` stopped for want of its process's
+/// unwind tables (the process, or the mapping of its pc, unknown to the
+/// kernel): the tables are to be loaded.
+pub fn needs_tables(flags: u32) -> bool {
+    use hostprof_unwind::reason;
+    let why = (flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+    why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
+}
+
 /// Ring records as they came, back to back: the samples of a drain, on
 /// their way to the pipeline, at their compact size (a header and 8 bytes
 /// per frame: some 200 bytes where a decoded [`Sample`] is 4 KiB). The
