@@ -333,19 +333,25 @@ impl EarlyStacks {
         for held in self.held.drain(..) {
             // Mappings loaded for an earlier image of the pid (the kernel
             // forgot them at the exec, the mirror may not have yet) do not
-            // hold the sample's pc: wait for the new ones.
+            // hold the sample's pc: wait for the new ones. Only a sample
+            // that leaves is decoded (4 KiB): this runs at every batch over
+            // every held sample, thousands while a busy host's tables come.
+            let current = mirror
+                .processes
+                .get(&record_tgid(&held.record))
+                .filter(|mappings| maps_pc(mappings, held.regs[0]));
+            let timed_out = current.is_none() && (flush || held.since.elapsed() >= MAX_WAIT);
+            if current.is_none() && !timed_out {
+                waiting.push_back(held);
+                continue;
+            }
+            self.held_bytes -= held.cost();
             let Some(sample) = crate::sampler::decode_sample(&held.record) else {
-                self.held_bytes -= held.cost();
                 self.stats.dropped += 1;
                 continue;
             };
-            let current = mirror
-                .processes
-                .get(&sample.tgid)
-                .filter(|mappings| maps_pc(mappings, held.regs[0]));
             match current {
                 Some(mappings) => {
-                    self.held_bytes -= held.cost();
                     self.stats.unwound += 1;
                     let sample = unwound(&mirror, mappings, sample, &held);
                     if (sample.flags >> SAMPLE_UNWIND_SHIFT) & 0xff == unwind::reason::COMPLETE {
@@ -353,13 +359,11 @@ impl EarlyStacks {
                     }
                     out.push(sample);
                 }
-                None if flush || held.since.elapsed() >= MAX_WAIT => {
-                    self.held_bytes -= held.cost();
+                None => {
                     self.stats.timed_out += 1;
                     // Its frame-pointer stack, as the kernel found it.
                     out.push(sample);
                 }
-                None => waiting.push_back(held),
             }
         }
         self.held = waiting;
@@ -378,6 +382,14 @@ impl EarlyStacks {
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
+}
+
+/// The process of a record [`pack_sample`] made (its first field).
+fn record_tgid(record: &[u8]) -> u32 {
+    const TGID: usize = std::mem::offset_of!(Sample, tgid);
+    record.get(TGID..TGID + 4).map_or(0, |bytes| {
+        u32::from_ne_bytes(bytes.try_into().expect("4 bytes"))
+    })
 }
 
 /// True when one of `mappings` holds `pc`.
