@@ -1,9 +1,7 @@
 //! [`step`] on synthetic stacks: a fake process whose memory, mappings and
 //! rows each test lays out by hand, so every rule and every way an unwind
 //! stops is checked on the host without a kernel.
-//!
-//! One file over 600 lines on purpose: every test builds on the same fake
-//! process and its helpers at the top, and reads as one table of cases.
+//! (The searches' own tests are in `search.rs`.)
 extern crate std;
 
 use std::{collections::HashMap, vec, vec::Vec};
@@ -694,106 +692,4 @@ fn a_not_covered_row_falls_back_to_frame_pointers() {
         step(Arch::X86_64, &mut regs, &mut process),
         Step::Stop(reason::PC_NOT_COVERED)
     );
-}
-
-#[test]
-fn search_of_nothing_finds_nothing() {
-    assert_eq!(search_last_le(0, 5, |_| panic!("no element to read")), None);
-    let search = Search::new(0, 5);
-    assert_eq!(search.result(), None);
-}
-
-#[test]
-fn search_of_one_element() {
-    let keys = [10u64];
-    let find = |target| search_last_le(1, target, |i| keys.get(i as usize).copied());
-    assert_eq!(find(9), None);
-    assert_eq!(find(10), Some(0));
-    assert_eq!(find(u64::MAX), Some(0));
-}
-
-#[test]
-fn search_finds_the_last_of_equal_keys() {
-    let keys = [10u64, 20, 20, 20, 30];
-    let find =
-        |target| search_last_le(keys.len() as u32, target, |i| keys.get(i as usize).copied());
-    assert_eq!(find(0), None);
-    assert_eq!(find(9), None);
-    assert_eq!(find(10), Some(0));
-    assert_eq!(find(19), Some(0));
-    assert_eq!(find(20), Some(3));
-    assert_eq!(find(25), Some(3));
-    assert_eq!(find(30), Some(4));
-    assert_eq!(find(31), Some(4));
-}
-
-#[test]
-fn search_matches_a_linear_scan() {
-    // Sorted keys with runs of duplicates, every target around them.
-    let keys: Vec<u64> = (0..100u64).map(|i| (i / 3) * 7).collect();
-    for target in 0..=keys[keys.len() - 1] + 2 {
-        let expected = keys.iter().rposition(|&key| key <= target);
-        let found = search_last_le(keys.len() as u32, target, |i| keys.get(i as usize).copied());
-        assert_eq!(found, expected.map(|i| i as u32), "target {target}");
-    }
-}
-
-#[test]
-fn a_hint_holds_exactly_when_it_is_what_the_search_finds() {
-    // Sorted keys with runs of duplicates; every hint, every target.
-    let keys: Vec<u64> = (0..40u64).map(|i| (i / 3) * 7).collect();
-    for len in [0u32, 1, 2, 3, 40] {
-        let key = |i: u32| keys[..len as usize].get(i as usize).copied();
-        for target in 0..=keys[keys.len() - 1] + 2 {
-            let found = search_last_le(len, target, key);
-            for hint in 0..len + 2 {
-                assert_eq!(
-                    hint_holds(len, target, hint, key),
-                    found == Some(hint),
-                    "len {len} target {target} hint {hint}"
-                );
-            }
-        }
-    }
-    // A key that cannot be read proves nothing.
-    assert!(!hint_holds(4, 10, 1, |i| (i != 2).then_some(u64::from(i))));
-}
-
-#[test]
-fn hint_slots_stay_in_range_and_spread() {
-    let mut used = std::collections::HashSet::new();
-    for start in [0u32, 4096, 1 << 20] {
-        for target in (0x1000u64..0x1000 + 300 * 16).step_by(16) {
-            let slot = hint_slot(start, target);
-            assert!(slot < ROW_HINT_SLOTS);
-            used.insert(slot);
-        }
-    }
-    // 900 searches over 1,024 slots: most get one of their own.
-    assert!(used.len() > 500, "{} slots used", used.len());
-}
-
-#[test]
-fn search_stops_on_an_unreadable_key() {
-    let mut search = Search::new(8, 5);
-    assert!(!search.probe(|_| None));
-    assert_eq!(search.failed, 1);
-    assert_eq!(search.result(), None);
-    // No further probes once failed.
-    assert!(!search.probe(|_| panic!("probed after a failure")));
-}
-
-#[test]
-fn search_of_u32_max_elements_ends_within_its_step_bound() {
-    let mut search = Search::new(u32::MAX, 3_000_000_000);
-    let mut probes = 0;
-    while search.probe(|i| Some(u64::from(i))) {
-        probes += 1;
-    }
-    assert!(probes <= MAX_SEARCH_STEPS, "{probes} probes");
-    assert_eq!(search.result(), Some(3_000_000_000));
-    // An unfinished search has no result yet.
-    let mut search = Search::new(1000, 10);
-    assert!(search.probe(|i| Some(u64::from(i))));
-    assert_eq!(search.result(), None);
 }
