@@ -52,6 +52,8 @@ struct Seen {
     link: Option<(String, String)>,
     /// `http.route` and `http.method`, when the sample has them.
     attributes: [Option<String>; 2],
+    /// From the off-CPU profile: its thread left the CPU at `time`.
+    off_cpu: bool,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -100,6 +102,9 @@ fn samples_of(requests: &[ExportProfilesServiceRequest], pid: u32) -> Vec<Seen> 
         for group in &request.resource_profiles {
             for scope in &group.scope_profiles {
                 for profile in &scope.profiles {
+                    let off_cpu = profile.sample_type.is_some_and(|kind| {
+                        dictionary.string_table[kind.type_strindex as usize] == "off_cpu"
+                    });
                     for sample in &profile.samples {
                         if sample_pid(dictionary, sample) != Some(i64::from(pid)) {
                             continue;
@@ -120,6 +125,7 @@ fn samples_of(requests: &[ExportProfilesServiceRequest], pid: u32) -> Vec<Seen> 
                                 request: index,
                                 link: link.clone(),
                                 attributes: attributes.clone(),
+                                off_cpu,
                             });
                         }
                     }
@@ -320,6 +326,14 @@ async fn check_links(writer: Writer) {
         std::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
             .args(["agent", "--duration", "150", "--report-interval", "1s"])
             .args(["-F", "499", "--otlp-endpoint", &endpoint])
+            // With the executable's writer, off-CPU samples too: its three
+            // busy threads on two CPUs are preempted, and a record is read
+            // when its thread leaves the CPU.
+            .args(if writer.place == Place::Executable {
+                &["--off-cpu"][..]
+            } else {
+                &[][..]
+            })
             .args(["--metrics-addr", &port.to_string()])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -377,6 +391,14 @@ async fn check_links(writer: Writer) {
             .iter()
             .filter(|seen| seen.attributes[1].is_some())
             .count();
+        let off_cpu_routed = if writer.place == Place::Executable {
+            samples
+                .iter()
+                .filter(|seen| seen.off_cpu && seen.attributes[0].is_some())
+                .count()
+        } else {
+            20
+        };
         let hostile_seen = hostile_pid.map_or(20, |pid| samples_of(&requests, pid).len());
         let hostile_linked = hostile_attrs_pid.map_or(20, |pid| {
             samples_of(&requests, pid)
@@ -387,6 +409,7 @@ async fn check_links(writer: Writer) {
         if linked >= LINKED_AT_LEAST
             && routed >= LINKED_AT_LEAST
             && with_method >= 20
+            && off_cpu_routed >= 20
             && hostile_seen >= 20
             && hostile_linked >= 20
         {
@@ -395,7 +418,7 @@ async fn check_links(writer: Writer) {
         assert!(
             start.elapsed() < SHOW_WITHIN,
             "{}: {linked} linked samples, {routed} with http.route, {with_method} with \
-             http.method within {SHOW_WITHIN:?}",
+             http.method, {off_cpu_routed} off-CPU with http.route within {SHOW_WITHIN:?}",
             writer.name
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -470,6 +493,7 @@ async fn check_links(writer: Writer) {
     };
     let keys_known_at = [known_at(0), known_at(1)];
     let (mut linked, mut unlinked_detached, mut routed, mut unnamed_late) = (0, 0, 0, 0);
+    let mut off_cpu_routed = 0;
     for seen in samples.iter().filter(|seen| seen.time >= registered) {
         let at = u64::try_from(i128::from(seen.time) - offset).expect("a monotonic time");
         let Some(thread) = switches.get(&seen.tid) else {
@@ -523,6 +547,7 @@ async fn check_links(writer: Writer) {
             allowed
         );
         routed += usize::from(seen.attributes[0].is_some());
+        off_cpu_routed += usize::from(seen.off_cpu && seen.attributes[0].is_some());
         match &seen.link {
             Some(_) => linked += 1,
             None if allowed == [None] => unlinked_detached += 1,
@@ -531,8 +556,9 @@ async fn check_links(writer: Writer) {
     }
     println!(
         "{}: {} samples: {before} before the process was registered, {linked} linked \
-         ({routed} with the attributes their span had, {unnamed_late} without any once \
-         they were named), {unlinked_detached} while detached or not valid",
+         ({routed} with the attributes their span had, {off_cpu_routed} of them off-CPU, \
+         {unnamed_late} without any once they were named), {unlinked_detached} while \
+         detached or not valid",
         writer.name,
         samples.len()
     );
