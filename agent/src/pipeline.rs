@@ -126,6 +126,9 @@ pub fn spawn(
                     state
                         .early_dropped
                         .store(figures.dropped, Ordering::Relaxed);
+                    state
+                        .early_orphaned
+                        .store(figures.orphaned, Ordering::Relaxed);
                 }
                 if attributed.is_empty() {
                     if ended {
@@ -204,6 +207,8 @@ pub struct PipelineState {
     pub early_timed_out: AtomicU64,
     /// Stack copies dropped because the early queue was full.
     pub early_dropped: AtomicU64,
+    /// Stack copies whose sample never came.
+    pub early_orphaned: AtomicU64,
     /// Estimated bytes of the symbolizer's caches.
     pub symbol_cache_bytes: AtomicU64,
     /// Samples attributed longer ago than this go on without names; `None`:

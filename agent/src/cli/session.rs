@@ -79,8 +79,9 @@ pub(super) struct Finished<T> {
     /// Unwind tables in the kernel at the end (with `UnwindMode::Tables`).
     pub unwind: Option<LoaderStats>,
     /// Samples taken before their tables were loaded: (unwound on the host
-    /// from their stack copies, sent on with frame pointers, copies dropped).
-    pub early: (u64, u64, u64),
+    /// from their stack copies, sent on with frame pointers, copies dropped,
+    /// copies whose sample never came).
+    pub early: (u64, u64, u64, u64),
     /// Of the samples unwound from their copies, those walked to the end.
     pub early_complete: u64,
 }
@@ -296,6 +297,7 @@ impl<T: Send + 'static> Session<T> {
             self.pipeline.early_unwound.load(Ordering::Relaxed),
             self.pipeline.early_timed_out.load(Ordering::Relaxed),
             self.pipeline.early_dropped.load(Ordering::Relaxed) + reader.early_copies_dropped,
+            self.pipeline.early_orphaned.load(Ordering::Relaxed),
         );
         Ok(Finished {
             early,

@@ -66,6 +66,13 @@ const MAX_THREADS: usize = 4096;
 /// Copies kept for a sample that has not come (yet), at most.
 const MAX_PENDING: usize = 4096;
 
+/// How long a copy waits for its sample. The reader sends copies as it
+/// drains the ring, their samples after, in a batch that may wait while
+/// attribution is behind (up to the reader's 4,096 samples, about two
+/// seconds of a busy 2-CPU host): the attribution thread can take in a
+/// copy several batches before its sample.
+const PENDING_WAIT: Duration = Duration::from_secs(5);
+
 /// What the kernel's unwind maps hold, as the host sees it.
 #[derive(Default)]
 pub struct Mirror {
@@ -125,6 +132,9 @@ pub struct EarlyStats {
     pub timed_out: u64,
     /// Copies dropped because [`MAX_HELD_BYTES`] were held already.
     pub dropped: u64,
+    /// Copies whose sample never came within [`PENDING_WAIT`] (lost on
+    /// its way, or the run ended first).
+    pub orphaned: u64,
 }
 
 /// A stack block: bytes of one thread's stack at `start`, shared by the
@@ -216,6 +226,7 @@ impl PackedStack {
 struct Pending {
     regs: [u64; 4],
     stack: PackedStack,
+    since: Instant,
 }
 
 struct Held {
@@ -298,14 +309,20 @@ impl EarlyStacks {
             self.last.clear();
         }
         self.last.insert(tid, stack.clone());
-        self.pending
-            .insert((tid, copy.sample.ktime_ns), Pending { regs, stack });
+        self.pending.insert(
+            (tid, copy.sample.ktime_ns),
+            Pending {
+                regs,
+                stack,
+                since: Instant::now(),
+            },
+        );
     }
 
     /// Holds `sample` when it has a copy (returns true): it comes back from
     /// [`EarlyStacks::ready`].
     pub fn hold(&mut self, sample: &Sample) -> bool {
-        let Some(Pending { regs, stack }) = self.pending.remove(&(sample.tid, sample.ktime_ns))
+        let Some(Pending { regs, stack, .. }) = self.pending.remove(&(sample.tid, sample.ktime_ns))
         else {
             return false;
         };
@@ -324,9 +341,12 @@ impl EarlyStacks {
     /// on the host, and those that waited too long (all of them when
     /// `flush`), as they were; their copies are freed.
     pub fn ready(&mut self, flush: bool) -> Vec<Sample> {
-        // Copies whose sample never came (lost on the way) go too: every
-        // sample of a batch was attributed by now.
-        self.pending.clear();
+        // Copies whose sample never came go too. Not every copy taken in
+        // so far: the samples of some may be in batches still to come.
+        let before = self.pending.len();
+        self.pending
+            .retain(|_, pending| !flush && pending.since.elapsed() < PENDING_WAIT);
+        self.stats.orphaned += (before - self.pending.len()) as u64;
         let mut out = Vec::new();
         let mirror = self.mirror.read().unwrap_or_else(|e| e.into_inner());
         let mut waiting = VecDeque::with_capacity(self.held.len());
@@ -567,6 +587,22 @@ mod tests {
         assert_eq!(unwound.kernel_stack[..2], sample.kernel_stack[..2]);
         let stats = early.stats();
         assert_eq!((stats.unwound, stats.complete, stats.dropped), (1, 1, 0));
+        assert_eq!(early.bytes(), 0, "everything freed");
+    }
+
+    #[test]
+    fn a_copy_waits_for_a_sample_that_comes_batches_later() {
+        let mut early = EarlyStacks::new(SharedMirror::default());
+        let sample = early_sample(1);
+        early.add_copy(copy(&sample, deep_stack()));
+        // A batch without the sample (it waits in the reader, behind).
+        assert!(early.ready(false).is_empty());
+        assert!(early.hold(&sample), "the copy was kept for it");
+        // A copy whose sample never comes goes at the end, counted.
+        early.add_copy(copy(&early_sample(2), deep_stack()));
+        let out = early.ready(true);
+        assert_eq!(out.len(), 1);
+        assert_eq!(early.stats().orphaned, 1);
         assert_eq!(early.bytes(), 0, "everything freed");
     }
 

@@ -168,13 +168,13 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
     eprint!("{}", unwind_report(&finished.counters, finished.unwind));
     eprint!("{}", memory_report(finished.map_bytes));
     if finished.reader.early_copies > 0 {
-        let (unwound, timed_out, dropped) = finished.early;
+        let (unwound, timed_out, dropped, orphaned) = finished.early;
         let (copies, complete) = (finished.reader.early_copies, finished.early_complete);
         eprintln!(
             "hostprof: early samples (before their tables were loaded): {unwound} unwound on the \
              host from stack copies ({complete} complete), {timed_out} kept their frame-pointer \
-             stacks (tables not in time), {dropped} copies dropped (queue full), of {copies} \
-             copies; the copies were freed, never written"
+             stacks (tables not in time), {dropped} copies dropped (queue full), {orphaned} \
+             whose sample was lost, of {copies} copies; the copies were freed, never written"
         );
     }
     if let Some(thread) = stack_copies {
