@@ -17,7 +17,7 @@ use std::{
 use hostprof_common::{Sample, runtime::FRAME_MARK};
 
 use crate::{
-    sampler::{Records, StackCopy},
+    sampler::{EarlyCopy, Records},
     unwind::early::EarlyStacks,
 };
 
@@ -87,7 +87,7 @@ pub fn spawn(
     symbolizer: Arc<Symbolizer>,
     unwind: Option<unwind::Requests>,
     events: Option<EventSource>,
-    early: Option<(Receiver<StackCopy>, EarlyStacks)>,
+    early: Option<(Receiver<EarlyCopy>, EarlyStacks)>,
     runtimes: Vec<Box<dyn Runtime>>,
     state: Arc<PipelineState>,
 ) -> std::io::Result<Receiver<Vec<ResolvedSample>>> {
@@ -237,7 +237,7 @@ pub struct Attributor {
     events: Option<EventSource>,
     /// Stack copies of samples taken before their tables were loaded, and
     /// the samples waiting for them.
-    early: Option<(Receiver<StackCopy>, EarlyStacks)>,
+    early: Option<(Receiver<EarlyCopy>, EarlyStacks)>,
     /// Language runtimes (CPython, Java): their frames.
     runtimes: Vec<Box<dyn Runtime>>,
     /// Read processes' `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`.

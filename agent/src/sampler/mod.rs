@@ -30,8 +30,8 @@ pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{
-    Records, StackCopy, decode_sample, decode_sample_into, decode_stack_copy, encode_sample,
-    needs_tables,
+    EarlyCopy, Records, StackCopy, decode_early_copy, decode_sample, decode_sample_into,
+    decode_stack_copy, encode_sample, needs_tables,
 };
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.

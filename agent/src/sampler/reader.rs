@@ -7,7 +7,7 @@ use std::{
 
 use hostprof_common::Sample;
 
-use super::{Records, StackCopy};
+use super::{EarlyCopy, Records, StackCopy};
 use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, sync::watch};
 
@@ -40,7 +40,7 @@ pub struct CopySinks {
     pub all: Option<SyncSender<StackCopy>>,
     /// Copies of samples the kernel could not unwind for want of tables
     /// (`crate::unwind::early`).
-    pub early: Option<SyncSender<StackCopy>>,
+    pub early: Option<SyncSender<EarlyCopy>>,
     /// Called with the process of each record the kernel could not unwind
     /// for want of tables ([`super::needs_tables`]): the unwind service's
     /// request, made as the record arrives. Made by attribution instead,
@@ -176,19 +176,20 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
     // SAFETY: all-zero is a valid `Sample` (integers only).
     let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
     while let Some(record) = ring.next() {
-        if let Some(copy) = super::decode_stack_copy(&record) {
+        if let Some(copy) = super::decode_early_copy(&record) {
             stats.stack_copies += 1;
-            let why = (copy.sample.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+            let why = (copy.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
             if let Some(early) = &copies.early
                 && why == hostprof_unwind::reason::UNKNOWN_PROCESS
             {
                 stats.early_copies += 1;
-                let copy = copy.clone();
                 if let Err(TrySendError::Full(_)) = early.try_send(copy) {
                     stats.early_copies_dropped += 1;
                 }
             }
-            if let Some(copies) = &copies.all {
+            if let Some(copies) = &copies.all
+                && let Some(copy) = super::decode_stack_copy(&record)
+            {
                 match copies.try_send(copy) {
                     Ok(()) => {}
                     Err(TrySendError::Full(_)) => stats.stack_copies_dropped += 1,

@@ -15,6 +15,44 @@ pub struct StackCopy {
     pub stack: Vec<u8>,
 }
 
+/// What the early unwinder (`crate::unwind::early`) takes of a stack-copy
+/// record: whose and when (to meet its sample later), the registers and
+/// the stack bytes, without the 4 KiB sample it arrives with.
+#[derive(Clone, Debug)]
+pub struct EarlyCopy {
+    pub tid: u32,
+    pub ktime_ns: u64,
+    /// The sample's `flags` (why the kernel's walk stopped).
+    pub flags: u32,
+    /// User pc, sp, frame pointer and link register, when read.
+    pub regs: Option<[u64; 4]>,
+    /// The stack from sp up.
+    pub stack: Vec<u8>,
+}
+
+/// The [`EarlyCopy`] of a stack-copy record (`None` for a plain sample),
+/// read field by field: the whole record is some 21 KiB.
+pub fn decode_early_copy(record: &[u8]) -> Option<EarlyCopy> {
+    use hostprof_common::StackSample;
+    if record.len() < std::mem::size_of::<StackSample>() {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_ne_bytes(record[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_ne_bytes(record[at..at + 8].try_into().expect("8 bytes"));
+    let regs_at = std::mem::offset_of!(StackSample, regs);
+    let regs = [0, 1, 2, 3].map(|i| u64_at(regs_at + 8 * i));
+    let len = (u32_at(std::mem::offset_of!(StackSample, stack_len)) as usize)
+        .min(hostprof_common::MAX_STACK_COPY);
+    let stack_at = std::mem::offset_of!(StackSample, stack);
+    Some(EarlyCopy {
+        tid: u32_at(std::mem::offset_of!(Sample, tid)),
+        ktime_ns: u64_at(std::mem::offset_of!(Sample, ktime_ns)),
+        flags: u32_at(std::mem::offset_of!(Sample, flags)),
+        regs: (u32_at(std::mem::offset_of!(StackSample, regs_valid)) != 0).then_some(regs),
+        stack: record[stack_at..stack_at + len].to_vec(),
+    })
+}
+
 /// Decodes the stack copy of a ring-buffer record; `None` for plain
 /// samples (the only kind without `--stack-copy`).
 pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {

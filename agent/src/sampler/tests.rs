@@ -269,3 +269,43 @@ fn the_sampler_imports_nothing_from_unwind() {
         }
     }
 }
+
+#[test]
+fn an_early_copy_is_what_the_whole_stack_copy_says() {
+    use hostprof_common::StackSample;
+    // SAFETY: all-zero is a valid `StackSample` (integers only).
+    let mut raw: Box<StackSample> = Box::new(unsafe { std::mem::zeroed() });
+    raw.sample.tid = 7;
+    raw.sample.ktime_ns = 123_456_789;
+    raw.sample.flags = 5 << hostprof_common::SAMPLE_UNWIND_SHIFT;
+    raw.regs = [1, 2, 3, 4];
+    raw.regs_valid = 1;
+    raw.stack_len = 24;
+    raw.stack[..24].copy_from_slice(&[9; 24]);
+    // SAFETY: plain old data, read as bytes.
+    let record = unsafe {
+        std::slice::from_raw_parts(
+            (&*raw as *const StackSample).cast::<u8>(),
+            std::mem::size_of::<StackSample>(),
+        )
+    };
+    let whole = decode_stack_copy(record).expect("a copy");
+    let early = decode_early_copy(record).expect("a copy");
+    assert_eq!(
+        (early.tid, early.ktime_ns, early.flags),
+        (whole.sample.tid, whole.sample.ktime_ns, whole.sample.flags)
+    );
+    assert_eq!((early.regs, &early.stack), (whole.regs, &whole.stack));
+    assert_eq!(early.stack, [9; 24]);
+    raw.regs_valid = 0;
+    // SAFETY: as above.
+    let record = unsafe {
+        std::slice::from_raw_parts(
+            (&*raw as *const StackSample).cast::<u8>(),
+            std::mem::size_of::<StackSample>(),
+        )
+    };
+    assert_eq!(decode_early_copy(record).expect("a copy").regs, None);
+    // A plain sample carries no copy.
+    assert!(decode_early_copy(&compact_record(&[1], &[2])).is_none());
+}

@@ -38,17 +38,19 @@ use hostprof_common::{
 use hostprof_unwind::{self as unwind, Lookup, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow};
 
 use super::{TableMaps, UnwindError, replay::HOST_ARCH};
-use crate::sampler::StackCopy;
+use crate::sampler::EarlyCopy;
 
 /// Bytes the held samples and their stack copies take at most; a copy
 /// past it is dropped (counted). About 16,000 samples of threads busy in
 /// one place: eight seconds of a 2-CPU host sampled at 999 Hz.
 pub const MAX_HELD_BYTES: usize = 16 << 20;
 
-/// Copies on their way here from the ring's reader (each a whole decoded
-/// sample and up to [`crate::sampler::EARLY_COPY_BYTES`] of stack, 11 KiB):
-/// about half a second of copies at full rate, taken in at every batch.
-pub const MAX_QUEUED: usize = 1024;
+/// Copies on their way here from the ring's reader (each up to
+/// [`crate::sampler::EARLY_COPY_BYTES`] of stack and a few words, 8 KiB,
+/// at most 16 MiB): about a second of copies at full rate, taken in at
+/// every batch. (At 1,024 copies of 13 KiB, each with its whole sample,
+/// a busy host's attribution thread let half of them drop.)
+pub const MAX_QUEUED: usize = 2048;
 
 /// How long a sample waits for its process's tables before it goes on with
 /// its frame-pointer stack. On a saturated host with dozens of new
@@ -292,7 +294,7 @@ impl EarlyStacks {
     }
 
     /// Takes in the copy of a sample that is still to come.
-    pub fn add_copy(&mut self, copy: StackCopy) {
+    pub fn add_copy(&mut self, copy: EarlyCopy) {
         let Some(regs) = copy.regs else {
             return;
         };
@@ -303,14 +305,14 @@ impl EarlyStacks {
             self.stats.dropped += 1;
             return;
         }
-        let tid = copy.sample.tid;
+        let tid = copy.tid;
         let stack = PackedStack::pack(regs[1], &copy.stack, self.last.get(&tid), &self.meter);
         if self.last.len() >= MAX_THREADS && !self.last.contains_key(&tid) {
             self.last.clear();
         }
         self.last.insert(tid, stack.clone());
         self.pending.insert(
-            (tid, copy.sample.ktime_ns),
+            (tid, copy.ktime_ns),
             Pending {
                 regs,
                 stack,
@@ -540,9 +542,11 @@ mod tests {
         sample
     }
 
-    fn copy(sample: &Sample, stack: Vec<u8>) -> StackCopy {
-        StackCopy {
-            sample: *sample,
+    fn copy(sample: &Sample, stack: Vec<u8>) -> EarlyCopy {
+        EarlyCopy {
+            tid: sample.tid,
+            ktime_ns: sample.ktime_ns,
+            flags: sample.flags,
             regs: Some([BIAS + 0x1004, SP, 0, 0]),
             stack,
         }
