@@ -168,6 +168,11 @@ impl SamplerError {
         Self::classify("accessing a BPF map", err)
     }
 
+    /// A map's descriptor could not be duplicated (out of descriptors).
+    pub(crate) fn dup(err: io::Error) -> Self {
+        Self::classify("duplicating a BPF map's descriptor", err)
+    }
+
     pub(crate) fn stats(err: aya::sys::SyscallError) -> Self {
         Self::classify("BPF run-time statistics", err)
     }

@@ -80,6 +80,9 @@ pub const EARLY_COPY_BYTES: u32 = 8192;
 /// unwind tables are written to.
 pub struct UnwindMaps {
     pub rows: Array<MapData, hostprof_common::RowChunk>,
+    /// The rows map again, for reading (the host's unwinding of early
+    /// samples reads the rows where the kernel does); for whoever takes it.
+    pub rows_reader: Option<Array<MapData, hostprof_common::RowChunk>>,
     pub processes: HashMap<MapData, u32, hostprof_common::unwind::ProcessMappings>,
 }
 
@@ -399,7 +402,26 @@ impl Sampler {
             .ok_or(SamplerError::MissingObject(
                 hostprof_common::MAP_PROCESS_MAPPINGS,
             ))?;
+        let reader = match &rows {
+            aya::maps::Map::Array(data) => {
+                use std::os::fd::AsFd as _;
+                let fd = data
+                    .fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(SamplerError::dup)?;
+                MapData::from_fd(fd).map_err(SamplerError::map)?
+            }
+            _ => {
+                return Err(SamplerError::MissingObject(
+                    hostprof_common::MAP_UNWIND_ROWS,
+                ));
+            }
+        };
         Ok(UnwindMaps {
+            rows_reader: Some(
+                Array::try_from(aya::maps::Map::Array(reader)).map_err(SamplerError::map)?,
+            ),
             rows: Array::try_from(rows).map_err(SamplerError::map)?,
             processes: HashMap::try_from(processes).map_err(SamplerError::map)?,
         })

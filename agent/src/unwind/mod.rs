@@ -395,7 +395,11 @@ pub fn spawn_service(
     mpsc::Receiver<()>,
     early::SharedMirror,
 )> {
-    let mirror = early::SharedMirror::default();
+    let mut maps = maps;
+    let mirror = match maps.rows_reader.take() {
+        Some(rows) => early::Mirror::reading(Box::new(move |index| rows.get(&index, 0).ok())),
+        None => early::SharedMirror::default(),
+    };
     let maps = early::Mirrored {
         inner: maps,
         mirror: mirror.clone(),
