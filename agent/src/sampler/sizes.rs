@@ -25,9 +25,9 @@
 //! 2.6 MiB.
 use aya::util::online_cpus;
 use hostprof_common::{
-    MAP_FILTER_TGIDS, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS, MAP_PYTHON_PROCESSES, MAP_SAMPLES,
-    MAP_TRACE_PROCESSES, MAP_UNWIND_ROWS, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS,
-    MAX_UNWIND_PROCESSES,
+    MAP_FILTER_TGIDS, MAP_GO_PROCESSES, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS,
+    MAP_PYTHON_PROCESSES, MAP_SAMPLES, MAP_TRACE_PROCESSES, MAP_UNWIND_ROWS, MAX_FILTER_TGIDS,
+    MAX_OFF_CPU_THREADS, MAX_UNWIND_PROCESSES,
 };
 
 use super::{SamplerOptions, UnwindMode};
@@ -49,6 +49,8 @@ use super::{SamplerOptions, UnwindMode};
 ///   `hostprof_runtime_processes_unregistered_total`.
 /// - `TRACE_PROCS`: as `PYTHON_PROCS` (the processes that publish a
 ///   thread context; past it they are sampled without trace links).
+/// - `GO_PROCS`: as `TRACE_PROCS` (past it a Go process is sampled
+///   without its goroutines' labels).
 /// - `OFF_CPU_START`: a whole `Sample` per blocked thread (17 MiB for
 ///   4,096), wanted only with `--off-cpu`.
 /// - `UNWIND_ROWS`: `--unwind-table-mib`.
@@ -79,6 +81,7 @@ pub(super) fn max_entries(options: &SamplerOptions) -> Vec<(&'static str, u32)> 
         (MAP_PROCESS_MAPPINGS, unwound),
         (MAP_PYTHON_PROCESSES, processes),
         (MAP_TRACE_PROCESSES, processes),
+        (MAP_GO_PROCESSES, processes),
         (
             MAP_OFF_CPU_START,
             if options.off_cpu.is_some() {
