@@ -1,6 +1,7 @@
 //! Go's pprof labels as sample attributes, end to end with the real eBPF
 //! sampler: a Go program (`tests/programs/go_labels`), built here by each
-//! Go toolchain of the machine with cgo and without, works in turns under
+//! Go toolchain `cargo xtask setup` installs (1.19, 1.23, 1.24) with cgo
+//! and without, works in turns under
 //! `pprof.Do` with `route=/cart` (3 units), `route=/checkout` (1 unit,
 //! in C when built with cgo: a thread in a cgo call runs `g0`), and
 //! without labels (1 unit). `hostprof record -p PID` writes OTLP, decoded
@@ -21,9 +22,17 @@ use hostprof_proto::{
     profiles::{ProfilesData, ProfilesDictionary, Sample},
 };
 
-/// The toolchains: Debian bookworm's Go 1.19, and the 1.23 `cargo xtask
-/// setup` installs from bookworm-backports.
-const TOOLCHAINS: [&str; 2] = ["/usr/bin/go", "/usr/lib/go-1.23/bin/go"];
+/// The toolchains: Debian bookworm's Go 1.19, the 1.23 `cargo xtask
+/// setup` installs from bookworm-backports, and trixie's 1.24 it unpacks
+/// under target/ (labels in a slice, not a map).
+const TOOLCHAINS: [&str; 3] = [
+    "/usr/bin/go",
+    "/usr/lib/go-1.23/bin/go",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/go-1.24/usr/lib/go-1.24/bin/go"
+    ),
+];
 /// Labeled samples to see at least.
 const LABELED_AT_LEAST: u64 = 100;
 /// CPU seconds the program runs while recorded: ~750 samples at 499 Hz,

@@ -43,9 +43,9 @@ pub const LAYOUT_MAP: u32 = 1;
 /// `labels` points at `struct { list []label }` (Go 1.24 on).
 pub const LAYOUT_SLICE: u32 = 2;
 
-/// `runtime.hmap` (Go 1.9 to 1.23, also before the swiss maps of 1.24
-/// since labels never use them there): `count int` at 0, `B uint8` at 9
-/// (log2 of the buckets), `buckets unsafe.Pointer` at 16.
+/// `runtime.hmap` (Go 1.9 to 1.23; 1.24 keeps labels in a slice, so its
+/// swiss maps never matter here): `count int` at 0, `B uint8` at 9 (log2
+/// of the buckets), `buckets unsafe.Pointer` at 16.
 pub const HMAP_COUNT: u64 = 0;
 pub const HMAP_LOG2_BUCKETS: u64 = 9;
 pub const HMAP_BUCKETS: u64 = 16;

@@ -11,7 +11,7 @@
 //! The offsets come from a table per Go release rather than from the
 //! binary's DWARF: Go services are often built with `-ldflags=-s -w`
 //! (no DWARF, no symbols), and the fields moved only a few times (the
-//! table matches the DWARF of Go 1.19.8 and 1.23.5 builds, and
+//! table matches the DWARF of Go 1.19.8, 1.23.5 and 1.24.4 builds, and
 //! tests/go_labels.rs reads labels through it with both).
 //! A release past the table is not registered (logged): a guessed offset
 //! would read some other field as a pointer.
@@ -64,15 +64,17 @@ pub fn parse_version(version: &str) -> Option<(u32, u32)> {
 
 /// `(g.m, m.curg, g.labels, layout)` of a Go release (x86_64 and arm64
 /// alike: the fields before them are pointers and 64-bit integers),
-/// checked against the runtime's DWARF of 1.19 and 1.23.
+/// checked against the runtime's DWARF of 1.19.8, 1.23.5 and 1.24.4.
 pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
-    let labels = match version {
-        (1, 17..=20) => 360,
-        (1, 21..=22) => 344,
-        (1, 23) => 352,
+    let (labels, layout) = match version {
+        (1, 17..=20) => (360, go::LAYOUT_MAP),
+        (1, 21..=22) => (344, go::LAYOUT_MAP),
+        (1, 23) => (352, go::LAYOUT_MAP),
+        // `labelMap` became `struct { LabelSet{ list []label } }`.
+        (1, 24) => (352, go::LAYOUT_SLICE),
         _ => return None,
     };
-    Some((48, 192, labels, go::LAYOUT_MAP))
+    Some((48, 192, labels, layout))
 }
 
 /// Where `g` is, from the thread pointer, on x86_64: without cgo Go sets
@@ -126,7 +128,7 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
     };
     let Some((m, curg, labels, layout)) = offsets(version) else {
         return Err(format!(
-            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.23)",
+            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.24)",
             version.1
         ));
     };
@@ -251,6 +253,7 @@ mod tests {
     fn knows_the_label_offsets_of_the_releases_it_was_checked_on() {
         assert_eq!(offsets((1, 19)), Some((48, 192, 360, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 23)), Some((48, 192, 352, go::LAYOUT_MAP)));
+        assert_eq!(offsets((1, 24)), Some((48, 192, 352, go::LAYOUT_SLICE)));
         assert_eq!(offsets((1, 16)), None);
         assert_eq!(offsets((1, 99)), None);
     }
