@@ -67,7 +67,7 @@ pub fn parse_version(version: &str) -> Option<(u32, u32)> {
 /// checked against the runtime's DWARF of 1.19.8, 1.23.5 and 1.24.4.
 pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
     let (labels, layout) = match version {
-        (1, 17..=20) => (360, go::LAYOUT_MAP),
+        (1, 18..=20) => (360, go::LAYOUT_MAP),
         (1, 21..=22) => (344, go::LAYOUT_MAP),
         (1, 23) => (352, go::LAYOUT_MAP),
         // `labelMap` became `struct { LabelSet{ list []label } }`.

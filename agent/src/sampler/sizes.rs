@@ -16,6 +16,7 @@
 //! | `SAMPLES` (ring) | 2 MiB | 2 MiB | CPUs × rate ([`ring_bytes`]) |
 //! | `PROCESS_EVENTS` (ring) | 256 KiB | 269 KiB | fixed |
 //! | `PYTHON_PROCS` | 1,024 × 72 B | 145 KiB | as `PROCESS_MAPPINGS` (was 4,096: 577 KiB) |
+//! | `GO_PROCS` | 1,024 × 24 B | 97 KiB | as `PROCESS_MAPPINGS` (added after the total below) |
 //! | `HOTSPOT_PROCS` | 256 × 176 B | 63 KiB | fixed |
 //! | `V8_PROCS` | 256 × 168 B | 60 KiB | fixed |
 //! | `FILTER_TGIDS` | 1 × 1 B | 1 KiB | only with `-p` / a command (was 4,096: 321 KiB) |
