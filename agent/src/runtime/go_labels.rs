@@ -15,7 +15,11 @@
 //! tests/go_labels.rs reads labels through it with both).
 //! A release past the table is not registered (logged): a guessed offset
 //! would read some other field as a pointer.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::golang::{self as go, Process};
@@ -32,6 +36,10 @@ pub type ProcessMap = BpfHashMap<MapData, u32, Process>;
 
 /// Executables remembered (by device and inode) before the cache starts over.
 const MAX_FILES: usize = 4096;
+
+/// How often a process whose executable is not among its mappings yet
+/// (a sample of the image before an exec) is looked at again.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The TLS variable Go keeps `g` in when it uses the system's TLS (cgo,
 /// external linking).
@@ -151,8 +159,9 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
 /// The Go processes looked at (the attribution thread owns it).
 pub struct GoLabels {
     map: Option<ProcessMap>,
-    /// Looked at, and whether registered.
-    processes: HashMap<u32, bool>,
+    /// Looked at: registered (true) or not a Go process we read (false);
+    /// `Err`: its executable was not among its mappings then.
+    processes: HashMap<u32, Result<bool, Instant>>,
     /// (device, inode) of each executable read -> what to register.
     files: HashMap<(u64, u64), Option<Process>>,
 }
@@ -196,12 +205,14 @@ impl GoLabels {
 
 impl Runtime for GoLabels {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        if self.processes.contains_key(&pid) || mappings.is_empty() {
-            return false;
+        match self.processes.get(&pid) {
+            Some(Ok(_)) => return false,
+            Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            _ if mappings.is_empty() => return false,
+            _ => {}
         }
-        // The executable not among the mappings yet: looked at again with
-        // the next sample.
         let Some(found) = self.find(pid, mappings) else {
+            self.processes.insert(pid, Err(Instant::now()));
             return false;
         };
         if let Some(process) = found {
@@ -217,7 +228,7 @@ impl Runtime for GoLabels {
                 process.labels
             );
         }
-        self.processes.insert(pid, found.is_some());
+        self.processes.insert(pid, Ok(found.is_some()));
         false
     }
 
@@ -230,7 +241,7 @@ impl Runtime for GoLabels {
     }
 
     fn forget(&mut self, pid: u32) {
-        if let (Some(true), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+        if let (Some(Ok(true)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
             let _ = map.remove(&pid);
         }
     }
