@@ -34,7 +34,8 @@ struct Labels {
     cut: u32,
     /// A read failed.
     fault: u32,
-    _pad: u32,
+    /// Map layout: occupied slots seen.
+    seen: u32,
 }
 
 /// Reads the current goroutine's labels into `attrs` (a `Sample::attrs`)
@@ -69,8 +70,10 @@ pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32
         buckets: 1,
         cut: 0,
         fault: 0,
-        _pad: 0,
+        seen: 0,
     };
+    // Map layout: its count, against the slots the read reaches.
+    let mut count = 0;
     let (steps, callback): (u32, *mut c_void) = if process.layout == go::LAYOUT_SLICE {
         // `labelMap{list []label}`: the slice's data and length.
         let Some(slice) = read_user::<[u64; 2]>(labels) else {
@@ -98,7 +101,7 @@ pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32
             bump(Counter::GoUnlabeled);
             return 0;
         }
-        let (Some(count), Some(log2), Some(buckets)) = (
+        let (Some(entries), Some(log2), Some(buckets)) = (
             read_user::<u64>(hmap.wrapping_add(go::HMAP_COUNT)),
             read_user::<u8>(hmap.wrapping_add(go::HMAP_LOG2_BUCKETS)),
             read_user::<u64>(hmap.wrapping_add(go::HMAP_BUCKETS)),
@@ -106,6 +109,7 @@ pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32
             bump(Counter::GoReadFault);
             return 0;
         };
+        count = entries;
         if count == 0 || buckets == 0 {
             bump(Counter::GoUnlabeled);
             return 0;
@@ -125,6 +129,10 @@ pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32
     }
     if state.fault != 0 {
         bump(Counter::GoReadFault);
+    }
+    // Labels in buckets past those read, or in overflow buckets.
+    if u64::from(state.seen) < count && state.fault == 0 {
+        state.cut = 1;
     }
     if state.cut != 0 {
         bump(Counter::GoLabelsCut);
@@ -213,6 +221,7 @@ extern "C" fn map_slot(index: u64, ctx: *mut c_void) -> i64 {
     if top < go::MIN_TOP_HASH {
         return 0;
     }
+    state.seen += 1;
     let key = read_user::<GoString>(bucket.wrapping_add(go::BUCKET_KEYS_AT + slot * 16));
     let value = read_user::<GoString>(bucket.wrapping_add(go::BUCKET_VALUES_AT + slot * 16));
     let (Some(key), Some(value)) = (key, value) else {
