@@ -405,7 +405,9 @@ impl Attributor {
                 blocked_ns: sample.off_cpu_ns,
                 state: ThreadState::from_kernel(sample.thread_state),
             }),
-            trace: (sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0)
+            // Go labels come in a link with no trace: no link then.
+            trace: (sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0
+                && sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS == 0)
                 .then(|| TraceLink::from_kernel(&sample.trace))
                 .flatten(),
             attributes,
@@ -413,7 +415,8 @@ impl Attributor {
     }
 
     /// The sample's thread-context attributes, named by its process's key
-    /// map; a key index past the map has the map read again soon.
+    /// map (a key index past the map has the map read again soon), or its
+    /// goroutine's pprof labels.
     fn thread_attributes(
         &mut self,
         sample: &Sample,
@@ -421,6 +424,10 @@ impl Attributor {
     ) -> Vec<(Arc<str>, Arc<str>)> {
         if sample.flags & hostprof_common::SAMPLE_FLAG_TRACE == 0 {
             return Vec::new();
+        }
+        if sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS != 0 {
+            let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());
+            return crate::procs::go_labels::decode(&sample.attrs[..len]);
         }
         thread_attrs::count_kernel_refusal(sample.trace.attrs_refused);
         let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());

@@ -13,6 +13,7 @@
 //! them from maps.
 #![no_std]
 
+pub mod golang;
 pub mod hotspot;
 pub mod python;
 pub mod runtime;
@@ -182,6 +183,9 @@ pub const MAP_TRACE_PROCESSES: &str = "TRACE_PROCS";
 /// pointer (`thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64),
 /// from BTF; 0 reads no thread context.
 pub const GLOBAL_TASK_TP_OFFSET: &str = "TASK_TP_OFFSET";
+/// tgid -> [`golang::Process`]: the Go processes whose goroutines' pprof
+/// labels samples carry, and where `g` and its fields are.
+pub const MAP_GO_PROCESSES: &str = "GO_PROCS";
 /// Raw tracepoint on `sched_process_exec`: forgets the mappings of a process
 /// that replaced its image, so its next samples ask the agent for new ones.
 pub const PROGRAM_FORGET_EXEC: &str = "forget_exec";
@@ -390,6 +394,10 @@ pub const SAMPLE_FLAG_USER_TABLES: u32 = 1 << 4;
 /// The sample carries its thread's OpenTelemetry context (a
 /// [`trace::Link`] ends the record).
 pub const SAMPLE_FLAG_TRACE: u32 = 1 << 5;
+/// With [`SAMPLE_FLAG_TRACE`]: the [`trace::Link`] carries no trace (its
+/// ids are zero), only `attrs_len` bytes of the goroutine's pprof labels
+/// in [`golang`]'s encoding, in place of OTEP attributes.
+pub const SAMPLE_FLAG_GO_LABELS: u32 = 1 << 6;
 /// Bits 8..16 of the flags: why the table-driven unwind of the user stack
 /// stopped (an `unwind::reason`).
 pub const SAMPLE_UNWIND_SHIFT: u32 = 8;
@@ -493,11 +501,23 @@ pub enum Counter {
     /// Thread-context reads that failed (thread pointer, variable or
     /// record unreadable).
     TraceReadFault = 44,
+    /// Samples of registered Go processes that carry pprof labels.
+    GoLabeled = 45,
+    /// Samples of registered Go processes without labels (no user
+    /// goroutine on the thread, or one without labels).
+    GoUnlabeled = 46,
+    /// Go label reads that failed (`g`, `m`, the goroutine, the labels,
+    /// a key or a value unreadable).
+    GoReadFault = 47,
+    /// Samples whose goroutine had labels that were left out: past
+    /// `golang::MAX_LABELS` or `golang::MAX_BUCKETS`, a key over
+    /// `golang::MAX_KEY`, or no room left.
+    GoLabelsCut = 48,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 45] = [
+    pub const ALL: [Counter; 49] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -543,6 +563,10 @@ impl Counter {
         Counter::TraceLinked,
         Counter::TraceDetached,
         Counter::TraceReadFault,
+        Counter::GoLabeled,
+        Counter::GoUnlabeled,
+        Counter::GoReadFault,
+        Counter::GoLabelsCut,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -630,6 +654,10 @@ impl Counter {
             Counter::TraceLinked => "trace_linked",
             Counter::TraceDetached => "trace_detached",
             Counter::TraceReadFault => "trace_read_fault",
+            Counter::GoLabeled => "go_labeled",
+            Counter::GoUnlabeled => "go_unlabeled",
+            Counter::GoReadFault => "go_read_fault",
+            Counter::GoLabelsCut => "go_labels_cut",
         }
     }
 
@@ -707,6 +735,9 @@ mod user {
     // SAFETY: two integers, no padding (asserted below).
     unsafe impl aya::Pod for super::trace::Process {}
     const _: () = assert!(core::mem::size_of::<super::trace::Process>() == 16);
+    // SAFETY: integers only, no padding (asserted below).
+    unsafe impl aya::Pod for super::golang::Process {}
+    const _: () = assert!(core::mem::size_of::<super::golang::Process>() == 24);
     // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
     unsafe impl aya::Pod for super::RowChunk {}
 

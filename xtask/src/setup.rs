@@ -104,6 +104,7 @@ pub fn build_tools() -> Result<()> {
 pub fn test_tools() -> Result<()> {
     debian_tools(DEBIAN_TEST_TOOLS)?;
     newer_go()?;
+    trixie_go()?;
     pypi_tools()?;
     python_roots()?;
     java_roots()?;
@@ -145,6 +146,54 @@ fn newer_go() -> Result<()> {
             .args(["-t", "bookworm-backports", NEWER_GO.0])
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Go 1.24, whose pprof labels are a slice rather than a map, for
+/// tests/go_labels.rs: trixie's packages, fetched by apt with a trixie
+/// source list, lists and cache of its own under target/ (the host's apt
+/// sources stay bookworm's), unpacked in target/go-1.24.
+const TRIXIE_GO: [&str; 2] = ["golang-1.24-go", "golang-1.24-src"];
+const TRIXIE_GO_BIN: &str = "target/go-1.24/usr/lib/go-1.24/bin/go";
+
+fn trixie_go() -> Result<()> {
+    let root = crate::root();
+    if root.join(TRIXIE_GO_BIN).exists() {
+        return Ok(());
+    }
+    let apt = root.join("target/go-1.24-apt");
+    for dir in ["lists/partial", "cache/archives/partial", "debs"] {
+        std::fs::create_dir_all(apt.join(dir))?;
+    }
+    let sources = apt.join("sources.list");
+    std::fs::write(&sources, "deb http://deb.debian.org/debian trixie main\n")?;
+    let options = [
+        format!("-oDir::Etc::SourceList={}", sources.display()),
+        "-oDir::Etc::SourceParts=/dev/null".into(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+    ];
+    run_cmd(
+        Command::new("apt-get")
+            .args(&options)
+            .args(["update", "-q"]),
+    )?;
+    let debs = apt.join("debs");
+    run_cmd(
+        Command::new("apt-get")
+            .args(&options)
+            .arg("download")
+            .args(TRIXIE_GO)
+            .current_dir(&debs),
+    )?;
+    for entry in std::fs::read_dir(&debs)? {
+        run_cmd(
+            Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(entry?.path())
+                .arg(root.join("target/go-1.24")),
+        )?;
+    }
+    Ok(())
 }
 
 /// profile-bee (`probee`), an aya-based eBPF profiler that `cargo xtask

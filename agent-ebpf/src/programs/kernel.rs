@@ -32,6 +32,9 @@ pub(super) trait Kernel {
     /// The current thread's interpreter frames (CPU samples of Python
     /// processes; see `python`) into `dst`.
     fn python(tgid: u32, dst: *mut hostprof_common::python::Stack);
+    /// The current goroutine's pprof labels (see `golang`): the flags to
+    /// set on the sample.
+    fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32;
     /// The last element `<= target` of a sorted run: the process's
     /// mappings or a table's rows.
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32>
@@ -89,6 +92,11 @@ impl Kernel for Modern {
     #[inline(always)]
     fn python(tgid: u32, dst: *mut hostprof_common::python::Stack) {
         super::python::walk(tgid, unsafe { &mut *dst });
+    }
+
+    #[inline(always)]
+    fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32 {
+        super::golang::read_labels(tgid, link, attrs)
     }
 
     /// Mappings: the CPU's last mapping, checked with two reads, else
@@ -215,6 +223,13 @@ impl Kernel for Legacy {
     /// runtime frames (V8's) the unwind found.
     #[inline(always)]
     fn python(_tgid: u32, _dst: *mut hostprof_common::python::Stack) {}
+
+    /// None: the read loops with `bpf_loop` (5.17), which these kernels
+    /// lack; Go samples there carry no labels.
+    #[inline(always)]
+    fn go_labels(_tgid: u32, _link: *mut hostprof_common::trace::Link, _attrs: *mut u8) -> u32 {
+        0
+    }
 
     /// Branch-free probes (see `Search::probe_branchless`); rows are
     /// read with `bpf_probe_read_kernel` from the rows map's flat memory,

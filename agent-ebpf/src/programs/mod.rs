@@ -14,9 +14,11 @@
 //!   runs, V8's walk, the record's writer);
 //! - `python`: CPython's interpreter frames;
 //! - `trace`: the OpenTelemetry thread context of the sampled thread;
+//! - `golang`: the pprof labels of the goroutine the sampled thread runs;
 //! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
 //!   cache;
 //! - `v8`: V8's JavaScript frames, stepped by the unwinder in V8's code.
+mod golang;
 mod hotspot;
 mod kernel;
 mod legacy;
@@ -316,6 +318,18 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
             &raw mut (*sample).trace,
             (&raw mut (*sample).attrs).cast(),
         );
+        // A Go goroutine's pprof labels, in the same room, when the
+        // thread has no OpenTelemetry context (a cgo program's C library
+        // publishing one wins: its record is the richer).
+        let trace = if trace == 0 {
+            K::go_labels(
+                tgid,
+                &raw mut (*sample).trace,
+                (&raw mut (*sample).attrs).cast(),
+            )
+        } else {
+            trace
+        };
         (*sample).flags = kernel_flags | user_flags | trace;
     }
 }

@@ -15,6 +15,12 @@ static TRACE_PROCS: HashMap<u32, tc::Process> = HashMap::with_max_entries(tc::MA
 #[unsafe(no_mangle)]
 static TASK_TP_OFFSET: u32 = 0;
 
+/// `TASK_TP_OFFSET` as the loader set it (0: no thread pointer to read).
+#[inline(always)]
+pub(super) fn task_tp_offset() -> usize {
+    unsafe { read_volatile(&TASK_TP_OFFSET) as usize }
+}
+
 /// Where `append_link` assembles a record's attributes and link (a
 /// `Sample`'s own bytes would overlap: its used part may end anywhere
 /// before them).

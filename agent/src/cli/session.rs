@@ -155,6 +155,9 @@ impl<T: Send + 'static> Session<T> {
             Box::new(crate::runtime::thread_ctx::ThreadContext::new(Some(
                 sampler.take_hash_map(hostprof_common::MAP_TRACE_PROCESSES)?,
             ))),
+            Box::new(crate::runtime::go_labels::GoLabels::new(Some(
+                sampler.take_hash_map(hostprof_common::MAP_GO_PROCESSES)?,
+            ))),
         ];
         {
             let mut procs = crate::procs::ProcessTable::new();

@@ -57,7 +57,8 @@ pub enum Parts {
     Unwind,
     /// Names: every section not loaded at run time (symbol tables, DWARF,
     /// debug links, MiniDebugInfo), the dynamic symbols, notes,
-    /// `.gopclntab` and `.eh_frame` (function extents); DWARF only if it
+    /// `.gopclntab` and `.eh_frame` (function extents), `.go.buildinfo`
+    /// (a Go binary's version, for its pprof labels); DWARF only if it
     /// may fit `dwarf`'s limit.
     Names { dwarf: DwarfLimit },
 }
@@ -99,7 +100,8 @@ impl Parts {
             Parts::Unwind => matches!(name, b".eh_frame" | b".eh_frame_hdr" | b".debug_frame"),
             Parts::Names { .. } if is_debug(name) => dwarf_fits,
             Parts::Names { .. } => {
-                flags & u64::from(SHF_ALLOC) == 0 || matches!(name, b".eh_frame" | b".gopclntab")
+                flags & u64::from(SHF_ALLOC) == 0
+                    || matches!(name, b".eh_frame" | b".gopclntab" | b".go.buildinfo")
             }
         }
     }

@@ -15,6 +15,7 @@
 mod cgroup;
 mod environment;
 mod events;
+pub mod go_labels;
 mod identity;
 mod maps;
 pub mod memory;

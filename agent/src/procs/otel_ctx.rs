@@ -100,11 +100,17 @@ pub enum Refusal {
     AttrsUnknownKey,
     #[error("a thread record's attributes end with a partial entry")]
     AttrsTruncated,
+    #[error("a goroutine's pprof labels end with a partial entry")]
+    GoLabelsTruncated,
+    #[error("a goroutine's pprof label key or value is not UTF-8")]
+    GoLabelsUtf8,
+    #[error("a goroutine's pprof label value was cut at 64 bytes")]
+    GoLabelsCut,
 }
 
 impl Refusal {
     /// Every reason, in the order of [`refusals`].
-    pub const ALL: [Refusal; 14] = [
+    pub const ALL: [Refusal; 17] = [
         Refusal::Signature,
         Refusal::Version,
         Refusal::TooLarge,
@@ -119,6 +125,9 @@ impl Refusal {
         Refusal::AttrsUtf8,
         Refusal::AttrsUnknownKey,
         Refusal::AttrsTruncated,
+        Refusal::GoLabelsTruncated,
+        Refusal::GoLabelsUtf8,
+        Refusal::GoLabelsCut,
     ];
 
     /// The `reason` label of `hostprof_context_refused_total`.
@@ -138,11 +147,14 @@ impl Refusal {
             Refusal::AttrsUtf8 => "attrs_utf8",
             Refusal::AttrsUnknownKey => "attrs_unknown_key",
             Refusal::AttrsTruncated => "attrs_truncated",
+            Refusal::GoLabelsTruncated => "go_labels_truncated",
+            Refusal::GoLabelsUtf8 => "go_labels_utf8",
+            Refusal::GoLabelsCut => "go_labels_cut",
         }
     }
 }
 
-static REFUSED: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; 14];
+static REFUSED: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; Refusal::ALL.len()];
 
 /// Contexts refused since the agent started, by reason, as [`Refusal::ALL`].
 pub fn refusals() -> [(&'static str, u64); Refusal::ALL.len()] {

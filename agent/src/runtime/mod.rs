@@ -11,10 +11,13 @@
 //! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
 //!   kernel's frame-pointer walk of V8's code);
 //! - [`refusals`]: what the name readers refused of a process's memory;
+//! - [`go_labels`]: no frames, the pprof labels of Go's goroutines, whose
+//!   place it tells the kernel;
 //! - [`thread_ctx`]: no frames, the OpenTelemetry thread context (OTEP
 //!   4947), whose thread-local it locates for the kernel (in a library:
 //!   [`tls_library`]).
 pub mod elf;
+pub mod go_labels;
 pub mod hotspot;
 pub mod java;
 pub mod refusals;

@@ -16,6 +16,7 @@
 //! | `SAMPLES` (ring) | 2 MiB | 2 MiB | CPUs × rate ([`ring_bytes`]) |
 //! | `PROCESS_EVENTS` (ring) | 256 KiB | 269 KiB | fixed |
 //! | `PYTHON_PROCS` | 1,024 × 72 B | 145 KiB | as `PROCESS_MAPPINGS` (was 4,096: 577 KiB) |
+//! | `GO_PROCS` | 1,024 × 24 B | 97 KiB | as `PROCESS_MAPPINGS` (added after the total below) |
 //! | `HOTSPOT_PROCS` | 256 × 176 B | 63 KiB | fixed |
 //! | `V8_PROCS` | 256 × 168 B | 60 KiB | fixed |
 //! | `FILTER_TGIDS` | 1 × 1 B | 1 KiB | only with `-p` / a command (was 4,096: 321 KiB) |
@@ -25,9 +26,9 @@
 //! 2.6 MiB.
 use aya::util::online_cpus;
 use hostprof_common::{
-    MAP_FILTER_TGIDS, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS, MAP_PYTHON_PROCESSES, MAP_SAMPLES,
-    MAP_TRACE_PROCESSES, MAP_UNWIND_ROWS, MAX_FILTER_TGIDS, MAX_OFF_CPU_THREADS,
-    MAX_UNWIND_PROCESSES,
+    MAP_FILTER_TGIDS, MAP_GO_PROCESSES, MAP_OFF_CPU_START, MAP_PROCESS_MAPPINGS,
+    MAP_PYTHON_PROCESSES, MAP_SAMPLES, MAP_TRACE_PROCESSES, MAP_UNWIND_ROWS, MAX_FILTER_TGIDS,
+    MAX_OFF_CPU_THREADS, MAX_UNWIND_PROCESSES,
 };
 
 use super::{SamplerOptions, UnwindMode};
@@ -49,6 +50,8 @@ use super::{SamplerOptions, UnwindMode};
 ///   `hostprof_runtime_processes_unregistered_total`.
 /// - `TRACE_PROCS`: as `PYTHON_PROCS` (the processes that publish a
 ///   thread context; past it they are sampled without trace links).
+/// - `GO_PROCS`: as `TRACE_PROCS` (past it a Go process is sampled
+///   without its goroutines' labels).
 /// - `OFF_CPU_START`: a whole `Sample` per blocked thread (17 MiB for
 ///   4,096), wanted only with `--off-cpu`.
 /// - `UNWIND_ROWS`: `--unwind-table-mib`.
@@ -79,6 +82,7 @@ pub(super) fn max_entries(options: &SamplerOptions) -> Vec<(&'static str, u32)> 
         (MAP_PROCESS_MAPPINGS, unwound),
         (MAP_PYTHON_PROCESSES, processes),
         (MAP_TRACE_PROCESSES, processes),
+        (MAP_GO_PROCESSES, processes),
         (
             MAP_OFF_CPU_START,
             if options.off_cpu.is_some() {

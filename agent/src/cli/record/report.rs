@@ -130,6 +130,18 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    let labeled = counters.get(Counter::GoLabeled);
+    let unlabeled = counters.get(Counter::GoUnlabeled);
+    let go_faults = counters.get(Counter::GoReadFault);
+    let go = if labeled + unlabeled + go_faults > 0 {
+        format!(
+            "hostprof: Go labels: {labeled} samples with their goroutine's pprof labels, \
+             {unlabeled} without, {go_faults} reads failed, {} with labels left out\n",
+            counters.get(Counter::GoLabelsCut)
+        )
+    } else {
+        String::new()
+    };
     // What the CPython reader refused since the start (README, Python).
     let refused = crate::python::refusals();
     let python_refused = if refused != crate::python::Refusals::default() {
@@ -175,6 +187,7 @@ pub(in crate::cli) fn unwind_report(
         String::new()
     };
     trace
+        + &go
         + &python
         + &python_refused
         + &java

@@ -282,7 +282,10 @@ fn refusals_are_counted_by_reason() {
             "attrs_unreadable",
             "attrs_utf8",
             "attrs_unknown_key",
-            "attrs_truncated"
+            "attrs_truncated",
+            "go_labels_truncated",
+            "go_labels_utf8",
+            "go_labels_cut"
         ]
     );
     assert!(after[2].1 > before[2].1);

@@ -1,0 +1,289 @@
+//! The pprof labels of the goroutine the sampled thread runs, for the Go
+//! processes the agent registered (see `hostprof_common::golang`): four
+//! reads to the labels (`g`, `g.m`, `m.curg`, `curg.labels`), then one
+//! `bpf_loop` call per map slot or slice entry (at most
+//! `MAX_BUCKETS × BUCKET_SLOTS`), each with at most five reads. Modern
+//! variant only: the legacy kernels have no `bpf_loop`, and their
+//! verifier would walk every slot's paths in the sampler's own budget.
+use super::*;
+
+use hostprof_common::{
+    SAMPLE_FLAG_GO_LABELS,
+    golang::{self as go, GoString},
+    trace as tc,
+};
+
+#[map(name = "GO_PROCS")]
+static GO_PROCS: HashMap<u32, go::Process> = HashMap::with_max_entries(tc::MAX_PROCESSES, 0);
+
+/// The state of one read, on the program's stack, handed to each
+/// `bpf_loop` callback.
+#[repr(C)]
+struct Labels {
+    /// The sample's `attrs` (a map value).
+    attrs: *mut u8,
+    /// The map's buckets, or the slice's first entry.
+    from: u64,
+    /// Bytes of `attrs` written.
+    pos: u32,
+    /// Labels kept.
+    kept: u32,
+    /// Map layout: buckets to read (1 or [`go::MAX_BUCKETS`]).
+    buckets: u32,
+    /// Some labels were left out.
+    cut: u32,
+    /// A read failed.
+    fault: u32,
+    /// Map layout: occupied slots seen.
+    seen: u32,
+}
+
+/// Reads the current goroutine's labels into `attrs` (a `Sample::attrs`)
+/// and `link` (its `attrs_len`, zero ids) when its process is a
+/// registered Go process and the goroutine has labels; returns the flags
+/// to set on the sample (`SAMPLE_FLAG_TRACE | SAMPLE_FLAG_GO_LABELS`, or
+/// 0). Counts every outcome.
+#[inline(always)]
+pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32 {
+    let Some(process) = (unsafe { GO_PROCS.get(&tgid) }) else {
+        return 0;
+    };
+    let offset = super::trace::task_tp_offset();
+    if offset == 0 {
+        return 0;
+    }
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Ok(thread_pointer) =
+        (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) })
+    else {
+        bump(Counter::GoReadFault);
+        return 0;
+    };
+    let Some(labels) = labels_of(process, thread_pointer) else {
+        return 0;
+    };
+    let mut state = Labels {
+        attrs,
+        from: 0,
+        pos: 0,
+        kept: 0,
+        buckets: 1,
+        cut: 0,
+        fault: 0,
+        seen: 0,
+    };
+    // Map layout: its count, against the slots the read reaches.
+    let mut count = 0;
+    let (steps, callback): (u32, *mut c_void) = if process.layout == go::LAYOUT_SLICE {
+        // `labelMap{list []label}`: the slice's data and length.
+        let Some(slice) = read_user::<[u64; 2]>(labels) else {
+            bump(Counter::GoReadFault);
+            return 0;
+        };
+        let len = slice[1];
+        if len > go::MAX_LABELS as u64 {
+            state.cut = 1;
+        }
+        state.from = slice[0];
+        let steps = if len > go::MAX_LABELS as u64 {
+            go::MAX_LABELS as u32
+        } else {
+            len as u32
+        };
+        (steps, slice_entry as *mut c_void)
+    } else {
+        // `*labelMap` is a pointer to the map variable, itself a pointer.
+        let Some(hmap) = read_user::<u64>(labels) else {
+            bump(Counter::GoReadFault);
+            return 0;
+        };
+        if hmap == 0 {
+            bump(Counter::GoUnlabeled);
+            return 0;
+        }
+        let (Some(entries), Some(log2), Some(buckets)) = (
+            read_user::<u64>(hmap.wrapping_add(go::HMAP_COUNT)),
+            read_user::<u8>(hmap.wrapping_add(go::HMAP_LOG2_BUCKETS)),
+            read_user::<u64>(hmap.wrapping_add(go::HMAP_BUCKETS)),
+        ) else {
+            bump(Counter::GoReadFault);
+            return 0;
+        };
+        count = entries;
+        if count == 0 || buckets == 0 {
+            bump(Counter::GoUnlabeled);
+            return 0;
+        }
+        if u32::from(log2) > go::MAX_BUCKETS.trailing_zeros() {
+            state.cut = 1;
+        }
+        state.buckets = if log2 == 0 { 1 } else { go::MAX_BUCKETS };
+        state.from = buckets;
+        (
+            go::MAX_BUCKETS * go::BUCKET_SLOTS as u32,
+            map_slot as *mut c_void,
+        )
+    };
+    if steps > 0 {
+        unsafe { bpf_loop(steps, callback, (&raw mut state).cast(), 0) };
+    }
+    if state.fault != 0 {
+        bump(Counter::GoReadFault);
+    }
+    // Labels in buckets past those read, or in overflow buckets.
+    if u64::from(state.seen) < count && state.fault == 0 {
+        state.cut = 1;
+    }
+    if state.cut != 0 {
+        bump(Counter::GoLabelsCut);
+    }
+    let len = state.pos as usize;
+    if len == 0 || len > tc::MAX_ATTRS {
+        if state.fault == 0 {
+            bump(Counter::GoUnlabeled);
+        }
+        return 0;
+    }
+    // The ring record carries whole words: zero the rest of the last one
+    // (the scratch may hold an earlier sample's bytes).
+    let last = len & !7;
+    if len & 7 != 0 && last + 8 <= tc::ATTRS_ROOM {
+        unsafe {
+            let word = attrs.add(last).cast::<u64>();
+            let keep = (1u64 << ((len & 7) * 8)) - 1;
+            write_volatile(word, read_volatile(word) & keep);
+        }
+    }
+    unsafe {
+        (*link).trace_id = [0; 16];
+        (*link).span_id = [0; 8];
+        (*link).trace_flags = 0;
+        (*link).attrs_refused = 0;
+        (*link).attrs_len = len as u16;
+        (*link)._pad = [0; 4];
+    }
+    bump(Counter::GoLabeled);
+    SAMPLE_FLAG_TRACE | SAMPLE_FLAG_GO_LABELS
+}
+
+/// `curg.labels` of the thread whose thread pointer is `thread_pointer`,
+/// when it runs a user goroutine with labels; counts why not otherwise.
+#[inline(always)]
+fn labels_of(process: &go::Process, thread_pointer: u64) -> Option<u64> {
+    let g = read_user::<u64>(thread_pointer.wrapping_add(process.tls_offset as u64));
+    let Some(g) = g else {
+        bump(Counter::GoReadFault);
+        return None;
+    };
+    // A thread that has not run Go code yet (a C thread of a cgo
+    // program), or is leaving.
+    if g == 0 {
+        bump(Counter::GoUnlabeled);
+        return None;
+    }
+    let m = read_user::<u64>(g.wrapping_add(u64::from(process.m)));
+    let curg = m.and_then(|m| read_user::<u64>(m.wrapping_add(u64::from(process.curg))));
+    let Some(curg) = curg else {
+        bump(Counter::GoReadFault);
+        return None;
+    };
+    // The scheduler, or a signal handler, with no user goroutine.
+    if curg == 0 {
+        bump(Counter::GoUnlabeled);
+        return None;
+    }
+    let Some(labels) = read_user::<u64>(curg.wrapping_add(u64::from(process.labels))) else {
+        bump(Counter::GoReadFault);
+        return None;
+    };
+    if labels == 0 {
+        bump(Counter::GoUnlabeled);
+        return None;
+    }
+    Some(labels)
+}
+
+/// One slot of a label map, from `bpf_loop`: slot `index % 8` of bucket
+/// `index / 8`. Returns 1 to stop.
+extern "C" fn map_slot(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes the `Labels` on the caller's stack.
+    let state = unsafe { &mut *(ctx as *mut Labels) };
+    let bucket = index / go::BUCKET_SLOTS as u64;
+    let slot = index % go::BUCKET_SLOTS as u64;
+    if bucket >= u64::from(state.buckets) {
+        return 1;
+    }
+    let bucket = state.from.wrapping_add(bucket * go::BUCKET_BYTES);
+    let Some(top) = read_user::<u8>(bucket.wrapping_add(slot)) else {
+        state.fault = 1;
+        return 1;
+    };
+    if top < go::MIN_TOP_HASH {
+        return 0;
+    }
+    state.seen += 1;
+    let key = read_user::<GoString>(bucket.wrapping_add(go::BUCKET_KEYS_AT + slot * 16));
+    let value = read_user::<GoString>(bucket.wrapping_add(go::BUCKET_VALUES_AT + slot * 16));
+    let (Some(key), Some(value)) = (key, value) else {
+        state.fault = 1;
+        return 1;
+    };
+    append(state, key, value)
+}
+
+/// Entry `index` of a label slice (`[]label`, a key and a value string
+/// each), from `bpf_loop`. Returns 1 to stop.
+extern "C" fn slice_entry(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes the `Labels` on the caller's stack.
+    let state = unsafe { &mut *(ctx as *mut Labels) };
+    let Some(pair) = read_user::<[GoString; 2]>(state.from.wrapping_add(index * 32)) else {
+        state.fault = 1;
+        return 1;
+    };
+    append(state, pair[0], pair[1])
+}
+
+/// Appends one label to the sample's attributes (see
+/// `hostprof_common::golang` for the entry); returns 1 when no more fit.
+#[inline(always)]
+fn append(state: &mut Labels, key: GoString, value: GoString) -> i64 {
+    if state.kept as usize >= go::MAX_LABELS {
+        state.cut = 1;
+        return 1;
+    }
+    if key.len > go::MAX_KEY as u64 {
+        state.cut = 1;
+        return 0;
+    }
+    let pos = state.pos as usize;
+    // `MAX_ATTRS`, not the room: the host refuses a record announcing more.
+    if pos > tc::MAX_ATTRS - go::MAX_ENTRY {
+        state.cut = 1;
+        return 1;
+    }
+    let key_len = key.len as usize;
+    let (value_len, cut) = if value.len > go::MAX_VALUE as u64 {
+        (go::MAX_VALUE, go::VALUE_CUT)
+    } else {
+        (value.len as usize, 0)
+    };
+    unsafe {
+        let at = state.attrs.add(pos);
+        write_volatile(at, key_len as u8);
+        write_volatile(at.add(1), value_len as u8 | cut);
+        let read = aya_ebpf::helpers::generated::bpf_probe_read_user;
+        if read(at.add(2).cast(), key_len as u32, key.data as *const c_void) != 0
+            || read(
+                at.add(2 + key_len).cast(),
+                value_len as u32,
+                value.data as *const c_void,
+            ) != 0
+        {
+            state.fault = 1;
+            return 1;
+        }
+    }
+    state.pos = (pos + 2 + key_len + value_len) as u32;
+    state.kept += 1;
+    0
+}

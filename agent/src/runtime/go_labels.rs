@@ -1,0 +1,278 @@
+//! Go's pprof labels: finds the Go processes and tells the kernel where
+//! each thread's goroutine and its labels are (the `GO_PROCS` map), so
+//! that samples carry the labels of the goroutine they caught
+//! (`hostprof_common::golang`; decoded by `crate::procs::go_labels`).
+//!
+//! Read from the executable, once per file: its Go version (the
+//! `.go.buildinfo` header, Go 1.18 on), which gives the offsets of
+//! `g.m`, `m.curg` and `g.labels` and the labels' layout, and where `g`
+//! is in the thread's TLS.
+//!
+//! The offsets come from a table per Go release rather than from the
+//! binary's DWARF: Go services are often built with `-ldflags=-s -w`
+//! (no DWARF, no symbols), and the fields moved only a few times (the
+//! table matches the DWARF of Go 1.19.8, 1.23.5 and 1.24.4 builds, and
+//! tests/go_labels.rs reads labels through it with both).
+//! A release past the table is not registered (logged): a guessed offset
+//! would read some other field as a pointer.
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use hostprof_common::golang::{self as go, Process};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+use super::{
+    Runtime,
+    thread_ctx::{TlsSymbol, TlsVariant},
+};
+use crate::model::{Frame, Mapping};
+
+/// The kernel map of Go processes.
+pub type ProcessMap = BpfHashMap<MapData, u32, Process>;
+
+/// Executables remembered (by device and inode) before the cache starts over.
+const MAX_FILES: usize = 4096;
+
+/// How often a process whose executable is not among its mappings yet
+/// (a sample of the image before an exec) is looked at again.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The TLS variable Go keeps `g` in when it uses the system's TLS (cgo,
+/// external linking).
+const TLS_G: &str = "runtime.tlsg";
+
+/// A Go binary's release, `(1, minor)`, from its `.go.buildinfo` header:
+/// 16 bytes of magic, pointer size and flags, then, with flag 2 (Go 1.18
+/// on), the version as a varint-prefixed string at byte 32. Older
+/// headers point at the string instead (not read: no table for them).
+pub fn go_version(file: &object::File) -> Option<(u32, u32)> {
+    const MAGIC: &[u8] = b"\xff Go buildinf:";
+    let data = file.section_by_name(".go.buildinfo")?.data().ok()?;
+    if !data.starts_with(MAGIC) || data.get(15)? & 2 == 0 {
+        return None;
+    }
+    let len = usize::from(*data.get(32)?);
+    // One varint byte: a version string is far shorter than 128 bytes.
+    if len >= 0x80 {
+        return None;
+    }
+    parse_version(std::str::from_utf8(data.get(33..33 + len)?).ok()?)
+}
+
+/// `go1.23.5`, `go1.24rc1`, `go1.22-20240109-RC01 cl/…` → `(1, minor)`.
+pub fn parse_version(version: &str) -> Option<(u32, u32)> {
+    let rest = version.strip_prefix("go1.")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    Some((1, rest[..digits].parse().ok()?))
+}
+
+/// `(g.m, m.curg, g.labels, layout)` of a Go release (x86_64 and arm64
+/// alike: the fields before them are pointers and 64-bit integers),
+/// checked against the runtime's DWARF of 1.19.8, 1.23.5 and 1.24.4.
+pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
+    let (labels, layout) = match version {
+        (1, 18..=20) => (360, go::LAYOUT_MAP),
+        (1, 21..=22) => (344, go::LAYOUT_MAP),
+        (1, 23) => (352, go::LAYOUT_MAP),
+        // `labelMap` became `struct { LabelSet{ list []label } }`.
+        (1, 24) => (352, go::LAYOUT_SLICE),
+        _ => return None,
+    };
+    Some((48, 192, labels, layout))
+}
+
+/// Where `g` is, from the thread pointer, on x86_64: without cgo Go sets
+/// `fs` itself, to 8 bytes past its own TLS slot (`runtime.settls`), and
+/// the binary has no TLS segment; with cgo `g` is `runtime.tlsg`, in the
+/// executable's static TLS, placed as the loader places it (a stripped
+/// binary: only when the segment holds just that 8-byte variable).
+pub fn g_offset(file: &object::File, data: &[u8]) -> Option<i64> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    if !cfg!(target_arch = "x86_64") {
+        // arm64 keeps `g` in a register (R28), not in TLS.
+        return None;
+    }
+    let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
+    let endian = elf.endian();
+    let Some(tls) = elf
+        .elf_program_headers()
+        .iter()
+        .find(|header| header.p_type(endian) == object::elf::PT_TLS)
+    else {
+        return Some(-8);
+    };
+    let symbol = file
+        .symbols()
+        .find(|symbol| symbol.kind() == SymbolKind::Tls && symbol.name() == Ok(TLS_G));
+    let offset = match symbol {
+        Some(symbol) => symbol.address(),
+        None if tls.p_memsz(endian) == 8 => 0,
+        None => return None,
+    };
+    TlsSymbol {
+        segment_address: tls.p_vaddr(endian),
+        segment_size: tls.p_memsz(endian),
+        segment_align: tls.p_align(endian),
+        offset,
+    }
+    .thread_pointer_offset(TlsVariant::Below)
+}
+
+/// What a Go executable needs registered; `Err` says why a Go binary is
+/// not (`Ok(None)`: not a Go binary).
+pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
+    let Ok(file) = object::File::parse(data) else {
+        return Ok(None);
+    };
+    if file.section_by_name(".go.buildinfo").is_none() {
+        return Ok(None);
+    }
+    let Some(version) = go_version(&file) else {
+        return Err("its Go version is not readable (Go 1.18 or later is)".into());
+    };
+    let Some((m, curg, labels, layout)) = offsets(version) else {
+        return Err(format!(
+            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.24)",
+            version.1
+        ));
+    };
+    let Some(tls_offset) = g_offset(&file, data) else {
+        return Err(
+            "where it keeps the current goroutine is not known (x86_64 only; with \
+                    cgo, a stripped binary whose TLS holds more than Go's)"
+                .into(),
+        );
+    };
+    Ok(Some(Process {
+        tls_offset,
+        m,
+        curg,
+        labels,
+        layout,
+    }))
+}
+
+/// The Go processes looked at (the attribution thread owns it).
+pub struct GoLabels {
+    map: Option<ProcessMap>,
+    /// Looked at: registered (true) or not a Go process we read (false);
+    /// `Err`: its executable was not among its mappings then.
+    processes: HashMap<u32, Result<bool, Instant>>,
+    /// (device, inode) of each executable read -> what to register.
+    files: HashMap<(u64, u64), Option<Process>>,
+}
+
+impl GoLabels {
+    /// With the kernel's map (none: nothing is registered, e.g. tests).
+    pub fn new(map: Option<ProcessMap>) -> Self {
+        GoLabels {
+            map,
+            processes: HashMap::new(),
+            files: HashMap::new(),
+        }
+    }
+
+    /// What to register for `pid`'s executable, read once per file;
+    /// `None` also while its executable is not among the mappings yet.
+    fn find(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> Option<Option<Process>> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        let exe = exe.to_string_lossy();
+        let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
+        let mapping = mappings.iter().find(|mapping| &*mapping.path == exe)?;
+        let key = (mapping.dev, mapping.inode);
+        if let Some(known) = self.files.get(&key) {
+            return Some(*known);
+        }
+        let process = match super::elf::read(pid, mapping).map(|data| process_of(&data)) {
+            Ok(Ok(process)) => process,
+            Ok(Err(why)) => {
+                tracing::info!("pid {pid}: its goroutines' pprof labels are not read: {why}");
+                None
+            }
+            Err(_) => None,
+        };
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        self.files.insert(key, process);
+        Some(process)
+    }
+}
+
+impl Runtime for GoLabels {
+    fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
+        match self.processes.get(&pid) {
+            Some(Ok(_)) => return false,
+            Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
+            _ if mappings.is_empty() => return false,
+            _ => {}
+        }
+        let Some(found) = self.find(pid, mappings) else {
+            self.processes.insert(pid, Err(Instant::now()));
+            return false;
+        };
+        if let Some(process) = found {
+            if let Some(map) = &mut self.map
+                && let Err(err) = map.insert(pid, process, 0)
+            {
+                super::count_if_full(&err);
+                tracing::info!("pid {pid}: cannot register its Go labels: {err}");
+            }
+            tracing::debug!(
+                "pid {pid}: Go process, g at {:+}, labels at {}",
+                process.tls_offset,
+                process.labels
+            );
+        }
+        self.processes.insert(pid, Ok(found.is_some()));
+        false
+    }
+
+    fn add_frames(&mut self, _: u32, _: &hostprof_common::runtime::Stack, _: &mut Vec<Frame>) {}
+
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        for pid in super::gone(&self.processes, alive) {
+            self.forget(pid);
+        }
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let (Some(Ok(true)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
+            let _ = map.remove(&pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_minor_release() {
+        assert_eq!(parse_version("go1.23.5"), Some((1, 23)));
+        assert_eq!(parse_version("go1.24rc1"), Some((1, 24)));
+        assert_eq!(parse_version("go1.19"), Some((1, 19)));
+        assert_eq!(parse_version("devel +abc"), None);
+        assert_eq!(parse_version("go1."), None);
+    }
+
+    #[test]
+    fn knows_the_label_offsets_of_the_releases_it_was_checked_on() {
+        assert_eq!(offsets((1, 19)), Some((48, 192, 360, go::LAYOUT_MAP)));
+        assert_eq!(offsets((1, 23)), Some((48, 192, 352, go::LAYOUT_MAP)));
+        assert_eq!(offsets((1, 24)), Some((48, 192, 352, go::LAYOUT_SLICE)));
+        assert_eq!(offsets((1, 16)), None);
+        assert_eq!(offsets((1, 99)), None);
+    }
+
+    #[test]
+    fn a_non_go_binary_is_not_registered() {
+        assert_eq!(process_of(b"not an ELF"), Ok(None));
+        let me = std::fs::read("/proc/self/exe").expect("own executable");
+        assert_eq!(process_of(&me), Ok(None));
+    }
+}

@@ -1,0 +1,306 @@
+//! Go's pprof labels as sample attributes, end to end with the real eBPF
+//! sampler: a Go program (`tests/programs/go_labels`), built here by each
+//! Go toolchain `cargo xtask setup` installs (1.19, 1.23, 1.24) with cgo
+//! and without, works in turns under
+//! `pprof.Do` with `route=/cart` (3 units), `route=/checkout` (1 unit,
+//! in C when built with cgo: a thread in a cgo call runs `g0`), without
+//! labels (1 unit), and under 15 labels (1 unit: more than hostprof
+//! keeps, with a key over its cap and a value it cuts). `hostprof record -p PID` writes OTLP, decoded
+//! here by the generated protobuf types; its pprof conversion is read by
+//! `go tool pprof -tags`, and `hostprof report --attribute` filters by a
+//! label.
+mod common;
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use common::{
+    collector::{location_names, sample_count, sample_locations, sample_pid},
+    running::{self, KillOnDrop},
+};
+use hostprof_proto::{
+    Message,
+    common::any_value::Value,
+    profiles::{ProfilesData, ProfilesDictionary, Sample},
+};
+
+/// The toolchains: Debian bookworm's Go 1.19, the 1.23 `cargo xtask
+/// setup` installs from bookworm-backports, and trixie's 1.24 it unpacks
+/// under target/ (labels in a slice, not a map).
+const TOOLCHAINS: [&str; 3] = [
+    "/usr/bin/go",
+    "/usr/lib/go-1.23/bin/go",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/go-1.24/usr/lib/go-1.24/bin/go"
+    ),
+];
+/// Labeled samples to see at least.
+const LABELED_AT_LEAST: u64 = 100;
+/// CPU seconds the program runs while recorded: ~750 samples at 499 Hz,
+/// ~500 of them in the /cart and /checkout turns.
+const CPU_SECONDS: f64 = 1.5;
+/// `/cart`'s share of the labeled work.
+const CART_SHARE: f64 = 0.75;
+/// Allowed distance from it: with 500 such samples the share's standard
+/// deviation is under 0.02, so this is 3.6 of them; with the fewest
+/// allowed (100), 1.6.
+const SHARE_TOLERANCE: f64 = 0.07;
+
+#[test]
+fn go_samples_carry_their_goroutines_labels_without_cgo() {
+    for go in TOOLCHAINS {
+        check(go, false);
+    }
+}
+
+#[test]
+fn go_samples_carry_their_goroutines_labels_with_cgo() {
+    for go in TOOLCHAINS {
+        check(go, true);
+    }
+}
+
+/// Which turn of the program a sample caught, by its leaf function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Turn {
+    Cart,
+    Checkout,
+    Plain,
+    Bulk,
+    /// Go's runtime (the scheduler, the garbage collector's workers).
+    Other,
+}
+
+fn turn_of(dictionary: &ProfilesDictionary, sample: &Sample) -> Turn {
+    let leaf = sample_locations(dictionary, sample)
+        .first()
+        .map(|location| location_names(dictionary, location))
+        .unwrap_or_default();
+    match leaf.first().map(String::as_str) {
+        Some("main.cartSpin") => Turn::Cart,
+        Some("main.checkoutSpin" | "checkout_spin_c") => Turn::Checkout,
+        Some("main.plainSpin") => Turn::Plain,
+        Some("main.bulkSpin") => Turn::Bulk,
+        _ => Turn::Other,
+    }
+}
+
+/// A sample of the bulk turn keeps at most 10 of its 15 labels, Go's
+/// names and values, the long key left out and the long value cut back
+/// to whole characters; true when it has some (a map of 15 labels has 4
+/// buckets, of which the kernel reads 2: they may hold none of them).
+fn check_bulk(dictionary: &ProfilesDictionary, sample: &Sample, what: &str) -> bool {
+    let mut labels = Vec::new();
+    for &index in &sample.attribute_indices {
+        let attribute = &dictionary.attribute_table[index as usize];
+        let key = &dictionary.string_table[attribute.key_strindex as usize];
+        let value = match attribute
+            .value
+            .as_ref()
+            .and_then(|value| value.value.as_ref())
+        {
+            Some(Value::StringValue(value)) => value.clone(),
+            _ => continue,
+        };
+        let expected = match key.as_str() {
+            "route" => "/bulk".to_owned(),
+            "long" => format!("x{}", "é".repeat(31)),
+            _ => match key.strip_prefix('k').and_then(|n| n.parse::<u8>().ok()) {
+                Some(n) if n < 12 && key.len() == 3 => format!("v{n:02}"),
+                // hostprof's own attributes (thread.name, process.pid, …).
+                _ => continue,
+            },
+        };
+        assert_eq!(value, expected, "{what}: bulk label {key}");
+        labels.push(key.clone());
+    }
+    assert!(labels.len() <= 10, "{what}: bulk labels {labels:?}");
+    !labels.is_empty()
+}
+
+fn route_of(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<String> {
+    sample.attribute_indices.iter().find_map(|&index| {
+        let attribute = &dictionary.attribute_table[index as usize];
+        if dictionary.string_table[attribute.key_strindex as usize] != "route" {
+            return None;
+        }
+        match attribute.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(value) => Some(value.clone()),
+            _ => None,
+        }
+    })
+}
+
+/// Builds the program with `go`, cgo or not; `None` when that toolchain
+/// is not installed.
+fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
+    if !common::require_tool(go) {
+        return None;
+    }
+    let version = common::run_ok(Command::new(go).args(["env", "GOVERSION"]));
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+    let binary = common::work_dir().join(format!("go_labels-{version}-cgo{}", u8::from(cgo)));
+    common::run_ok(
+        Command::new(go)
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(".")
+            .current_dir(common::program_source("go_labels"))
+            .env("CGO_ENABLED", if cgo { "1" } else { "0" })
+            .env("GOCACHE", common::work_dir().join("go-cache"))
+            .env("GOPATH", common::work_dir().join("go-path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local"),
+    );
+    Some((binary, version))
+}
+
+fn check(go: &str, cgo: bool) {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let Some((binary, version)) = build(go, cgo) else {
+        return;
+    };
+    let what = format!("{version}, cgo {cgo}");
+    let stop = common::work_dir().join(format!("go_labels-{version}-{cgo}.stop"));
+    let _ = std::fs::remove_file(&stop);
+    let mut program = KillOnDrop(
+        Command::new(&binary)
+            .arg(&stop)
+            .arg("120")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the Go program"),
+    );
+    let pid = program.0.id();
+    let out = common::work_dir().join(format!("go_labels-{version}-{cgo}.otlp.pb"));
+    let (mut recording, mut log) = running::record_pid(pid, "499", &out);
+    let ran = running::wait_for_cpu(pid, CPU_SECONDS, Duration::from_secs(60));
+    assert_eq!(ran, Some(true), "{what}: the program did not run");
+    let status = running::interrupt(&mut recording);
+    let log = log.finish();
+    assert!(status.success(), "{what}: hostprof record failed:\n{log}");
+    std::fs::write(&stop, b"").unwrap();
+    assert!(
+        program.0.wait().unwrap().success(),
+        "{what}: the program failed"
+    );
+
+    let data = ProfilesData::decode(&*std::fs::read(&out).unwrap()).expect("a ProfilesData");
+    let dictionary = data.dictionary.as_ref().expect("a dictionary");
+    // (turn, route) -> samples.
+    let mut seen = std::collections::HashMap::<(Turn, Option<String>), u64>::new();
+    let (mut bulk, mut bulk_labeled) = (0, 0);
+    for group in &data.resource_profiles {
+        for scope in &group.scope_profiles {
+            for profile in &scope.profiles {
+                for sample in &profile.samples {
+                    if sample_pid(dictionary, sample) != Some(i64::from(pid)) {
+                        continue;
+                    }
+                    // Labels without a trace context: no link.
+                    assert_eq!(sample.link_index, 0, "{what}: a Go sample has a link");
+                    let key = (turn_of(dictionary, sample), route_of(dictionary, sample));
+                    if key.0 == Turn::Bulk {
+                        let count = sample_count(sample);
+                        bulk += count;
+                        if check_bulk(dictionary, sample, &what) {
+                            bulk_labeled += count;
+                        }
+                    }
+                    *seen.entry(key).or_default() += sample_count(sample);
+                }
+            }
+        }
+    }
+    let count = |turn: Turn, route: Option<&str>| {
+        seen.get(&(turn, route.map(str::to_owned)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let cart = count(Turn::Cart, Some("/cart"));
+    let checkout = count(Turn::Checkout, Some("/checkout"));
+    let plain = count(Turn::Plain, None);
+    println!("{what}: {seen:?}");
+    // Every sample of a turn has that turn's label, and only those.
+    let wrong: u64 = seen
+        .iter()
+        .filter(|((turn, route), _)| match turn {
+            Turn::Cart => route.as_deref() != Some("/cart"),
+            Turn::Checkout => route.as_deref() != Some("/checkout"),
+            Turn::Plain => route.is_some(),
+            // The map's order: route may be among the labels left out.
+            Turn::Bulk => route.as_deref().is_some_and(|route| route != "/bulk"),
+            Turn::Other => false,
+        })
+        .map(|(_, samples)| samples)
+        .sum();
+    assert_eq!(
+        wrong, 0,
+        "{what}: samples with another turn's label: {seen:?}"
+    );
+    assert!(
+        cart + checkout >= LABELED_AT_LEAST && plain > 0,
+        "{what}: {cart} /cart, {checkout} /checkout, {plain} unlabeled samples; log:\n{log}"
+    );
+    assert!(
+        bulk_labeled * 2 > bulk,
+        "{what}: {bulk_labeled} of {bulk} samples of the bulk turn have labels"
+    );
+    // record's summary counts the kernel's reads, the bulk turn's cut.
+    let summary = log
+        .lines()
+        .find_map(|line| line.strip_prefix("hostprof: Go labels: "))
+        .unwrap_or_else(|| panic!("{what}: no Go labels line in:\n{log}"));
+    let cut: u64 = summary
+        .rsplit_once(" reads failed, ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {summary}"));
+    assert!(cut > 0, "{what}: {summary}");
+    let share = cart as f64 / (cart + checkout) as f64;
+    println!(
+        "{what}: {cart} /cart, {checkout} /checkout, {plain} unlabeled: /cart's share {share:.3}"
+    );
+    assert!(
+        (share - CART_SHARE).abs() <= SHARE_TOLERANCE,
+        "{what}: /cart's share {share:.3}, not {CART_SHARE} ± {SHARE_TOLERANCE}"
+    );
+
+    // `report --attribute` keeps the /cart samples, wherever they ran.
+    let all_cart: u64 = seen
+        .iter()
+        .filter(|((_, route), _)| route.as_deref() == Some("/cart"))
+        .map(|(_, samples)| samples)
+        .sum();
+    let report = common::run_ok(
+        common::hostprof()
+            .arg("report")
+            .arg(&out)
+            .args(["--attribute", "route=/cart"]),
+    );
+    let text = String::from_utf8_lossy(&report.stderr);
+    assert!(
+        text.contains(&format!(" {all_cart} of ")),
+        "{what}: report --attribute route=/cart: {text}"
+    );
+    // The labels are pprof labels too, read by Go's own pprof.
+    let pprof = common::work_dir().join(format!("go_labels-{version}-{cgo}.pb.gz"));
+    common::run_ok(
+        common::hostprof()
+            .arg("report")
+            .arg(&out)
+            .arg("-o")
+            .arg(&pprof),
+    );
+    let tags = common::run_ok(
+        Command::new(go)
+            .args(["tool", "pprof", "-tags"])
+            .arg(&pprof),
+    );
+    let tags = String::from_utf8_lossy(&tags.stdout);
+    assert!(
+        tags.contains(" route: ") && tags.contains(": /cart") && tags.contains(": /checkout"),
+        "{what}: go tool pprof -tags: {tags}"
+    );
+}

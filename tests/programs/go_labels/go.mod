@@ -1,0 +1,3 @@
+module go_labels
+
+go 1.19
