@@ -286,6 +286,9 @@ pub const GLOBAL_PYTHON_WALK: &str = "PYTHON_WALK";
 /// leaves the walks out of the program (the verifier prunes them), for
 /// kernels whose verifier they were not checked on.
 pub const GLOBAL_RUNTIME_WALK: &str = "RUNTIME_WALK";
+/// Global: 1 reads Go goroutines' pprof labels; 0 leaves the read out of
+/// the program (pruned by the verifier) on kernels it was not checked on.
+pub const GLOBAL_GO_LABELS: &str = "GO_LABELS";
 /// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
 pub const MAX_STACK_COPY: usize = 16384;
 const _: () = assert!(MAX_STACK_COPY.is_power_of_two());

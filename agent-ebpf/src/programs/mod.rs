@@ -147,6 +147,10 @@ static PYTHON_WALK: u32 = 0;
 #[unsafe(no_mangle)]
 static RUNTIME_WALK: u32 = 0;
 
+/// Set by the agent at load time (`hostprof_common::GLOBAL_GO_LABELS`).
+#[unsafe(no_mangle)]
+static GO_LABELS: u32 = 0;
+
 #[map(name = "UNWIND_ROWS")]
 static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHUNKS, 0);
 
@@ -321,7 +325,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // A Go goroutine's pprof labels, in the same room, when the
         // thread has no OpenTelemetry context (a cgo program's C library
         // publishing one wins: its record is the richer).
-        let trace = if trace == 0 {
+        let trace = if trace == 0 && read_volatile(&GO_LABELS) != 0 {
             K::go_labels(
                 tgid,
                 &raw mut (*sample).trace,

@@ -268,6 +268,16 @@ impl Sampler {
                 PYTHON_WALK_SINCE.1
             );
         }
+        // Go's pprof labels: the modern variant's read, on the kernels whose
+        // verifiers were seen to accept it.
+        let go_labels = u32::from(variant == Variant::Modern && verified_since(GO_LABELS_SINCE));
+        if go_labels == 0 {
+            tracing::info!(
+                "no Go pprof labels on this kernel (they need Linux {}.{} or later)",
+                GO_LABELS_SINCE.0,
+                GO_LABELS_SINCE.1
+            );
+        }
         // The OpenTelemetry thread context's thread pointer: without it
         // (no BTF, an unknown layout) samples carry no trace context.
         let tp_offset = read_btf()
@@ -295,6 +305,7 @@ impl Sampler {
             .override_global(hostprof_common::GLOBAL_EARLY_COPY_BYTES, &early_copy, true)
             .override_global(hostprof_common::GLOBAL_PYTHON_WALK, &python_walk, true)
             .override_global(hostprof_common::GLOBAL_RUNTIME_WALK, &runtime_walk, true)
+            .override_global(hostprof_common::GLOBAL_GO_LABELS, &go_labels, true)
             .override_global(
                 hostprof_common::GLOBAL_FILTER_BY_TGID,
                 &filter_by_tgid,
@@ -709,6 +720,11 @@ fn read_btf() -> Result<Vec<u8>, SamplerError> {
 /// legacy programs (before 5.17) have none.
 const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
+/// The Go labels' read (`bpf_loop` over a label map's slots, writes at
+/// variable offsets into the attribute room): 6.12 and 6.18 accept it,
+/// 6.1's verifier rejects the program with it (EINVAL, x86_64 and arm64);
+/// 6.2 to 6.11 were not tried.
+const GO_LABELS_SINCE: (u32, u32) = (6, 12);
 
 /// The running kernel is `since` or newer.
 fn verified_since(since: (u32, u32)) -> bool {
