@@ -129,6 +129,82 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// The oldest kernels whose verifiers were seen to accept the Python walk
+/// and the early-copy path in `sample_cpu` (`cargo xtask vmtest`). Older
+/// kernels go without; the verifier prunes a path whose load-time global
+/// is 0. The Python walk: 6.1 (x86_64 and arm64), 6.12 and 6.18 accept it
+/// since its reads are zeroed first (6.1 had rejected a stale pointer LLVM
+/// left in a failed read's place); `cargo xtask vmtest` checks its frames
+/// on x86_64. The
+/// early-copy path: 6.1 accepts it since `sample_cpu` fills its record
+/// once (it gave up, E2BIG, when the unwinder was inlined twice); the
+/// legacy programs (before 5.17) have none.
+pub(super) const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
+pub(super) const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
+/// The Go labels' read (`bpf_loop` over a label map's slots, writes at
+/// variable offsets into the attribute room): 6.12 and 6.18 accept it,
+/// 6.1's verifier rejects the program with it (EINVAL, x86_64 and arm64);
+/// 6.2 to 6.11 were not tried.
+pub(super) const GO_LABELS_SINCE: (u32, u32) = (6, 12);
+
+/// The running kernel is `since` or newer.
+pub(super) fn verified_since(since: (u32, u32)) -> bool {
+    parse_version(&kernel_release()).is_some_and(|version| version >= since)
+}
+
+/// The paths the programs take on this kernel (load-time globals, 0 or 1):
+/// those its verifier was seen to accept.
+pub(super) struct Walks {
+    pub python: u32,
+    pub runtime: u32,
+    pub go_labels: u32,
+}
+
+impl Walks {
+    /// For `variant` on the running kernel; says once what is left out.
+    pub(super) fn verified(variant: Variant) -> Walks {
+        // The interpreter walk passes the verifiers of the kernels it was
+        // checked on (cargo xtask vmtest): older kernels sample without
+        // Python frames.
+        let python = u32::from(verified_since(PYTHON_WALK_SINCE));
+        if python == 0 {
+            tracing::info!(
+                "no Python frames on this kernel (they need Linux {}.{} or later)",
+                PYTHON_WALK_SINCE.0,
+                PYTHON_WALK_SINCE.1
+            );
+        }
+        // The JIT runtimes' walks: modern, the same `bpf_loop` callbacks
+        // as Python's, on the same kernels; legacy, V8's is a tail-called
+        // program of its own (checked on 5.10 by cargo xtask vmtest), and
+        // HotSpot's is not there yet.
+        let runtime = u32::from(variant == Variant::Legacy || python != 0);
+        if variant == Variant::Legacy || python == 0 {
+            tracing::info!(
+                "no Java frames on this kernel (they need Linux {}.{} or later, \
+                 and the modern eBPF variant)",
+                PYTHON_WALK_SINCE.0,
+                PYTHON_WALK_SINCE.1
+            );
+        }
+        // Go's pprof labels: the modern variant's read, on the kernels whose
+        // verifiers were seen to accept it.
+        let go_labels = u32::from(variant == Variant::Modern && verified_since(GO_LABELS_SINCE));
+        if go_labels == 0 {
+            tracing::info!(
+                "no Go pprof labels on this kernel (they need Linux {}.{} or later)",
+                GO_LABELS_SINCE.0,
+                GO_LABELS_SINCE.1
+            );
+        }
+        Walks {
+            python,
+            runtime,
+            go_labels,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
