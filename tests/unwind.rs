@@ -486,11 +486,12 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
     // thread-context read included: about 24,700 on Linux 6.18, 24,791
     // with its DTV reads for dynamic TLS (7,400 before the JIT runtimes'
     // steps and the thread context, whose reads' branches each double the
-    // states of the rest of the record's fill).
-    // The bound still catches the tenfold growth above.
+    // states of the rest of the record's fill); 45,103 with the Go labels'
+    // read (its branch doubles them again; the CI run that first met it
+    // had a bound of 40,000). The bound still catches the growth above.
     println!("the verifier walked {walked} instructions to load sample_cpu");
     assert!(
-        (1_000..40_000).contains(&walked),
+        (1_000..60_000).contains(&walked),
         "the verifier walked {walked} instructions to load sample_cpu"
     );
 }
