@@ -508,12 +508,12 @@ async fn check_links(writer: Writer) {
         let allowed = allowed(thread, at);
         // A sample with the right link and no attributes at all, after the
         // agent had named them: its process's key map was not at hand when
-        // it was attributed. Up to 200 of about 900 linked samples were,
-        // while a sample's attribution used the process as it was before a
-        // look during that attribution found the map; now the map known at
-        // decoding is used. Counted and bounded below (a rare race stays
-        // possible: a look due while samples of a whole export request go
-        // by); a wrong value never passes.
+        // it was attributed. Two causes were found and fixed: a sample named
+        // with its process as it was before a look during its attribution
+        // found the map (up to 200 of about 900), and a context dropped when
+        // its process exited, with the last samples still to be attributed
+        // (64 and 79 of about 1,300; 0 in six runs since). Counted and
+        // bounded below; a wrong value never passes.
         let unnamed = seen.attributes == [None, None]
             && allowed.iter().any(|attached| {
                 attached.as_ref().is_some_and(|(trace, span, ..)| {
@@ -563,7 +563,7 @@ async fn check_links(writer: Writer) {
         samples.len()
     );
     assert!(
-        unnamed_late * 50 <= linked,
+        unnamed_late * 100 <= linked,
         "{unnamed_late} of {linked} linked samples lost their attributes"
     );
     assert!(

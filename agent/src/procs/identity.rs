@@ -181,12 +181,23 @@ impl Identity {
                     // Mid-update for every attempt: keep what was read, try
                     // again next time.
                     Err(Refusal::Unsettled) => otel_ctx::count_refusal(pid, Refusal::Unsettled),
-                    // Unmapped or overwritten: the context is gone, search
-                    // the maps again from the shortest wait.
-                    Err(reason) => {
-                        if reason != Refusal::Unreadable {
-                            otel_ctx::count_refusal(pid, reason);
+                    Err(Refusal::Unreadable) => {
+                        *reads += 1;
+                        match std::fs::read(format!("/proc/{pid}/maps")) {
+                            // Unmapped, or moved to a new mapping.
+                            Ok(maps) if !maps.is_empty() => self.take_context(pid, &maps),
+                            // No memory at all: the process exited (a
+                            // zombie's maps are empty). What it published
+                            // stands for its samples still being attributed,
+                            // taken while it ran (dropping it here left
+                            // dozens of them unnamed).
+                            _ => self.check_after = MAX_SEARCH_INTERVAL,
                         }
+                    }
+                    // Overwritten: the context is gone, search the maps
+                    // again from the shortest wait.
+                    Err(reason) => {
+                        otel_ctx::count_refusal(pid, reason);
                         self.context = None;
                         self.check_after = MIN_SEARCH_INTERVAL;
                     }

@@ -175,3 +175,38 @@ fn a_process_context_is_read_and_not_inherited_by_a_fork() {
         Some(name)
     );
 }
+
+#[test]
+fn a_context_outlives_its_process_but_not_its_mapping() {
+    let name = publish_own_context();
+    let maps = std::fs::read("/proc/self/maps").unwrap();
+    let read = |pid| {
+        let mut identity = Identity::read(std::process::id(), &maps, None, false);
+        let mut reads = 0;
+        identity.recheck(pid, &mut reads);
+        identity
+            .service()
+            .and_then(|service| service.get("service.name").map(String::from))
+    };
+    // A process that exited (a zombie: no memory, empty maps) keeps the
+    // context it had for its samples still in flight.
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    let pid = exited.id();
+    // SAFETY: waits, without reaping, for a child of ours.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let waited =
+        unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+    assert_eq!(waited, 0);
+    assert_eq!(read(pid).as_deref(), Some(name));
+    exited.wait().unwrap();
+    // A live process where the context's address is not mapped (as after
+    // an unmap) drops it.
+    let mut live = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let dropped = read(live.id());
+    live.kill().unwrap();
+    live.wait().unwrap();
+    assert_eq!(dropped, None);
+}
