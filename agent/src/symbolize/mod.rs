@@ -24,7 +24,7 @@
 //! file is checked again and when it is too heavy for DWARF is one piece of
 //! state behind one lock, kept in one place; parsing (`module.rs`, `elf.rs`,
 //! `dwarf.rs`, …), the LRU (`cache.rs`), perf maps and debuginfod live in
-//! their own files.
+//! their own files, and the kernel's names in `kernel.rs`.
 //!
 //! ```no_run
 //! # use hostprof::symbolize::{Symbolizer, SymbolizerOptions};
@@ -44,6 +44,7 @@ mod dwz;
 mod elf;
 mod gopclntab;
 mod kallsyms;
+mod kernel;
 mod module;
 mod names;
 mod perfmap;
@@ -65,7 +66,9 @@ pub use demangle::demangle;
 pub use elf::ElfSymbols;
 pub use gopclntab::parse as parse_gopclntab;
 pub use kallsyms::{KernelSymbols, Modules};
+use kernel::KernelTable;
 pub use module::Module;
+use perfmap::PerfEntry;
 pub use perfmap::PerfMap;
 
 use crate::{
@@ -82,8 +85,6 @@ const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 /// or a pid reused by another container, may keep the names of its old
 /// root's debug files that long.
 const ROOT_RECHECK: Duration = Duration::from_secs(1);
-/// How often a process's perf map is checked for new JIT entries.
-const PERF_MAP_RECHECK: Duration = Duration::from_secs(1);
 /// How often `/proc/kallsyms` may be read again for an address outside the
 /// kernel image (a module or BPF program loaded since): a reading takes
 /// ~0.1 s of CPU for its ~120 000 lines.
@@ -192,12 +193,6 @@ struct Loaded {
     module: Arc<Module>,
 }
 
-#[derive(Clone)]
-struct PerfEntry {
-    map: Arc<PerfMap>,
-    checked_at: Instant,
-}
-
 struct State {
     files: HashMap<FileKey, FileEntry>,
     failed: HashMap<FileKey, Instant>,
@@ -228,15 +223,6 @@ impl State {
         self.roots.insert(pid, (root, Instant::now()));
         root
     }
-}
-
-/// The kernel's symbols and when they were read.
-struct KernelTable {
-    symbols: Arc<KernelSymbols>,
-    /// `/proc/modules` just before `symbols` were read.
-    modules: Modules,
-    /// When `symbols` were read, or last found still current.
-    read_at: Instant,
 }
 
 /// Resolves kernel and user addresses to function names.
@@ -270,13 +256,6 @@ impl Symbolizer {
 
     /// Loads kernel symbols; user files are read lazily.
     pub fn with_options(options: SymbolizerOptions) -> Self {
-        let modules = Modules::load();
-        let kernel = read_kallsyms();
-        if kernel.is_empty() {
-            tracing::warn!(
-                "/proc/kallsyms hides kernel addresses: run as root or set kernel.kptr_restrict=0"
-            );
-        }
         let debuginfod = options.debuginfod.map(Debuginfod::start);
         let mut debug_dirs = options.debug_dirs;
         // Fetched files are found like any other, after the user's.
@@ -284,11 +263,7 @@ impl Symbolizer {
         let results_budget = options.cache_bytes / RESULTS_SHARE;
         let module_budget = options.cache_bytes - results_budget;
         Symbolizer {
-            kernel: Mutex::new(KernelTable {
-                symbols: Arc::new(kernel),
-                modules,
-                read_at: Instant::now(),
-            }),
+            kernel: Mutex::new(KernelTable::read()),
             kernel_recheck: KALLSYMS_RECHECK,
             kernel_build_id: kernel_build_id(),
             debug_dirs: DebugDirs { extra: debug_dirs },
@@ -308,56 +283,6 @@ impl Symbolizer {
                 roots: HashMap::new(),
             }),
         }
-    }
-
-    /// Reads `/proc/kallsyms` again for an address outside the kernel image
-    /// when the symbols are older than `every` (default 30 s; each reading
-    /// costs ~0.1 s of CPU).
-    pub fn with_kernel_recheck(mut self, every: Duration) -> Self {
-        self.kernel_recheck = every;
-        self
-    }
-
-    /// The kernel function containing `address`: `name`, or `name [module]`
-    /// in a module or BPF program. Outside the kernel image, the symbols are
-    /// read again (at most every 30 s, [`Symbolizer::with_kernel_recheck`])
-    /// when they may be older than the module or program holding the address:
-    /// not for a module's code while `/proc/modules` lists what it listed
-    /// at the reading.
-    pub fn kernel_symbol(&self, address: u64) -> Option<Line> {
-        let symbols = {
-            let mut table = self.kernel_table();
-            let symbols = table.symbols.clone();
-            if symbols.in_image(address) || table.read_at.elapsed() < self.kernel_recheck {
-                return symbols.lookup(address);
-            }
-            // Claimed before reading, so one reading serves every caller.
-            table.read_at = Instant::now();
-            let modules = Modules::load();
-            if modules == table.modules && symbols.names_module_code(&modules, address) {
-                return symbols.lookup(address);
-            }
-            table.modules = modules;
-            symbols
-        };
-        let fresh = Arc::new(read_kallsyms());
-        if fresh.is_empty() && !symbols.is_empty() {
-            return symbols.lookup(address);
-        }
-        self.kernel_table().symbols = fresh.clone();
-        fresh.lookup(address)
-    }
-
-    fn kernel_table(&self) -> std::sync::MutexGuard<'_, KernelTable> {
-        // Replaced whole, never left half-updated by a panic.
-        self.kernel
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The running kernel's GNU build-id (`/sys/kernel/notes`).
-    pub fn kernel_build_id(&self) -> Option<Arc<str>> {
-        self.kernel_build_id.clone()
     }
 
     /// Fills `frame.lines` for a kernel or user frame; leaves them empty when
@@ -703,65 +628,6 @@ impl Symbolizer {
             },
         );
     }
-
-    /// Names JIT code at `address` of `pid` from its perf map.
-    fn jit_symbol(&self, pid: u32, address: u64) -> Option<Arc<str>> {
-        let cached = self.lock().perf_maps.get(&pid);
-        if let Some(entry) = &cached
-            && entry.checked_at.elapsed() < PERF_MAP_RECHECK
-        {
-            return entry.map.lookup(address);
-        }
-        let map = read_perf_map(pid, cached.map(|entry| entry.map));
-        let weight = map.estimated_size();
-        let lookup = map.lookup(address);
-        self.lock().perf_maps.insert(
-            pid,
-            PerfEntry {
-                map,
-                checked_at: Instant::now(),
-            },
-            weight,
-        );
-        lookup
-    }
-}
-
-/// The kernel's symbols, empty (after a warning) when unreadable.
-fn read_kallsyms() -> KernelSymbols {
-    KernelSymbols::load().unwrap_or_else(|err| {
-        tracing::warn!("cannot read /proc/kallsyms ({err}): kernel frames will show as addresses");
-        KernelSymbols::default()
-    })
-}
-
-/// Reads `pid`'s perf map unless `previous` is still current.
-fn read_perf_map(pid: u32, previous: Option<Arc<PerfMap>>) -> Arc<PerfMap> {
-    let path = format!("/tmp/perf-{}.map", perfmap::namespaced_pid(pid));
-    let file = match files::open_in_process(pid, &path, Kind::PerfMap) {
-        Ok(file) => file,
-        Err(err) => {
-            if !err.is_refusal() {
-                tracing::trace!("pid {pid}: {err}");
-            }
-            return Arc::default();
-        }
-    };
-    let stamp = Some((file.stat().mtime_ns, file.stat().size));
-    if let Some(previous) = previous
-        && previous.stamp == stamp
-    {
-        return previous;
-    }
-    let mut map = match file.read() {
-        Ok(data) => PerfMap::parse(&String::from_utf8_lossy(&data)),
-        Err(err) => {
-            tracing::debug!("pid {pid}: {err}");
-            PerfMap::default()
-        }
-    };
-    map.stamp = stamp;
-    Arc::new(map)
 }
 
 /// The root directory of `pid`, as (device, inode).

@@ -5,7 +5,23 @@
 //! The file is read through `/proc/PID/root` ([`crate::files`]), so a
 //! containerized JIT's map is found in its own `/tmp`, under its own
 //! (namespaced) pid; a FIFO, a device or a map over 64 MiB is refused.
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::Symbolizer;
+use crate::files::{self, Kind};
+
+/// How often a process's perf map is checked for new JIT entries.
+const PERF_MAP_RECHECK: Duration = Duration::from_secs(1);
+
+/// A process's perf map as last read (the symbolizer's cache holds these).
+#[derive(Clone)]
+pub(super) struct PerfEntry {
+    map: Arc<PerfMap>,
+    checked_at: Instant,
+}
 
 /// A parsed perf map.
 #[derive(Debug, Default)]
@@ -74,6 +90,59 @@ pub fn namespaced_pid(pid: u32) -> u32 {
             line.split_ascii_whitespace().last()?.parse().ok()
         })
         .unwrap_or(pid)
+}
+
+impl Symbolizer {
+    /// Names JIT code at `address` of `pid` from its perf map.
+    pub(super) fn jit_symbol(&self, pid: u32, address: u64) -> Option<Arc<str>> {
+        let cached = self.lock().perf_maps.get(&pid);
+        if let Some(entry) = &cached
+            && entry.checked_at.elapsed() < PERF_MAP_RECHECK
+        {
+            return entry.map.lookup(address);
+        }
+        let map = read_perf_map(pid, cached.map(|entry| entry.map));
+        let weight = map.estimated_size();
+        let lookup = map.lookup(address);
+        self.lock().perf_maps.insert(
+            pid,
+            PerfEntry {
+                map,
+                checked_at: Instant::now(),
+            },
+            weight,
+        );
+        lookup
+    }
+}
+
+/// Reads `pid`'s perf map unless `previous` is still current.
+fn read_perf_map(pid: u32, previous: Option<Arc<PerfMap>>) -> Arc<PerfMap> {
+    let path = format!("/tmp/perf-{}.map", namespaced_pid(pid));
+    let file = match files::open_in_process(pid, &path, Kind::PerfMap) {
+        Ok(file) => file,
+        Err(err) => {
+            if !err.is_refusal() {
+                tracing::trace!("pid {pid}: {err}");
+            }
+            return Arc::default();
+        }
+    };
+    let stamp = Some((file.stat().mtime_ns, file.stat().size));
+    if let Some(previous) = previous
+        && previous.stamp == stamp
+    {
+        return previous;
+    }
+    let mut map = match file.read() {
+        Ok(data) => PerfMap::parse(&String::from_utf8_lossy(&data)),
+        Err(err) => {
+            tracing::debug!("pid {pid}: {err}");
+            PerfMap::default()
+        }
+    };
+    map.stamp = stamp;
+    Arc::new(map)
 }
 
 #[cfg(test)]
