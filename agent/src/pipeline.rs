@@ -425,16 +425,15 @@ impl Attributor {
         if sample.flags & hostprof_common::SAMPLE_FLAG_TRACE == 0 {
             return Vec::new();
         }
+        let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());
+        let attrs = &sample.attrs[..len];
         if sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS != 0 {
-            let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());
-            return crate::procs::go_labels::decode(&sample.attrs[..len]);
+            return crate::procs::go_labels::decode(attrs);
         }
         thread_attrs::count_kernel_refusal(sample.trace.attrs_refused);
-        let len = usize::from(sample.trace.attrs_len).min(sample.attrs.len());
-        if len == 0 {
+        if attrs.is_empty() {
             return Vec::new();
         }
-        let attrs = &sample.attrs[..len];
         let mut keys = process.thread_keys.clone().unwrap_or_default();
         // The writer appends to its map before its records use the new
         // index: read the map again now, not after these samples went by

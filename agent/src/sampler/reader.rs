@@ -176,34 +176,47 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
     // SAFETY: all-zero is a valid `Sample` (integers only).
     let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
     while let Some(record) = ring.next() {
-        if let Some(copy) = super::decode_early_copy(&record) {
-            stats.stack_copies += 1;
-            let why = (copy.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
-            if let Some(early) = &copies.early
-                && why == hostprof_unwind::reason::UNKNOWN_PROCESS
-            {
-                stats.early_copies += 1;
-                if let Err(TrySendError::Full(_)) = early.try_send(copy) {
-                    stats.early_copies_dropped += 1;
-                }
-            }
-            if let Some(copies) = &copies.all
-                && let Some(copy) = super::decode_stack_copy(&record)
-            {
-                match copies.try_send(copy) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(_)) => stats.stack_copies_dropped += 1,
-                    // The receiver gone (stopping) is not the reader's concern.
-                    Err(TrySendError::Disconnected(_)) => {}
-                }
-            }
-        }
         if !batch.push(&record, &mut scratch) {
             stats.malformed += 1;
         } else if let Some(ask) = &copies.tables
             && super::needs_tables(scratch.flags)
         {
             ask(scratch.tgid);
+        }
+        // A stack-copy record's registers and stack are read once, for
+        // both sinks.
+        if let Some(mut copy) = super::decode_early_copy(&record) {
+            stats.stack_copies += 1;
+            let why = (copy.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+            let early = copies
+                .early
+                .as_ref()
+                .filter(|_| why == hostprof_unwind::reason::UNKNOWN_PROCESS);
+            if let Some(all) = &copies.all
+                && let Some(sample) = super::decode_sample(&record)
+            {
+                let stack = match early {
+                    Some(_) => copy.stack.clone(),
+                    None => std::mem::take(&mut copy.stack),
+                };
+                let whole = StackCopy {
+                    sample,
+                    regs: copy.regs,
+                    stack,
+                };
+                match all.try_send(whole) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => stats.stack_copies_dropped += 1,
+                    // The receiver gone (stopping) is not the reader's concern.
+                    Err(TrySendError::Disconnected(_)) => {}
+                }
+            }
+            if let Some(early) = early {
+                stats.early_copies += 1;
+                if let Err(TrySendError::Full(_)) = early.try_send(copy) {
+                    stats.early_copies_dropped += 1;
+                }
+            }
         }
     }
     stats.samples += batch.len() as u64;

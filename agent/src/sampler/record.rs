@@ -56,17 +56,11 @@ pub fn decode_early_copy(record: &[u8]) -> Option<EarlyCopy> {
 /// Decodes the stack copy of a ring-buffer record; `None` for plain
 /// samples (the only kind without `--stack-copy`).
 pub fn decode_stack_copy(record: &[u8]) -> Option<StackCopy> {
-    if record.len() < std::mem::size_of::<hostprof_common::StackSample>() {
-        return None;
-    }
-    // SAFETY: as in `decode_sample`: plain old data, enough bytes.
-    let raw =
-        unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<hostprof_common::StackSample>()) };
-    let len = (raw.stack_len as usize).min(hostprof_common::MAX_STACK_COPY);
+    let copy = decode_early_copy(record)?;
     Some(StackCopy {
         sample: decode_sample(record)?,
-        regs: (raw.regs_valid != 0).then_some(raw.regs),
-        stack: raw.stack[..len].to_vec(),
+        regs: copy.regs,
+        stack: copy.stack,
     })
 }
 
