@@ -106,11 +106,16 @@ pub enum Refusal {
     GoLabelsUtf8,
     #[error("a goroutine's pprof label value was cut at 64 bytes")]
     GoLabelsCut,
+    #[error(
+        "otel_thread_ctx_v1 is in a library whose code reaches it in no way the loader answers, \
+         or at an offset past any TLS block: its threads' records are not read"
+    )]
+    TlsUnreachable,
 }
 
 impl Refusal {
     /// Every reason, in the order of [`refusals`].
-    pub const ALL: [Refusal; 17] = [
+    pub const ALL: [Refusal; 18] = [
         Refusal::Signature,
         Refusal::Version,
         Refusal::TooLarge,
@@ -128,6 +133,7 @@ impl Refusal {
         Refusal::GoLabelsTruncated,
         Refusal::GoLabelsUtf8,
         Refusal::GoLabelsCut,
+        Refusal::TlsUnreachable,
     ];
 
     /// The `reason` label of `hostprof_context_refused_total`.
@@ -150,6 +156,7 @@ impl Refusal {
             Refusal::GoLabelsTruncated => "go_labels_truncated",
             Refusal::GoLabelsUtf8 => "go_labels_utf8",
             Refusal::GoLabelsCut => "go_labels_cut",
+            Refusal::TlsUnreachable => "tls_unreachable",
         }
     }
 }

@@ -95,6 +95,10 @@ impl crate::runtime::Runtime for Python {
         self.merge(pid, &interpreter, frames, groups);
     }
 
+    fn pids(&self) -> Vec<u32> {
+        self.processes.keys().copied().collect()
+    }
+
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
         Python::retain(self, alive);
     }

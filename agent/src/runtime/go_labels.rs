@@ -26,10 +26,10 @@ use hostprof_common::golang::{self as go, Process};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 use super::{
-    Runtime,
+    Registry, Runtime,
     thread_ctx::{TlsSymbol, TlsVariant},
 };
-use crate::model::{Frame, Mapping};
+use crate::model::Mapping;
 
 /// The kernel map of Go processes.
 pub type ProcessMap = BpfHashMap<MapData, u32, Process>;
@@ -158,10 +158,9 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
 
 /// The Go processes looked at (the attribution thread owns it).
 pub struct GoLabels {
-    map: Option<ProcessMap>,
     /// Looked at: registered (true) or not a Go process we read (false);
     /// `Err`: its executable was not among its mappings then.
-    processes: HashMap<u32, Result<bool, Instant>>,
+    processes: Registry<Result<bool, Instant>, Process>,
     /// (device, inode) of each executable read -> what to register.
     files: HashMap<(u64, u64), Option<Process>>,
 }
@@ -170,8 +169,7 @@ impl GoLabels {
     /// With the kernel's map (none: nothing is registered, e.g. tests).
     pub fn new(map: Option<ProcessMap>) -> Self {
         GoLabels {
-            map,
-            processes: HashMap::new(),
+            processes: Registry::new(map, "its Go labels", |state| *state == Ok(true)),
             files: HashMap::new(),
         }
     }
@@ -205,45 +203,34 @@ impl GoLabels {
 
 impl Runtime for GoLabels {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        match self.processes.get(&pid) {
+        match self.processes.get(pid) {
             Some(Ok(_)) => return false,
             Some(Err(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             _ if mappings.is_empty() => return false,
             _ => {}
         }
         let Some(found) = self.find(pid, mappings) else {
-            self.processes.insert(pid, Err(Instant::now()));
+            self.processes.set(pid, Err(Instant::now()));
             return false;
         };
         if let Some(process) = found {
-            if let Some(map) = &mut self.map
-                && let Err(err) = map.insert(pid, process, 0)
-            {
-                super::count_if_full(&err);
-                tracing::info!("pid {pid}: cannot register its Go labels: {err}");
-            }
+            self.processes.register(pid, process);
             tracing::debug!(
                 "pid {pid}: Go process, g at {:+}, labels at {}",
                 process.tls_offset,
                 process.labels
             );
         }
-        self.processes.insert(pid, Ok(found.is_some()));
+        self.processes.set(pid, Ok(found.is_some()));
         false
     }
 
-    fn add_frames(&mut self, _: u32, _: &hostprof_common::runtime::Stack, _: &mut Vec<Frame>) {}
-
-    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
-        for pid in super::gone(&self.processes, alive) {
-            self.forget(pid);
-        }
+    fn pids(&self) -> Vec<u32> {
+        self.processes.pids()
     }
 
     fn forget(&mut self, pid: u32) {
-        if let (Some(Ok(true)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-            let _ = map.remove(&pid);
-        }
+        self.processes.forget(pid);
     }
 }
 

@@ -3,7 +3,6 @@
 //! `HOTSPOT_PROCS` map, and the code ranges the unwind service marks), and
 //! names the Java frames the kernel recorded, through [`super::hotspot`].
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -15,7 +14,7 @@ use hostprof_common::{
 };
 
 use super::{
-    Runtime, RuntimeCode,
+    Registry, Runtime, RuntimeCode,
     hotspot::{HotspotError, JavaFrame, Jvm, LibjvmCache},
 };
 use crate::model::{CodeRange, Frame, FrameKind, Line, Mapping};
@@ -44,9 +43,8 @@ enum State {
 
 /// The JVMs of the processes seen (the attribution thread owns it).
 pub struct Java {
-    map: Option<ProcessMap>,
     code: RuntimeCode,
-    processes: HashMap<u32, State>,
+    processes: Registry<State, hotspot::Process>,
     /// Each `libjvm.so`'s symbols, read once however many JVMs map it.
     libjvm: LibjvmCache,
 }
@@ -56,9 +54,8 @@ impl Java {
     /// where to publish the JVMs' code ranges for the unwind service.
     pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
         Java {
-            map,
             code,
-            processes: HashMap::new(),
+            processes: Registry::new(map, "its JVM", |state| matches!(state, State::Jvm(_))),
             libjvm: LibjvmCache::default(),
         }
     }
@@ -66,7 +63,7 @@ impl Java {
 
 impl Runtime for Java {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        match self.processes.get(&pid) {
+        match self.processes.get(pid) {
             Some(State::Jvm(_) | State::Unsupported) => return false,
             Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             _ => {}
@@ -75,27 +72,22 @@ impl Runtime for Java {
             .iter()
             .find(|mapping| mapping.file_name() == "libjvm.so")
         else {
-            self.processes.insert(pid, State::NotYet(Instant::now()));
+            self.processes.set(pid, State::NotYet(Instant::now()));
             return false;
         };
         let jvm = match Jvm::attach_cached(pid, libjvm, &mut self.libjvm) {
             Ok(jvm) => jvm,
             Err(HotspotError::NotReady) => {
-                self.processes.insert(pid, State::NotYet(Instant::now()));
+                self.processes.set(pid, State::NotYet(Instant::now()));
                 return false;
             }
             Err(err) => {
                 tracing::info!("pid {pid}: its Java frames cannot be walked: {err}");
-                self.processes.insert(pid, State::Unsupported);
+                self.processes.set(pid, State::Unsupported);
                 return false;
             }
         };
-        if let Some(map) = &mut self.map
-            && let Err(err) = map.insert(pid, jvm.kernel_process(), 0)
-        {
-            super::count_if_full(&err);
-            tracing::info!("pid {pid}: cannot register its JVM with the kernel: {err}");
-        }
+        self.processes.register(pid, jvm.kernel_process());
         let code = jvm.code_ranges().into_iter();
         self.code.set(
             pid,
@@ -106,12 +98,12 @@ impl Runtime for Java {
             "pid {pid}: Java {}: its frames are walked",
             jvm.version().as_deref().unwrap_or("(unknown version)")
         );
-        self.processes.insert(pid, State::Jvm(Box::new(jvm)));
+        self.processes.set(pid, State::Jvm(Box::new(jvm)));
         true
     }
 
     fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
-        let Some(State::Jvm(jvm)) = self.processes.get_mut(&pid) else {
+        let Some(State::Jvm(jvm)) = self.processes.get_mut(pid) else {
             return;
         };
         super::replace_marks(tag::HOTSPOT, stack, frames, |recorded| {
@@ -119,16 +111,12 @@ impl Runtime for Java {
         });
     }
 
-    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
-        for pid in super::gone(&self.processes, alive) {
-            self.forget(pid);
-        }
+    fn pids(&self) -> Vec<u32> {
+        self.processes.pids()
     }
 
     fn forget(&mut self, pid: u32) {
-        if let (Some(State::Jvm(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-            let _ = map.remove(&pid);
-        }
+        self.processes.forget(pid);
         self.code.set(pid, Vec::new());
     }
 }

@@ -21,6 +21,7 @@ pub mod go_labels;
 pub mod hotspot;
 pub mod java;
 pub mod refusals;
+mod registry;
 pub mod thread_ctx;
 pub mod tls_library;
 pub mod v8;
@@ -32,6 +33,8 @@ use std::{
         atomic::{AtomicU64, Ordering},
     },
 };
+
+pub use registry::Registry;
 
 use crate::model::{CodeRange, Frame, Mapping};
 
@@ -97,15 +100,25 @@ pub trait Runtime: Send {
     /// again (the kernel hands the runtime's code to its walker).
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool;
     /// Puts the sample's runtime frames, named, among its native `frames`
-    /// (leaf first).
+    /// (leaf first). None by default: a runtime that only tells the
+    /// kernel where to read (a thread context, Go labels) has no frames.
     fn add_frames(
         &mut self,
-        pid: u32,
-        stack: &hostprof_common::runtime::Stack,
-        frames: &mut Vec<Frame>,
-    );
+        _pid: u32,
+        _stack: &hostprof_common::runtime::Stack,
+        _frames: &mut Vec<Frame>,
+    ) {
+    }
+    /// The processes it knows.
+    fn pids(&self) -> Vec<u32>;
     /// Forgets processes for which `alive` is false.
-    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool);
+    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
+        for pid in self.pids() {
+            if !alive(pid) {
+                self.forget(pid);
+            }
+        }
+    }
     /// Forgets a process that exec'd or exited (its pid may come back as
     /// another program).
     fn forget(&mut self, pid: u32);

@@ -25,10 +25,13 @@ use hostprof_common::trace;
 use object::{Object, ObjectSymbol, SymbolKind};
 
 use super::{
-    Runtime,
+    Registry, Runtime,
     tls_library::{self, LibraryTls, Location},
 };
-use crate::model::{Frame, Mapping};
+use crate::{
+    model::Mapping,
+    procs::otel_ctx::{Refusal, count_refusal},
+};
 
 /// The kernel map of processes publishing a thread context.
 pub type ProcessMap = BpfHashMap<MapData, u32, trace::Process>;
@@ -171,8 +174,7 @@ enum Found {
 
 /// The processes looked at (the attribution thread owns it).
 pub struct ThreadContext {
-    map: Option<ProcessMap>,
-    processes: HashMap<u32, State>,
+    processes: Registry<State, trace::Process>,
     /// (device, inode) of each executable read -> the variable's offset
     /// from the thread pointer, if it has one.
     files: HashMap<(u64, u64), Option<i64>>,
@@ -185,8 +187,9 @@ impl ThreadContext {
     /// With the kernel's map (none: nothing is registered, e.g. tests).
     pub fn new(map: Option<ProcessMap>) -> Self {
         ThreadContext {
-            map,
-            processes: HashMap::new(),
+            processes: Registry::new(map, "its thread context", |state| {
+                *state == State::Registered
+            }),
             files: HashMap::new(),
             libraries: HashMap::new(),
         }
@@ -251,11 +254,8 @@ impl ThreadContext {
                 continue;
             };
             if !library.has_slots() {
-                tracing::info!(
-                    "pid {pid}: {VARIABLE} in {} is not read: the library's code never reaches \
-                     it through a relocation the loader answers (see runtime::tls_library)",
-                    mapping.path
-                );
+                tracing::info!("pid {pid}: {VARIABLE} in {} is not read", mapping.path);
+                count_refusal(pid, Refusal::TlsUnreachable);
                 return Found::Absent;
             }
             let Some(bias) = super::elf::load_bias(library.segments(), mapping) else {
@@ -274,7 +274,10 @@ impl ThreadContext {
                         module,
                         dtv_at: TlsVariant::NATIVE.dtv_at(),
                     }),
-                    Err(_) => Found::Absent,
+                    Err(_) => {
+                        count_refusal(pid, Refusal::TlsUnreachable);
+                        Found::Absent
+                    }
                 },
                 None => Found::NotYet,
             };
@@ -297,7 +300,7 @@ fn read_library(pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
 
 impl Runtime for ThreadContext {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        match self.processes.get(&pid) {
+        match self.processes.get(pid) {
             Some(State::Registered) => return false,
             Some(State::Absent(seen)) if *seen == maps_seen(mappings) => return false,
             Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
@@ -306,12 +309,7 @@ impl Runtime for ThreadContext {
         }
         let state = match self.find(pid, mappings) {
             Found::At(process) => {
-                if let Some(map) = &mut self.map
-                    && let Err(err) = map.insert(pid, process, 0)
-                {
-                    super::count_if_full(&err);
-                    tracing::info!("pid {pid}: cannot register its thread context: {err}");
-                }
+                self.processes.register(pid, process);
                 tracing::debug!(
                     "pid {pid}: thread context at {:+} (module {})",
                     process.tls_offset,
@@ -322,22 +320,16 @@ impl Runtime for ThreadContext {
             Found::Absent => State::Absent(maps_seen(mappings)),
             Found::NotYet => State::NotYet(Instant::now()),
         };
-        self.processes.insert(pid, state);
+        self.processes.set(pid, state);
         false
     }
 
-    fn add_frames(&mut self, _: u32, _: &hostprof_common::runtime::Stack, _: &mut Vec<Frame>) {}
-
-    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
-        for pid in super::gone(&self.processes, alive) {
-            self.forget(pid);
-        }
+    fn pids(&self) -> Vec<u32> {
+        self.processes.pids()
     }
 
     fn forget(&mut self, pid: u32) {
-        if let (Some(State::Registered), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-            let _ = map.remove(&pid);
-        }
+        self.processes.forget(pid);
     }
 }
 

@@ -285,7 +285,8 @@ fn refusals_are_counted_by_reason() {
             "attrs_truncated",
             "go_labels_truncated",
             "go_labels_utf8",
-            "go_labels_cut"
+            "go_labels_cut",
+            "tls_unreachable"
         ]
     );
     assert!(after[2].1 > before[2].1);

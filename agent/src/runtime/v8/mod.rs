@@ -21,7 +21,7 @@ use hostprof_common::{
     v8,
 };
 
-use super::{Runtime, RuntimeCode, elf};
+use super::{Registry, Runtime, RuntimeCode, elf};
 use crate::{
     model::{CodeRange, Frame, FrameKind, Line, Mapping},
     procs::memory::{self, Memory},
@@ -89,9 +89,8 @@ enum State {
 
 /// The V8 processes seen (the attribution thread owns it).
 pub struct V8 {
-    map: Option<ProcessMap>,
     code: RuntimeCode,
-    processes: HashMap<u32, State>,
+    processes: Registry<State, v8::Process>,
     binaries: HashMap<(u64, u64), Arc<Binary>>,
 }
 
@@ -100,9 +99,8 @@ impl V8 {
     /// kernel without runtime walks) and where to publish the code ranges.
     pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
         V8 {
-            map,
             code,
-            processes: HashMap::new(),
+            processes: Registry::new(map, "its V8", |state| matches!(state, State::Node(_))),
             binaries: HashMap::new(),
         }
     }
@@ -171,21 +169,23 @@ impl V8 {
 
     /// Tells the kernel and the unwind service about `node`'s code.
     fn register(&mut self, pid: u32, node: &Node) {
-        if let Some(map) = &mut self.map
-            && let Err(err) = map.insert(pid, node.layout.kernel_process(&node.blobs), 0)
-        {
-            super::count_if_full(&err);
-            tracing::info!("pid {pid}: cannot register its V8 with the kernel: {err}");
-        }
-        let mut code = vec![CodeRange::anonymous(0, u64::MAX, tag::V8)];
-        code.extend(node.blobs.iter().map(|&(low, high)| CodeRange {
-            low,
-            high,
-            in_files: true,
-            runtime: tag::V8,
-        }));
-        self.code.set(pid, code);
+        self.processes
+            .register(pid, node.layout.kernel_process(&node.blobs));
+        self.code.set(pid, code_ranges(node));
     }
+}
+
+/// Where `node`'s code is, for the unwind service: any anonymous memory (its
+/// JIT code) and its builtins' copies in files.
+fn code_ranges(node: &Node) -> Vec<CodeRange> {
+    let mut code = vec![CodeRange::anonymous(0, u64::MAX, tag::V8)];
+    code.extend(node.blobs.iter().map(|&(low, high)| CodeRange {
+        low,
+        high,
+        in_files: true,
+        runtime: tag::V8,
+    }));
+    code
 }
 
 /// The file offset of link-time address `address`.
@@ -222,7 +222,7 @@ fn may_be_node(mapping: &Mapping) -> bool {
 
 impl Runtime for V8 {
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        match self.processes.get_mut(&pid) {
+        match self.processes.get_mut(pid) {
             Some(State::Unsupported) => return false,
             Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             Some(State::Node(node)) => {
@@ -233,31 +233,30 @@ impl Runtime for V8 {
                     return false;
                 }
                 node.blobs = blobs;
-                let State::Node(node) = self.processes.remove(&pid).expect("just seen") else {
-                    unreachable!()
-                };
-                self.register(pid, &node);
-                self.processes.insert(pid, State::Node(node));
+                let record = node.layout.kernel_process(&node.blobs);
+                let code = code_ranges(node);
+                self.processes.register(pid, record);
+                self.code.set(pid, code);
                 return true;
             }
             _ => {}
         }
-        if self.map.is_none() {
+        if !self.processes.has_map() {
             return false;
         }
         let Some(binary) = mappings.iter().find(|mapping| may_be_node(mapping)) else {
-            self.processes.insert(pid, State::NotYet(Instant::now()));
+            self.processes.set(pid, State::NotYet(Instant::now()));
             return false;
         };
         let mut node = match self.start(pid, binary) {
             Ok(node) => node,
             Err(V8Error::NotV8) => {
-                self.processes.insert(pid, State::Unsupported);
+                self.processes.set(pid, State::Unsupported);
                 return false;
             }
             Err(err) => {
                 tracing::info!("pid {pid}: its JavaScript frames cannot be walked: {err}");
-                self.processes.insert(pid, State::Unsupported);
+                self.processes.set(pid, State::Unsupported);
                 return false;
             }
         };
@@ -265,12 +264,12 @@ impl Runtime for V8 {
         let (major, minor, patch) = node.layout.version;
         tracing::debug!("pid {pid}: V8 {major}.{minor}.{patch}: its frames are walked");
         self.register(pid, &node);
-        self.processes.insert(pid, State::Node(Box::new(node)));
+        self.processes.set(pid, State::Node(Box::new(node)));
         true
     }
 
     fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
-        let Some(State::Node(node)) = self.processes.get_mut(&pid) else {
+        let Some(State::Node(node)) = self.processes.get_mut(pid) else {
             return;
         };
         let memory = memory::Process(pid);
@@ -284,16 +283,12 @@ impl Runtime for V8 {
         });
     }
 
-    fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
-        for pid in super::gone(&self.processes, alive) {
-            self.forget(pid);
-        }
+    fn pids(&self) -> Vec<u32> {
+        self.processes.pids()
     }
 
     fn forget(&mut self, pid: u32) {
-        if let (Some(State::Node(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-            let _ = map.remove(&pid);
-        }
+        self.processes.forget(pid);
         self.code.set(pid, Vec::new());
     }
 }

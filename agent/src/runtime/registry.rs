@@ -1,0 +1,105 @@
+//! What a runtime knows of each process, and the kernel map of the ones it
+//! registered: one owner for both, so a process forgotten on the host
+//! leaves the kernel's map too, and a full map is counted the same way for
+//! every runtime.
+use std::collections::HashMap;
+
+use aya::{
+    Pod,
+    maps::{HashMap as BpfHashMap, MapData},
+};
+
+/// Per pid, a runtime's state `S`; per registered pid, its kernel record `V`.
+pub struct Registry<S, V: Pod> {
+    states: HashMap<u32, S>,
+    /// None: nothing is registered (tests, or a kernel without the walk).
+    map: Option<BpfHashMap<MapData, u32, V>>,
+    /// Names what is registered in a failure's log line ("its JVM").
+    what: &'static str,
+    /// Whether a state is one with a record in the kernel's map.
+    registered: fn(&S) -> bool,
+}
+
+impl<S, V: Pod> Registry<S, V> {
+    pub fn new(
+        map: Option<BpfHashMap<MapData, u32, V>>,
+        what: &'static str,
+        registered: fn(&S) -> bool,
+    ) -> Self {
+        Registry {
+            states: HashMap::new(),
+            map,
+            what,
+            registered,
+        }
+    }
+
+    /// Whether registrations reach a kernel map.
+    pub fn has_map(&self) -> bool {
+        self.map.is_some()
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&S> {
+        self.states.get(&pid)
+    }
+
+    pub fn get_mut(&mut self, pid: u32) -> Option<&mut S> {
+        self.states.get_mut(&pid)
+    }
+
+    pub fn set(&mut self, pid: u32, state: S) {
+        self.states.insert(pid, state);
+    }
+
+    /// Tells the kernel `pid`'s `record` (kept or replaced); a failure is
+    /// logged, and counted when the map is full (the process is then
+    /// sampled without this runtime's part).
+    pub fn register(&mut self, pid: u32, record: V) {
+        if let Some(map) = &mut self.map
+            && let Err(err) = map.insert(pid, record, 0)
+        {
+            super::count_if_full(&err);
+            tracing::info!(
+                "pid {pid}: cannot register {} with the kernel: {err}",
+                self.what
+            );
+        }
+    }
+
+    /// Forgets `pid` (exec'd or exited), out of the kernel map too.
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(state) = self.states.remove(&pid)
+            && (self.registered)(&state)
+            && let Some(map) = &mut self.map
+        {
+            let _ = map.remove(&pid);
+        }
+    }
+
+    /// The pids known.
+    pub fn pids(&self) -> Vec<u32> {
+        self.states.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgets_what_it_knows_of_a_process() {
+        // No kernel map: states only (what the tests of each runtime see).
+        let mut registry: Registry<bool, u64> = Registry::new(None, "its test", |state| *state);
+        assert!(!registry.has_map());
+        registry.set(1, true);
+        registry.set(2, false);
+        registry.register(1, 7);
+        let mut pids = registry.pids();
+        pids.sort_unstable();
+        assert_eq!(pids, [1, 2]);
+        registry.forget(1);
+        assert_eq!(registry.get(1), None);
+        assert_eq!(registry.get(2), Some(&false));
+        assert_eq!(registry.pids(), [2]);
+    }
+}
