@@ -118,16 +118,19 @@ async fn resources_carry_what_processes_publish() {
     let (collector, server, _agent) = start_agent(&[]).await;
     let from_env = start_env_named(&spinner, &env_name);
     let env_pid = from_env.0.id();
-    // Its resource showing means the agent samples and exports by now, so
-    // the publisher below is read well before it republishes.
+    // Its resource showing means the agent samples and exports by now.
     wait_until(&collector, "the environment's service", |requests| {
         named(requests, env_pid, &env_name, Some("env,1"))
     })
     .await;
 
+    let republish = common::work_dir().join("otel_ctx.republish");
+    let _ = std::fs::remove_file(&republish);
     let publishing = KillOnDrop(
         std::process::Command::new(&publisher)
-            .args([&first, &instance, "90", "4000", &second])
+            .args([&first, &instance, "90"])
+            .arg(&republish)
+            .arg(&second)
             .spawn()
             .expect("start the publisher"),
     );
@@ -136,7 +139,10 @@ async fn resources_carry_what_processes_publish() {
         named(requests, pid, &first, Some(&instance))
     })
     .await;
-    // Republished after 4 s: the new name shows, the instance stays.
+    // Republished once the first name was seen (a fixed 4 s was too short
+    // for an agent attributing seconds behind on a loaded machine): the
+    // new name shows, the instance stays.
+    std::fs::write(&republish, b"").unwrap();
     wait_until(&collector, "the republished service", |requests| {
         named(requests, pid, &second, Some(&instance))
     })
@@ -217,4 +223,61 @@ fn hostile_contexts_are_refused_and_counted() {
     let (status, stderr) = agent.terminate();
     assert!(status.success(), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A thread-local `otel_thread_ctx_v1` in a library whose code never
+/// reaches it (so the loader fills no slot a reader could follow): the
+/// process is sampled all the same, and `record` says the context was
+/// refused, under the metric's reason.
+#[test]
+fn a_thread_context_no_code_reaches_is_refused_and_said() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let flags = ["-O1", "-Wall"];
+    let library = common::build_c(
+        "otel_tls_unreached.c",
+        "libotel_tls_unreached.so",
+        &[&flags[..], &["-fPIC", "-shared", "-DUNREACHED_LIBRARY"]].concat(),
+    );
+    let program = common::work_dir().join("otel_tls_unreached");
+    common::run_ok(
+        std::process::Command::new("cc")
+            .args(flags)
+            .arg("-o")
+            .arg(&program)
+            .arg(common::program_source("otel_tls_unreached.c"))
+            .arg("-Wl,--no-as-needed")
+            .arg(&library)
+            .arg(format!("-Wl,-rpath,{}", common::work_dir().display())),
+    );
+    let output = common::run_ok(common::hostprof().args([
+        "record",
+        "-F",
+        "199",
+        "-o",
+        "-",
+        "--",
+        program.to_str().unwrap(),
+        "2",
+    ]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let folded = String::from_utf8_lossy(&output.stdout);
+    let sampled: u64 = common::parse_folded(&folded)
+        .iter()
+        .filter(|(stack, _)| stack.first().is_some_and(|comm| comm == "otel_tls_unreac"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(sampled >= 100, "{sampled} samples of the program: {stderr}");
+    // Once per look at the process: again if its mappings change.
+    let refused = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("hostprof: trace context refused: "))
+        .and_then(|reasons| {
+            reasons
+                .split(", ")
+                .find_map(|r| r.strip_prefix("tls_unreachable "))
+        })
+        .and_then(|count| count.parse::<u64>().ok());
+    assert!(refused.is_some_and(|count| count >= 1), "{stderr}");
 }

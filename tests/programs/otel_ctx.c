@@ -2,20 +2,23 @@
  * writer (opentelemetry-specification, oteps/profiles/4719-process-ctx.md),
  * then burns CPU so a profiler samples it.
  *
- *   otel_ctx NAME INSTANCE SECONDS [REPUBLISH_MS NEW_NAME]
+ *   otel_ctx NAME INSTANCE SECONDS [REPUBLISH_WHEN NEW_NAME]
  *   otel_ctx --hostile huge|unmapped|loop SECONDS
  *
  * Header (32 bytes): "OTEL_CTX", version 2, payload size, CLOCK_BOOTTIME
  * publication time, payload pointer. Payload: a ProcessContext protobuf
  * whose resource (field 1) holds service.name and service.instance.id,
- * encoded by hand here so the test needs no protobuf library. After
- * REPUBLISH_MS milliseconds it follows the OTEP's updating protocol once,
- * with service.name = NEW_NAME.
+ * encoded by hand here so the test needs no protobuf library. Once the
+ * file REPUBLISH_WHEN exists (the test creates it when it has seen the
+ * first name, however far behind a loaded agent runs) it follows the
+ * OTEP's updating protocol once, with service.name = NEW_NAME.
  *
  * --hostile publishes what a reader must refuse: a payload size of 100 MiB,
  * a payload pointer into unmapped memory, or a context republished in a
  * tight loop for as long as it runs. */
 #include "otel_ctx_publish.h"
+
+#include <unistd.h>
 
 static uint8_t payloads[2][1024];
 volatile unsigned long sink;
@@ -53,11 +56,11 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--hostile") == 0)
         return hostile(argv[2], atof(argv[3]));
     if (argc < 4) {
-        fprintf(stderr, "usage: %s NAME INSTANCE SECONDS [REPUBLISH_MS NEW_NAME]\n", argv[0]);
+        fprintf(stderr, "usage: %s NAME INSTANCE SECONDS [REPUBLISH_WHEN NEW_NAME]\n", argv[0]);
         return 2;
     }
     double seconds = atof(argv[3]);
-    long republish_ms = argc > 5 ? atol(argv[4]) : -1;
+    const char *republish_when = argc > 5 ? argv[4] : NULL;
     size_t mapping_size;
     size_t size = encode(payloads[0], argv[1], argv[2]);
     struct otel_ctx_header *header = publish(payloads[0], size, &mapping_size);
@@ -67,7 +70,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 1000000; i++)
             sink += (unsigned long)i * 2654435761u;
         uint64_t elapsed = otel_now_ns(CLOCK_MONOTONIC) - start;
-        if (!republished && republish_ms >= 0 && elapsed >= (uint64_t)republish_ms * 1000000u) {
+        if (!republished && republish_when && access(republish_when, F_OK) == 0) {
             republish(header, mapping_size, payloads[1], encode(payloads[1], argv[5], argv[2]));
             republished = 1;
         }

@@ -130,6 +130,22 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
+    // What the OpenTelemetry context readers refused (README: the same
+    // reasons as `hostprof_context_refused_total`).
+    let context_refused: Vec<String> = crate::procs::otel_ctx::refusals()
+        .iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(reason, count)| format!("{reason} {count}"))
+        .collect();
+    let trace = if context_refused.is_empty() {
+        trace
+    } else {
+        trace
+            + &format!(
+                "hostprof: trace context refused: {}\n",
+                context_refused.join(", ")
+            )
+    };
     let labeled = counters.get(Counter::GoLabeled);
     let unlabeled = counters.get(Counter::GoUnlabeled);
     let go_faults = counters.get(Counter::GoReadFault);
