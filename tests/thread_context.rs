@@ -5,8 +5,10 @@
 //! writer whose thread-local points at unmapped memory. The same writer
 //! runs with the variable in the executable, in a library linked at start
 //! and in a library `dlopen`ed later, each library built for the
-//! traditional general-dynamic model and for TLS descriptors. The requests are
-//! decoded by the generated protobuf types, not the agent's builder.
+//! traditional general-dynamic model and for TLS descriptors; a Rust
+//! writer (`tests/programs/otel_thread_ctx.rs`) does the same as the C
+//! executable and is held to the same checks. The requests are decoded by
+//! the generated protobuf types, not the agent's builder.
 // The serializing guard of `require_ebpf` spans whole tests on purpose,
 // awaits included: each test owns its runtime, nothing else waits on that lock.
 #![allow(clippy::await_holding_lock)]
@@ -199,11 +201,21 @@ enum Place {
     Dlopened,
 }
 
+/// What the writer is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Language {
+    /// `otel_thread_ctx.c`: every place, and the hostile modes.
+    C,
+    /// `otel_thread_ctx.rs`: the executable's normal mode only.
+    Rust,
+}
+
 /// One way of building and running the writer.
 #[derive(Clone, Copy, Debug)]
 struct Writer {
     name: &'static str,
     place: Place,
+    language: Language,
     /// `-mtls-dialect=gnu2` (TLS descriptors) instead of the traditional
     /// general-dynamic calls to `__tls_get_addr` (libraries only).
     descriptors: bool,
@@ -217,8 +229,13 @@ struct Writer {
 fn build(writer: Writer) -> (std::path::PathBuf, Vec<String>) {
     let base = ["-O1", "-Wall", "-pthread"];
     if writer.place == Place::Executable {
-        return (common::build_otel_writer(), Vec::new());
+        let program = match writer.language {
+            Language::C => common::build_otel_writer(),
+            Language::Rust => common::build_rust_otel_writer(),
+        };
+        return (program, Vec::new());
     }
+    assert_eq!(writer.language, Language::C, "a library is C");
     let dialect = if writer.descriptors {
         "-mtls-dialect=gnu2"
     } else {
@@ -261,6 +278,22 @@ async fn samples_link_to_the_span_their_thread_had() {
     check_links(Writer {
         name: "otel_thread_ctx",
         place: Place::Executable,
+        language: Language::C,
+        descriptors: false,
+        tunables: None,
+    })
+    .await;
+}
+
+/// The Rust writer: its variable defined in assembly (stable Rust cannot
+/// name a thread-local), reached local-exec, found by the agent as the C
+/// executable's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_come_from_a_rust_writer() {
+    check_links(Writer {
+        name: "otel_thread_ctx_rs",
+        place: Place::Executable,
+        language: Language::Rust,
         descriptors: false,
         tunables: None,
     })
@@ -277,6 +310,7 @@ async fn links_come_from_a_library_loaded_at_start() {
                 "otel_ctx_start_gd"
             },
             place: Place::AtStart,
+            language: Language::C,
             descriptors,
             tunables: None,
         })
@@ -300,6 +334,7 @@ async fn links_come_from_a_library_dlopened_later() {
         check_links(Writer {
             name,
             place: Place::Dlopened,
+            language: Language::C,
             descriptors,
             tunables,
         })
@@ -309,8 +344,8 @@ async fn links_come_from_a_library_dlopened_later() {
 
 /// Runs `writer` under the agent: every linked sample's link is the span
 /// its thread had then, none while detached or not valid, and at least
-/// [`LINKED_AT_LEAST`] linked. With the executable's writer, a hostile
-/// writer runs beside it.
+/// [`LINKED_AT_LEAST`] linked. With the C executable's writer, the
+/// hostile writers (its other modes) run beside it.
 async fn check_links(writer: Writer) {
     let Some(_serial) = common::require_ebpf() else {
         return;
@@ -354,16 +389,17 @@ async fn check_links(writer: Writer) {
         command.env("GLIBC_TUNABLES", tunables);
     }
     let mut writing = KillOnDrop(command.spawn().expect("start the writer"));
-    let hostile = (writer.place == Place::Executable).then(|| {
-        ["--hostile", "--hostile-attrs"].map(|mode| {
-            KillOnDrop(
-                std::process::Command::new(&program)
-                    .args([mode, "120"])
-                    .spawn()
-                    .expect("start the hostile writer"),
-            )
-        })
-    });
+    let hostile =
+        (writer.place == Place::Executable && writer.language == Language::C).then(|| {
+            ["--hostile", "--hostile-attrs"].map(|mode| {
+                KillOnDrop(
+                    std::process::Command::new(&program)
+                        .args([mode, "120"])
+                        .spawn()
+                        .expect("start the hostile writer"),
+                )
+            })
+        });
     let pid = writing.0.id();
     let hostile_pid = hostile.as_ref().map(|hostile| hostile[0].0.id());
     let hostile_attrs_pid = hostile.as_ref().map(|hostile| hostile[1].0.id());

@@ -110,6 +110,27 @@ pub fn build_otel_writer() -> PathBuf {
     build_c("otel_thread_ctx.c", "otel_thread_ctx", &OTEL_WRITER_FLAGS)
 }
 
+/// The same writer in Rust (`tests/programs/otel_thread_ctx.rs`), built
+/// by `rustc` alone (`RUSTC` when set, as cargo names its compiler), its
+/// variable in the executable's static TLS, exported for readers.
+pub fn build_rust_otel_writer() -> PathBuf {
+    let out = work_dir().join("otel_thread_ctx_rs");
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    run_ok(
+        Command::new(rustc)
+            .args(["--edition", "2024", "--crate-name", "otel_thread_ctx_rs"])
+            .args(["-C", "opt-level=1", "-C", "force-frame-pointers=no"])
+            .args([
+                "-C",
+                "link-arg=-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
+            ])
+            .arg("-o")
+            .arg(&out)
+            .arg(program_source("otel_thread_ctx.rs")),
+    );
+    out
+}
+
 /// Runs a command, panicking with its stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let output = cmd.output().expect("start command");
