@@ -204,10 +204,11 @@ if [ -s /tmp/ctx.log ]; then
 else
     links="no_log=1"
 fi
+# Reads of the context that failed, and unwinds of user stacks that hit a
+# read fault (the same samples so far: a thread's user memory unreadable).
 failed_reads=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .* \([0-9]*\) reads failed.*/\1/p')
-# Samples of exiting threads: past exit_mm, their user memory is gone.
-hostprof report /tmp/ctx.otlp.json -o /tmp/ctx.folded 2>/dev/null
-say check=thread-context exit=$rc $links failed_reads=${failed_reads:-0} $(count /tmp/ctx.folded '(^|;)do_exit_\\[k\\]' exiting) detail="$(detail /tmp/ctx.err 'trace context')"
+stack_faults=$(plain /tmp/ctx.err | sed -n 's/.*user stacks: .* read fault \([0-9]*\),.*/\1/p')
+say check=thread-context exit=$rc $links failed_reads=${failed_reads:-0} stack_faults=${stack_faults:-0} detail="$(detail /tmp/ctx.err 'trace context')"
 
 # 9. Memory of a host-wide record on this guest (idle now).
 memory_check

@@ -78,12 +78,15 @@ const MIN_NODE_SHARE: f64 = 0.9;
 /// The thread-context writer's threads, each of which must be sampled.
 const WRITER_THREADS: u64 = 3;
 
-/// The share of the writer's samples that must carry a link: its threads
-/// spend half their time with a span attached (6 ms of each 12 ms: then
-/// 3 ms detached, 3 ms under modification), less the samples taken before
-/// the agent registered the process and the switches' bookkeeping (0.39
-/// on the host).
+/// The share of the writer's threads' samples that must carry a link:
+/// they spend half their time with a span attached (6 ms of each 12 ms:
+/// then 3 ms detached, 3 ms under modification), less the samples taken
+/// before the agent registered the process and the switches' bookkeeping
+/// (0.39 on the host, 0.41 to 0.46 in the guests).
 const MIN_LINKED_SHARE: f64 = 0.25;
+
+/// The share of the writer's samples whose context read may fail.
+const MAX_FAILED_READ_SHARE: f64 = 0.01;
 
 /// The first kernel with the modern variant (`bpf_loop`): the guest checks
 /// JavaScript frames only before it, where the legacy variant walks V8.
@@ -301,7 +304,9 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             )
         }
         "thread-context" => {
-            let samples = check.number("samples");
+            // The samples of the threads that switch spans (the main
+            // thread's, mostly writing the log at exit, are not).
+            let samples = check.number("in_threads");
             let linked = check.number("linked");
             let share = linked as f64 / samples.max(1) as f64;
             // Links to another thread's span or to one no thread
@@ -309,11 +314,13 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             let wrong = check.number("foreign") + check.number("unknown");
             let outside = check.number("outside");
             let threads = check.number("threads");
-            // A sample of a thread past exit_mm (in do_exit) has no user
-            // memory: its reads fail (as its user stack does). Any other
-            // failure is a misread: the writer's memory is all mapped.
+            // A few reads fail (0 to 2 a run), in samples whose user
+            // stack's unwind hit a read fault too: the thread's memory
+            // unreadable, as past exit_mm in do_exit, seen once. A wrong
+            // offset would fail most reads.
             let failed_reads = check.number("failed_reads");
-            let exiting = check.number("exiting");
+            let stack_faults = check.number("stack_faults");
+            let max_failed = (check.number("samples") as f64 * MAX_FAILED_READ_SHARE) as u64;
             let no_log = check.number("no_log") > 0;
             let passed = exit == "0"
                 && !no_log
@@ -322,16 +329,18 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 && share >= MIN_LINKED_SHARE
                 && wrong == 0
                 && outside == 0
-                && failed_reads <= exiting;
+                && failed_reads <= max_failed;
             verdict(
                 passed,
                 format!("{short} {share:.2} of {samples} linked, {wrong} wrong"),
                 format!(
-                    "{name}: exit {exit}, {samples} samples of {threads} writer threads (want \
-                     >= {MIN_SAMPLES} of {WRITER_THREADS}), {linked} linked ({share:.3}, want >= \
-                     {MIN_LINKED_SHARE}): {} to their thread's span, {} to another thread's, {} \
-                     to none published, {outside} outside their span's time; {failed_reads} \
-                     reads failed (want <= {exiting}, the samples in do_exit){}: {detail}",
+                    "{name}: exit {exit}, {} samples, {samples} of {threads} span-switching \
+                     threads (want >= {MIN_SAMPLES} of {WRITER_THREADS}), {linked} linked \
+                     ({share:.3}, want >= {MIN_LINKED_SHARE}): {} to their thread's span, {} \
+                     to another thread's, {} to none published, {outside} outside their span's \
+                     time; {failed_reads} reads failed (want <= {max_failed}), {stack_faults} \
+                     user stacks hit a read fault{}: {detail}",
+                    check.number("samples"),
                     check.number("good"),
                     check.number("foreign"),
                     check.number("unknown"),
@@ -401,8 +410,8 @@ mod tests {
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
         "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
-        "check=thread-context exit=0 samples=1040 linked=402 good=402 foreign=0 unknown=0 \
-         outside=0 threads=3 failed_reads=1 exiting=2 detail=x",
+        "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
+         unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
         "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
     ];
 
@@ -477,37 +486,42 @@ mod tests {
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=402 good=401 foreign=1 \
-                 unknown=0 outside=0 threads=3 failed_reads=1 exiting=2 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+                 foreign=1 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=402 good=401 foreign=0 \
-                 unknown=1 outside=0 threads=3 failed_reads=1 exiting=2 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+                 foreign=0 unknown=1 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=402 good=402 foreign=0 \
-                 unknown=0 outside=1 threads=3 failed_reads=0 exiting=0 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=1 threads=3 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=100 good=100 foreign=0 \
-                 unknown=0 outside=0 threads=3 failed_reads=1 exiting=2 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=100 good=100 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=402 good=402 foreign=0 \
-                 unknown=0 outside=0 threads=2 failed_reads=0 exiting=0 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=90 linked=40 good=40 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 samples=1040 linked=402 good=402 foreign=0 \
-                 unknown=0 outside=0 threads=3 failed_reads=2 exiting=1 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=0 threads=2 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
                 8,
-                "check=thread-context exit=0 no_log=1 failed_reads=0 exiting=0 detail=x",
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=11 stack_faults=11 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
                 9,

@@ -1,6 +1,7 @@
 # Judges the links of the thread-context writer's samples against what
 # its threads published: `awk -f thread_links.awk LOG SAMPLES` prints
-# "samples=N linked=N good=N foreign=N unknown=N outside=N threads=N".
+# "samples=N in_threads=N linked=N good=N foreign=N unknown=N outside=N
+# threads=N".
 #
 # LOG is the writer's switch log (tests/programs/otel_thread_ctx.c):
 # "offset REALTIME-MONOTONIC_ns", then per thread, in order, "tid
@@ -11,8 +12,10 @@
 # another thread published; unknown, a span no thread published. Outside:
 # good ones taken more than SLACK_NS before the span was attached or after
 # it ended (the writer stamps a switch just after writing the pointer; the
-# agent's clock offset and the writer's are two readings). threads: the
-# writer's threads with samples.
+# agent's clock offset and the writer's are two readings). in_threads:
+# the samples of the writer's span-switching threads (not of its main
+# thread, which only waits, then writes the log); threads: how many of
+# them have samples.
 
 BEGIN {
     SLACK_NS = 1000000
@@ -41,8 +44,10 @@ FNR == NR {
 
 {
     samples++
-    if ($1 in writer)
+    if ($1 in writer) {
         seen[$1] = 1
+        in_threads++
+    }
     if ($2 == "-")
         next
     linked++
@@ -63,6 +68,6 @@ FNR == NR {
 END {
     for (tid in seen)
         threads++
-    printf "samples=%d linked=%d good=%d foreign=%d unknown=%d outside=%d threads=%d\n",
-        samples, linked, good, foreign, unknown, outside, threads
+    printf "samples=%d in_threads=%d linked=%d good=%d foreign=%d unknown=%d outside=%d threads=%d\n",
+        samples, in_threads, linked, good, foreign, unknown, outside, threads
 }
