@@ -314,10 +314,11 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             let wrong = check.number("foreign") + check.number("unknown");
             let outside = check.number("outside");
             let threads = check.number("threads");
-            // A few reads fail (0 to 2 a run), in samples whose user
-            // stack's unwind hit a read fault too: the thread's memory
-            // unreadable, as past exit_mm in do_exit, seen once. A wrong
-            // offset would fail most reads.
+            // A few reads fail (0 to 2 a run): samples of threads past
+            // exit_mm in do_exit, whose user memory is gone (their user
+            // stacks' unwinds fault as often; where their kernel stacks
+            // reached do_exit, those samples matched the failures). A
+            // wrong offset would fail most reads.
             let failed_reads = check.number("failed_reads");
             let stack_faults = check.number("stack_faults");
             let max_failed = (check.number("samples") as f64 * MAX_FAILED_READ_SHARE) as u64;
