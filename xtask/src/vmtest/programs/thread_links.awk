@@ -10,9 +10,11 @@
 #
 # Of the linked samples: good, the thread's own span; foreign, a span
 # another thread published; unknown, a span no thread published. Outside:
-# good ones taken more than SLACK_NS before the span was attached or after
-# it ended (the writer stamps a switch just after writing the pointer; the
-# agent's clock offset and the writer's are two readings). in_threads:
+# good ones taken, give or take SLACK_NS (the agent's clock offset and the
+# writer's are two readings), before the thread's previous switch or after
+# the span's end. The writer stamps a switch just after writing the
+# pointer, and may be preempted in between: a sample can precede its
+# span's own stamp, never the stamp before it. in_threads:
 # the samples of the writer's span-switching threads (not of its main
 # thread, which only waits, then writes the log); threads: how many of
 # them have samples.
@@ -31,11 +33,13 @@ FNR == NR {
     if (previous_tid == $1 && open_span != "")
         span_end[open_span] = $2
     open_span = ""
+    before = previous_tid == $1 ? previous_ns : $2
     previous_tid = $1
+    previous_ns = $2
     writer[$1] = 1
     if ($3 == 1) {
         span = $1 " " $4 " " $5
-        span_start[span] = $2
+        span_start[span] = before
         owner[$4 " " $5] = $1
         open_span = span
     }
