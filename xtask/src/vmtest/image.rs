@@ -1,8 +1,9 @@
 //! The initramfs each VM boots: a static busybox, `/init` (init.sh, the
 //! suite), the release `hostprof` and `otlp_sink` for the guest's arch with
 //! the shared libraries they load, the C test programs (static, built
-//! here), and, for the host's arch, Debian's `python3.11` with its libraries,
-//! its `encodings` package and a Python program, and node's own build of
+//! here; the thread-context writer static-PIE) and two awk programs, and,
+//! for the host's arch, Debian's `python3.11` with its libraries, its
+//! `encodings` package and a Python program, and node's own build of
 //! Node.js with a JavaScript program. One per arch, shared by its kernels;
 //! an uncompressed newc cpio, which every kernel unpacks and which costs
 //! TCG no decompression.
@@ -60,6 +61,7 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
                 .arg(source),
         )?;
     }
+    install_thread_context(&bin, arch, &programs)?;
     if arch == Arch::host() {
         install_python(&tree, arch)?;
         install_node(&tree, arch)?;
@@ -67,6 +69,27 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
     let cpio = dir.join("initramfs.cpio");
     pack(&tree, &cpio)?;
     Ok(cpio)
+}
+
+/// The OpenTelemetry thread-context writer of tests/thread_context.rs, the
+/// variable in the executable's static TLS, and the awk programs that
+/// judge its samples' links in the guest (its busybox has no JSON tool).
+/// Static-PIE, not `-static`: a static executable has no dynamic symbol
+/// table, and OTEP 4947 asks writers to export the variable there, where
+/// the agent looks for it (runtime::thread_ctx).
+fn install_thread_context(bin: &Path, arch: Arch, programs: &Path) -> Result<()> {
+    run_cmd(
+        Command::new(arch.cc())
+            .args(["-O1", "-Wall", "-pthread", "-static-pie"])
+            .arg("-Wl,--export-dynamic-symbol=otel_thread_ctx_v1")
+            .arg("-o")
+            .arg(bin.join("otel_thread_ctx"))
+            .arg(root().join("tests/programs/otel_thread_ctx.c")),
+    )?;
+    for script in ["otlp_samples.awk", "thread_links.awk"] {
+        fs::copy(programs.join(script), bin.join(script))?;
+    }
+    Ok(())
 }
 
 /// Debian's python3.11 (`setup` installs it with python3-pip), as

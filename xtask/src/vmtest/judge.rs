@@ -62,6 +62,7 @@ const CHECKS: &[(&str, &str)] = &[
     ("error-line", "error line"),
     ("python", "python"),
     ("node", "node"),
+    ("thread-context", "thread context"),
     ("memory", "memory"),
 ];
 
@@ -73,6 +74,19 @@ const MIN_PYTHON_SHARE: f64 = 0.9;
 /// `hotLoop` as a JavaScript frame (the legacy variant's V8 walk, in a
 /// tail-called program of its own).
 const MIN_NODE_SHARE: f64 = 0.9;
+
+/// The thread-context writer's threads, each of which must be sampled.
+const WRITER_THREADS: u64 = 3;
+
+/// The share of the writer's threads' samples that must carry a link:
+/// they spend half their time with a span attached (6 ms of each 12 ms:
+/// then 3 ms detached, 3 ms under modification), less the samples taken
+/// before the agent registered the process and the switches' bookkeeping
+/// (0.39 on the host, 0.41 to 0.46 in the guests).
+const MIN_LINKED_SHARE: f64 = 0.25;
+
+/// The share of the writer's samples whose context read may fail.
+const MAX_FAILED_READ_SHARE: f64 = 0.01;
 
 /// The first kernel with the modern variant (`bpf_loop`): the guest checks
 /// JavaScript frames only before it, where the legacy variant walks V8.
@@ -289,6 +303,56 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 ),
             )
         }
+        "thread-context" => {
+            // The samples of the threads that switch spans (the main
+            // thread's, mostly writing the log at exit, are not).
+            let samples = check.number("in_threads");
+            let linked = check.number("linked");
+            let share = linked as f64 / samples.max(1) as f64;
+            // Links to another thread's span or to one no thread
+            // published: a misread variable, record or thread pointer.
+            let wrong = check.number("foreign") + check.number("unknown");
+            let outside = check.number("outside");
+            let threads = check.number("threads");
+            // A few reads fail (0 to 2 a run): samples of threads past
+            // exit_mm in do_exit, whose user memory is gone (their user
+            // stacks' unwinds fault as often; where their kernel stacks
+            // reached do_exit, those samples matched the failures). A
+            // wrong offset would fail most reads.
+            let failed_reads = check.number("failed_reads");
+            let stack_faults = check.number("stack_faults");
+            let max_failed = (check.number("samples") as f64 * MAX_FAILED_READ_SHARE) as u64;
+            let no_log = check.number("no_log") > 0;
+            let passed = exit == "0"
+                && !no_log
+                && samples >= MIN_SAMPLES
+                && threads == WRITER_THREADS
+                && share >= MIN_LINKED_SHARE
+                && wrong == 0
+                && outside == 0
+                && failed_reads <= max_failed;
+            verdict(
+                passed,
+                format!("{short} {share:.2} of {samples} linked, {wrong} wrong"),
+                format!(
+                    "{name}: exit {exit}, {} samples, {samples} of {threads} span-switching \
+                     threads (want >= {MIN_SAMPLES} of {WRITER_THREADS}), {linked} linked \
+                     ({share:.3}, want >= {MIN_LINKED_SHARE}): {} to their thread's span, {} \
+                     to another thread's, {} to none published, {outside} outside their span's \
+                     time; {failed_reads} reads failed (want <= {max_failed}), {stack_faults} \
+                     user stacks hit a read fault{}: {detail}",
+                    check.number("samples"),
+                    check.number("good"),
+                    check.number("foreign"),
+                    check.number("unknown"),
+                    if no_log {
+                        "; the writer left no log"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        }
         "memory" => {
             // Figures here; what each CPU adds is judged across two boots
             // (`super::memory`).
@@ -347,6 +411,8 @@ mod tests {
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
         "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
+        "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
+         unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
         "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
     ];
 
@@ -421,6 +487,45 @@ mod tests {
             ),
             (
                 8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+                 foreign=1 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+                 foreign=0 unknown=1 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=1 threads=3 failed_reads=0 stack_faults=0 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=100 good=100 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=90 linked=40 good=40 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=0 threads=2 failed_reads=0 stack_faults=0 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=11 stack_faults=11 detail=x",
+            ),
+            (
+                8,
+                "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
+            ),
+            (
+                9,
                 "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
             ),
         ] {
@@ -467,7 +572,7 @@ mod tests {
     #[test]
     fn missing_results_fail() {
         let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 6);
+        assert_eq!(failed(&verdicts).len(), 7);
         assert!(verdicts[2].long.contains("no result"));
         let verdicts = judge(&boot(&[]));
         assert_eq!(failed(&verdicts), ["boot FAIL"]);

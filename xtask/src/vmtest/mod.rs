@@ -2,7 +2,8 @@
 //! 6.1, 6.12 on x86_64; 6.1 on arm64) under qemu, each running a smoke suite
 //! (init.sh) from an initramfs: DWARF unwinding of one process, host-wide
 //! frame pointers with kernel frames, off-CPU stacks, the agent exporting
-//! OTLP, and the one-line error of an unprivileged run. The guest prints
+//! OTLP, the one-line error of an unprivileged run, Python and JavaScript
+//! frames, OpenTelemetry thread-context links, and memory. The guest prints
 //! figures, judged here; one summary line per kernel, failing when any
 //! kernel fails. The host kernel alone says nothing about older kernels'
 //! verifiers and BTF, nor about arm64.
