@@ -222,6 +222,9 @@ struct Writer {
     /// The writer's environment: a glibc tunable, to have the loader put
     /// a `dlopen`ed module in dynamic TLS.
     tunables: Option<&'static str>,
+    /// Built with `musl-gcc` (C only): musl's loader places the module,
+    /// its DTV the kernel reads.
+    musl: bool,
 }
 
 /// Builds `writer`: the program to run and the arguments before the
@@ -241,17 +244,18 @@ fn build(writer: Writer) -> (std::path::PathBuf, Vec<String>) {
     } else {
         "-mtls-dialect=gnu"
     };
-    let library = common::build_c(
-        "otel_thread_ctx.c",
-        &format!("lib{}.so", writer.name),
-        &[
-            &base[..],
-            &["-fPIC", "-shared", "-DOTEL_WRITER_LIBRARY", dialect],
-        ]
-        .concat(),
+    let compiler = if writer.musl { "musl-gcc" } else { "cc" };
+    let library = common::work_dir().join(format!("lib{}.so", writer.name));
+    common::run_ok(
+        std::process::Command::new(compiler)
+            .args(base)
+            .args(["-fPIC", "-shared", "-DOTEL_WRITER_LIBRARY", dialect])
+            .arg("-o")
+            .arg(&library)
+            .arg(common::program_source("otel_thread_ctx.c")),
     );
     let out = common::work_dir().join(writer.name);
-    let mut cc = std::process::Command::new("cc");
+    let mut cc = std::process::Command::new(compiler);
     cc.args(base).arg("-o").arg(&out);
     cc.arg(common::program_source("otel_thread_ctx_main.c"));
     if writer.place == Place::AtStart {
@@ -281,6 +285,7 @@ async fn samples_link_to_the_span_their_thread_had() {
         language: Language::C,
         descriptors: false,
         tunables: None,
+        musl: false,
     })
     .await;
 }
@@ -296,6 +301,7 @@ async fn links_come_from_a_rust_writer() {
         language: Language::Rust,
         descriptors: false,
         tunables: None,
+        musl: false,
     })
     .await;
 }
@@ -313,6 +319,7 @@ async fn links_come_from_a_library_loaded_at_start() {
             language: Language::C,
             descriptors,
             tunables: None,
+            musl: false,
         })
         .await;
     }
@@ -337,6 +344,29 @@ async fn links_come_from_a_library_dlopened_later() {
             language: Language::C,
             descriptors,
             tunables,
+            musl: false,
+        })
+        .await;
+    }
+}
+
+/// A writer built against musl and `dlopen`ed: musl always gives such a
+/// module dynamic TLS, in a DTV of its own shape (word entries, the count
+/// in entry 0, below the thread pointer on aarch64), reached through
+/// `__tls_get_addr` or musl's TLS descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_come_from_a_musl_library_dlopened_later() {
+    for (name, descriptors) in [
+        ("otel_ctx_musl_dlopen_gd", false),
+        ("otel_ctx_musl_dlopen_desc", true),
+    ] {
+        check_links(Writer {
+            name,
+            place: Place::Dlopened,
+            language: Language::C,
+            descriptors,
+            tunables: None,
+            musl: true,
         })
         .await;
     }

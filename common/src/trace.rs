@@ -25,9 +25,11 @@ pub const MAX_PROCESSES: u32 = 4096;
 /// start, a `dlopen`ed library the loader placed in the static surplus):
 /// at `thread pointer + tls_offset`. Dynamic TLS (`module` > 0): at
 /// `tls_offset` into the block `dtv[module]` points at, the DTV's address
-/// being at `thread pointer + dtv_at` (glibc's layout: 16-byte entries
-/// whose first word is the block's address, the vector's length in the
-/// first word of entry -1; an entry of 0 or -1 has no block yet).
+/// being at `thread pointer + dtv_at`. The vector's shape is the C
+/// library's, told by the host ([`Dtv`]): glibc's 16-byte entries whose
+/// first word is the block's address, the vector's length in entry -1;
+/// musl's one-word entries, the length in entry 0. An entry of 0 or -1
+/// has no block yet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Process {
@@ -37,14 +39,54 @@ pub struct Process {
     pub tls_offset: i64,
     /// 0: static TLS; otherwise the TLS module id of the variable's library.
     pub module: u32,
-    /// Dynamic TLS: where the thread's DTV pointer is, from the thread
-    /// pointer (`tcbhead_t.dtv`: 8 on x86_64, 0 on aarch64).
-    pub dtv_at: u32,
+    /// Dynamic TLS: the thread's vector (unused for static TLS).
+    pub dtv: Dtv,
 }
 
-/// Bytes of one DTV entry (glibc's `dtv_t`: the block's address, then
-/// what to free).
-pub const DTV_ENTRY_BYTES: u64 = 16;
+/// Where a thread's DTV is and how it is laid out: the C library's
+/// choice, the same for every thread of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dtv {
+    /// Where the thread's DTV pointer is, from the thread pointer.
+    pub at: i16,
+    /// log2 of an entry's bytes: [`DTV_ENTRY_SHIFT_GLIBC`] or
+    /// [`DTV_ENTRY_SHIFT_MUSL`] (anything else reads as glibc's).
+    pub entry_shift: u8,
+    /// The entry holding the vector's length: -1 (glibc) or 0 (musl).
+    pub length_entry: i8,
+}
+
+impl Dtv {
+    /// glibc's: `tcbhead_t.dtv` (8 on x86_64, after the TCB's self
+    /// pointer; 0 on aarch64), `dtv_t` entries, the length in `dtv[-1]`.
+    pub const fn glibc(aarch64: bool) -> Dtv {
+        Dtv {
+            at: if aarch64 { 0 } else { 8 },
+            entry_shift: DTV_ENTRY_SHIFT_GLIBC,
+            length_entry: -1,
+        }
+    }
+
+    /// musl's: `struct pthread`'s `dtv` (its second word on x86_64; its
+    /// last, just below the thread pointer, on aarch64), word entries, the
+    /// module count in `dtv[0]`.
+    pub const fn musl(aarch64: bool) -> Dtv {
+        Dtv {
+            at: if aarch64 { -8 } else { 8 },
+            entry_shift: DTV_ENTRY_SHIFT_MUSL,
+            length_entry: 0,
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<Process>() == 16);
+
+/// glibc's `dtv_t`: the block's address, then what to free.
+pub const DTV_ENTRY_SHIFT_GLIBC: u8 = 4;
+
+/// musl's DTV entries: the block's address alone.
+pub const DTV_ENTRY_SHIFT_MUSL: u8 = 3;
 
 /// Largest module id the sampler looks up (glibc numbers modules with TLS
 /// from 1, one per library; a larger id is a bad registration).

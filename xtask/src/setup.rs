@@ -55,6 +55,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     // tests/golden.rs compares names in libc with its debug file.
     ("libc6-dbg", "/usr/share/doc/libc6-dbg/copyright"),
+    // tests/thread_context.rs: a musl writer (musl's own loader and DTV).
+    ("musl-tools", "musl-gcc"),
     // tests/java.rs: the host's JDK (javac and the JNI headers build the
     // test program, jfr reads every JDK's recordings), by its own path:
     // `java` on PATH may be another JDK.

@@ -60,7 +60,7 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
     let variable = if module == 0 {
         thread_pointer.wrapping_add(tls_offset)
     } else {
-        match dynamic_block(thread_pointer, module, process.dtv_at) {
+        match dynamic_block(thread_pointer, module, process.dtv) {
             Block::At(block) => block.wrapping_add(tls_offset),
             Block::NotYet => {
                 bump(Counter::TraceDetached);
@@ -144,21 +144,32 @@ enum Block {
 }
 
 /// The start of `module`'s TLS block in the current thread, from its DTV
-/// (glibc's layout, see `hostprof_common::trace::Process`).
+/// (laid out as `dtv` says, see `hostprof_common::trace::Dtv`).
 #[inline(always)]
-fn dynamic_block(thread_pointer: u64, module: u32, dtv_at: u32) -> Block {
-    let Some(dtv) = read_user::<u64>(thread_pointer.wrapping_add(u64::from(dtv_at))) else {
+fn dynamic_block(thread_pointer: u64, module: u32, dtv: tc::Dtv) -> Block {
+    let Some(vector) = read_user::<u64>(thread_pointer.wrapping_add(dtv.at as i64 as u64)) else {
         return Block::Fault;
     };
-    // The vector's length, in entry -1: a module past it was loaded after
-    // the thread last grew its vector.
-    let Some(length) = read_user::<u64>(dtv.wrapping_sub(tc::DTV_ENTRY_BYTES)) else {
+    let shift = if dtv.entry_shift == tc::DTV_ENTRY_SHIFT_MUSL {
+        tc::DTV_ENTRY_SHIFT_MUSL
+    } else {
+        tc::DTV_ENTRY_SHIFT_GLIBC
+    };
+    // The vector's length (glibc: entry -1; musl: entry 0, its module
+    // count): a module past it was loaded after the thread last grew its
+    // vector.
+    let length_at = if dtv.length_entry == 0 {
+        vector
+    } else {
+        vector.wrapping_sub(1 << shift)
+    };
+    let Some(length) = read_user::<u64>(length_at) else {
         return Block::Fault;
     };
     if u64::from(module) > length {
         return Block::NotYet;
     }
-    let entry = dtv.wrapping_add(u64::from(module) * tc::DTV_ENTRY_BYTES);
+    let entry = vector.wrapping_add(u64::from(module) << shift);
     match read_user::<u64>(entry) {
         None => Block::Fault,
         // glibc's TLS_DTV_UNALLOCATED is -1; a zeroed entry is unallocated too.

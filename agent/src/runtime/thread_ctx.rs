@@ -74,16 +74,56 @@ impl TlsVariant {
     } else {
         TlsVariant::Below
     };
+}
 
-    /// Where the thread's DTV pointer is, from the thread pointer: the
-    /// second word of glibc's `tcbhead_t` on x86_64 (after its `tcb`
-    /// self-pointer), the first word of the TCB on aarch64.
-    pub fn dtv_at(self) -> u32 {
-        match self {
-            TlsVariant::Below => 8,
-            TlsVariant::Above => 0,
-        }
+/// The DTV's place and shape in a process: musl's when its executable
+/// asks for musl's loader (`PT_INTERP` `ld-musl-*.so.1`, which is its
+/// libc too) or one is mapped under musl's names (Alpine's
+/// `/lib/ld-musl-x86_64.so.1`; Debian's `musl-gcc` programs map it as
+/// `/usr/lib/x86_64-linux-musl/libc.so`), glibc's otherwise. Only a
+/// process with a dynamic loader reaches dynamic TLS.
+pub fn dtv_of(musl_interpreter: bool, mappings: &[Arc<Mapping>]) -> trace::Dtv {
+    let aarch64 = TlsVariant::NATIVE == TlsVariant::Above;
+    let musl = musl_interpreter
+        || mappings.iter().any(|mapping| {
+            let mut parts = mapping.path.rsplit('/');
+            let name = parts.next().unwrap_or_default();
+            let dir = parts.next().unwrap_or_default();
+            name.starts_with("ld-musl-")
+                || name.starts_with("libc.musl-")
+                || (dir.ends_with("-linux-musl") && name == "libc.so")
+        });
+    if musl {
+        trace::Dtv::musl(aarch64)
+    } else {
+        trace::Dtv::glibc(aarch64)
     }
+}
+
+/// True when `data`, an executable, names musl's loader as its
+/// interpreter.
+pub fn musl_interpreter(data: &[u8]) -> bool {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else {
+        return false;
+    };
+    let endian = elf.endian();
+    elf.elf_program_headers().iter().any(|header| {
+        header.p_type(endian) == object::elf::PT_INTERP
+            && header.data(endian, data).is_ok_and(|path| {
+                let name = path.rsplit(|&byte| byte == b'/').next().unwrap_or_default();
+                name.starts_with(b"ld-musl-")
+            })
+    })
+}
+
+/// What an executable tells: where its own variable is, if it has one,
+/// and whose loader it asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Executable {
+    /// The variable's offset from the thread pointer.
+    offset: Option<i64>,
+    musl: bool,
 }
 
 impl TlsSymbol {
@@ -175,9 +215,8 @@ enum Found {
 /// The processes looked at (the attribution thread owns it).
 pub struct ThreadContext {
     processes: Registry<State, trace::Process>,
-    /// (device, inode) of each executable read -> the variable's offset
-    /// from the thread pointer, if it has one.
-    files: HashMap<(u64, u64), Option<i64>>,
+    /// (device, inode) of each executable read -> what it tells.
+    files: HashMap<(u64, u64), Executable>,
     /// (device, inode) of each library looked at -> the variable's
     /// library part, if it defines it.
     libraries: HashMap<(u64, u64), Option<Arc<LibraryTls>>>,
@@ -207,33 +246,44 @@ impl ThreadContext {
             return Found::NotYet;
         };
         let key = (mapping.dev, mapping.inode);
-        let offset = match self.files.get(&key) {
+        let executable = match self.files.get(&key) {
             Some(&known) => known,
             None => {
-                let offset = super::elf::read(pid, mapping)
-                    .ok()
-                    .and_then(|data| find_tls_symbol(&data))
-                    .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE));
+                let data = super::elf::read(pid, mapping).ok();
+                let executable = Executable {
+                    offset: data
+                        .as_ref()
+                        .and_then(|data| find_tls_symbol(data))
+                        .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE)),
+                    musl: data.as_ref().is_some_and(|data| musl_interpreter(data)),
+                };
                 if self.files.len() >= MAX_FILES {
                     self.files.clear();
                 }
-                self.files.insert(key, offset);
-                offset
+                self.files.insert(key, executable);
+                executable
             }
         };
-        if let Some(tls_offset) = offset {
+        if let Some(tls_offset) = executable.offset {
             return Found::At(trace::Process {
                 tls_offset,
                 module: 0,
-                dtv_at: 0,
+                dtv: trace::Dtv::default(),
             });
         }
-        self.find_in_libraries(pid, key, mappings)
+        let dtv = dtv_of(executable.musl, mappings);
+        self.find_in_libraries(pid, key, dtv, mappings)
     }
 
     /// The variable in one of `pid`'s libraries (not its executable,
     /// `exe`), from the slots the loader filled for it.
-    fn find_in_libraries(&mut self, pid: u32, exe: (u64, u64), mappings: &[Arc<Mapping>]) -> Found {
+    fn find_in_libraries(
+        &mut self,
+        pid: u32,
+        exe: (u64, u64),
+        dtv: trace::Dtv,
+        mappings: &[Arc<Mapping>],
+    ) -> Found {
         for mapping in mappings {
             let key = (mapping.dev, mapping.inode);
             if key == exe || mapping.inode == 0 {
@@ -266,13 +316,13 @@ impl ThreadContext {
                 Some(Location::Static(tls_offset)) => Found::At(trace::Process {
                     tls_offset,
                     module: 0,
-                    dtv_at: 0,
+                    dtv: trace::Dtv::default(),
                 }),
                 Some(Location::Dynamic { module, offset }) => match i64::try_from(offset) {
                     Ok(tls_offset) => Found::At(trace::Process {
                         tls_offset,
                         module,
-                        dtv_at: TlsVariant::NATIVE.dtv_at(),
+                        dtv,
                     }),
                     Err(_) => {
                         count_refusal(pid, Refusal::TlsUnreachable);
@@ -350,6 +400,48 @@ mod tests {
         assert_eq!(symbol.thread_pointer_offset(TlsVariant::Below), Some(-0x10));
         // aarch64: after the 16-byte TCB.
         assert_eq!(symbol.thread_pointer_offset(TlsVariant::Above), Some(0x18));
+    }
+
+    #[test]
+    fn tells_musl_by_its_loader() {
+        let mapped = |path: &str| {
+            Arc::new(Mapping {
+                start: 0x1000,
+                end: 0x2000,
+                file_offset: 0,
+                path: path.into(),
+                dev: 1,
+                inode: 2,
+                build_ids: Default::default(),
+            })
+        };
+        let aarch64 = TlsVariant::NATIVE == TlsVariant::Above;
+        let glibc = [
+            mapped("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            mapped("/app/a"),
+        ];
+        assert_eq!(dtv_of(false, &glibc), trace::Dtv::glibc(aarch64));
+        // The executable asked for musl's loader.
+        assert_eq!(dtv_of(true, &glibc), trace::Dtv::musl(aarch64));
+        // Alpine's loader, and Debian's musl-gcc programs' libc.
+        for loader in [
+            "/lib/ld-musl-x86_64.so.1",
+            "/lib/ld-musl-aarch64.so.1",
+            "/usr/lib/x86_64-linux-musl/libc.so",
+        ] {
+            let musl = [mapped("/app/a"), mapped(loader)];
+            assert_eq!(dtv_of(false, &musl), trace::Dtv::musl(aarch64));
+        }
+        // A file merely named after it elsewhere in the path is not it.
+        let other = [mapped("/ld-musl-x/libfoo.so"), mapped("/usr/lib/libc.so")];
+        assert_eq!(dtv_of(false, &other), trace::Dtv::glibc(aarch64));
+        // This test binary asks for glibc's loader.
+        let this = std::fs::read("/proc/self/exe").expect("this test binary");
+        assert!(!musl_interpreter(&this));
+        // The two layouts differ where the kernel looks.
+        let (glibc, musl) = (trace::Dtv::glibc(true), trace::Dtv::musl(true));
+        assert_eq!((glibc.at, musl.at), (0, -8));
+        assert_ne!(glibc.entry_shift, musl.entry_shift);
     }
 
     #[test]
