@@ -1,6 +1,6 @@
 //! Go's pprof labels as sample attributes, end to end with the real eBPF
 //! sampler: a Go program (`tests/programs/go_labels`), built here by each
-//! Go toolchain `cargo xtask setup` installs (1.19, 1.23, 1.24) with cgo
+//! Go toolchain `cargo xtask setup` installs (1.19, 1.23 to 1.27) with cgo
 //! and without, works in turns under
 //! `pprof.Do` with `route=/cart` (3 units), `route=/checkout` (1 unit,
 //! in C when built with cgo: a thread in a cgo call runs `g0`), without
@@ -23,16 +23,33 @@ use hostprof_proto::{
     profiles::{ProfilesData, ProfilesDictionary, Sample},
 };
 
+/// The `go` of a release `cargo xtask setup` unpacked under target/.
+macro_rules! debian_go {
+    ($release:literal) => {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/go-",
+            $release,
+            "/usr/lib/go-",
+            $release,
+            "/bin/go"
+        )
+    };
+}
+
 /// The toolchains: Debian bookworm's Go 1.19, the 1.23 `cargo xtask
-/// setup` installs from bookworm-backports, and trixie's 1.24 it unpacks
-/// under target/ (labels in a slice, not a map).
-const TOOLCHAINS: [&str; 3] = [
+/// setup` installs from bookworm-backports, and the ones it unpacks under
+/// target/ (`DEBIAN_GOS` in xtask/src/setup.rs): trixie's 1.24 (labels in
+/// a slice, not a map), trixie-backports' 1.25 (`m.curg` and `g.labels`
+/// moved), 1.26 and 1.27 (`g.labels` moved again, the label slice's type
+/// renamed).
+const TOOLCHAINS: [&str; 6] = [
     "/usr/bin/go",
     "/usr/lib/go-1.23/bin/go",
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/go-1.24/usr/lib/go-1.24/bin/go"
-    ),
+    debian_go!("1.24"),
+    debian_go!("1.25"),
+    debian_go!("1.26"),
+    debian_go!("1.27"),
 ];
 /// Labeled samples to see at least.
 const LABELED_AT_LEAST: u64 = 100;

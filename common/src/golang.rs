@@ -40,7 +40,9 @@ pub struct Process {
 
 /// `labels` points at a `map[string]string` (Go 1.9 to 1.23).
 pub const LAYOUT_MAP: u32 = 1;
-/// `labels` points at `struct { list []label }` (Go 1.24 on).
+/// `labels` points at `struct { list []label }` (Go 1.24 and 1.25;
+/// 1.26 and 1.27 have `struct { List []label.Label }`, the same memory:
+/// a slice of key/value string pairs).
 pub const LAYOUT_SLICE: u32 = 2;
 
 /// `runtime.hmap` (Go 1.9 to 1.23; 1.24 keeps labels in a slice, so its

@@ -106,7 +106,7 @@ pub fn build_tools() -> Result<()> {
 pub fn test_tools() -> Result<()> {
     debian_tools(DEBIAN_TEST_TOOLS)?;
     newer_go()?;
-    trixie_go()?;
+    debian_gos()?;
     pypi_tools()?;
     python_roots()?;
     java_roots()?;
@@ -150,24 +150,46 @@ fn newer_go() -> Result<()> {
     )
 }
 
-/// Go 1.24, whose pprof labels are a slice rather than a map, for
-/// tests/go_labels.rs: trixie's packages, fetched by apt with a trixie
-/// source list, lists and cache of its own under target/ (the host's apt
-/// sources stay bookworm's), unpacked in target/go-1.24.
-const TRIXIE_GO: [&str; 2] = ["golang-1.24-go", "golang-1.24-src"];
-const TRIXIE_GO_BIN: &str = "target/go-1.24/usr/lib/go-1.24/bin/go";
+/// The Go releases tests/go_labels.rs builds its program with beyond the
+/// host's (bookworm's 1.19, bookworm-backports' 1.23): Debian's packages
+/// (suite, release), fetched by apt with a source list, lists and cache of
+/// its own under target/go-apt (the host's apt sources stay bookworm's),
+/// each unpacked in target/go-1.NN (the `go` command at
+/// target/go-1.NN/usr/lib/go-1.NN/bin/go). 1.24 keeps pprof labels in a
+/// slice rather than a map; 1.25 to 1.27 are what services are built with
+/// now.
+const DEBIAN_GOS: &[(&str, &str)] = &[
+    ("trixie", "1.24"),
+    ("trixie-backports", "1.25"),
+    ("trixie-backports", "1.26"),
+    ("trixie-backports", "1.27"),
+];
 
-fn trixie_go() -> Result<()> {
+fn debian_gos() -> Result<()> {
     let root = crate::root();
-    if root.join(TRIXIE_GO_BIN).exists() {
+    let missing: Vec<_> = DEBIAN_GOS
+        .iter()
+        .filter(|(_, release)| {
+            !root
+                .join(format!("target/go-{release}/usr/lib/go-{release}/bin/go"))
+                .exists()
+        })
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
-    let apt = root.join("target/go-1.24-apt");
-    for dir in ["lists/partial", "cache/archives/partial", "debs"] {
+    let apt = root.join("target/go-apt");
+    for dir in ["lists/partial", "cache/archives/partial"] {
         std::fs::create_dir_all(apt.join(dir))?;
     }
+    let mut suites: Vec<_> = DEBIAN_GOS.iter().map(|(suite, _)| *suite).collect();
+    suites.dedup();
     let sources = apt.join("sources.list");
-    std::fs::write(&sources, "deb http://deb.debian.org/debian trixie main\n")?;
+    let lines: String = suites
+        .iter()
+        .map(|suite| format!("deb http://deb.debian.org/debian {suite} main\n"))
+        .collect();
+    std::fs::write(&sources, lines)?;
     let options = [
         format!("-oDir::Etc::SourceList={}", sources.display()),
         "-oDir::Etc::SourceParts=/dev/null".into(),
@@ -179,21 +201,33 @@ fn trixie_go() -> Result<()> {
             .args(&options)
             .args(["update", "-q"]),
     )?;
-    let debs = apt.join("debs");
-    run_cmd(
-        Command::new("apt-get")
-            .args(&options)
-            .arg("download")
-            .args(TRIXIE_GO)
-            .current_dir(&debs),
-    )?;
-    for entry in std::fs::read_dir(&debs)? {
+    for (suite, release) in missing {
+        let debs = apt.join(format!("debs-{release}"));
+        let _ = std::fs::remove_dir_all(&debs);
+        std::fs::create_dir_all(&debs)?;
+        // `package/suite`: the release from that suite, backports too.
         run_cmd(
-            Command::new("dpkg-deb")
-                .arg("-x")
-                .arg(entry?.path())
-                .arg(root.join("target/go-1.24")),
+            Command::new("apt-get")
+                .args(&options)
+                .arg("download")
+                .args(["go", "src"].map(|part| format!("golang-{release}-{part}/{suite}")))
+                .current_dir(&debs),
         )?;
+        // Unpacked beside, then moved: a failed run leaves no half tree
+        // that the next one would take for done.
+        let dir = root.join(format!("target/go-{release}"));
+        let partial = root.join(format!("target/go-{release}.partial"));
+        let _ = std::fs::remove_dir_all(&partial);
+        for entry in std::fs::read_dir(&debs)? {
+            run_cmd(
+                Command::new("dpkg-deb")
+                    .arg("-x")
+                    .arg(entry?.path())
+                    .arg(&partial),
+            )?;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&partial, &dir)?;
     }
     Ok(())
 }

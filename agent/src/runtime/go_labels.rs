@@ -72,17 +72,24 @@ pub fn parse_version(version: &str) -> Option<(u32, u32)> {
 
 /// `(g.m, m.curg, g.labels, layout)` of a Go release (x86_64 and arm64
 /// alike: the fields before them are pointers and 64-bit integers),
-/// checked against the runtime's DWARF of 1.19.8, 1.23.5 and 1.24.4.
+/// checked against the runtime's DWARF of 1.19.8, 1.23.5, 1.24.4,
+/// 1.25.12, 1.26.11 and 1.27.4 builds for both.
 pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
-    let (labels, layout) = match version {
-        (1, 18..=20) => (360, go::LAYOUT_MAP),
-        (1, 21..=22) => (344, go::LAYOUT_MAP),
-        (1, 23) => (352, go::LAYOUT_MAP),
+    let (curg, labels, layout) = match version {
+        (1, 18..=20) => (192, 360, go::LAYOUT_MAP),
+        (1, 21..=22) => (192, 344, go::LAYOUT_MAP),
+        (1, 23) => (192, 352, go::LAYOUT_MAP),
         // `labelMap` became `struct { LabelSet{ list []label } }`.
-        (1, 24) => (352, go::LAYOUT_SLICE),
+        (1, 24) => (192, 352, go::LAYOUT_SLICE),
+        // `gobuf` lost 8 bytes, and `m.morebuf` and `g.sched` are one.
+        (1, 25) => (184, 344, go::LAYOUT_SLICE),
+        // `g` gained 8 bytes of fields before `labels`; `labelMap` became
+        // `struct { label.Set{ List []label.Label } }`
+        // (internal/runtime/pprof/label): the same slice of pairs.
+        (1, 26..=27) => (184, 352, go::LAYOUT_SLICE),
         _ => return None,
     };
-    Some((48, 192, labels, layout))
+    Some((48, curg, labels, layout))
 }
 
 /// Where `g` is, from the thread pointer, on x86_64: without cgo Go sets
@@ -136,7 +143,7 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
     };
     let Some((m, curg, labels, layout)) = offsets(version) else {
         return Err(format!(
-            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.24)",
+            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.27)",
             version.1
         ));
     };
@@ -252,6 +259,11 @@ mod tests {
         assert_eq!(offsets((1, 19)), Some((48, 192, 360, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 23)), Some((48, 192, 352, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 24)), Some((48, 192, 352, go::LAYOUT_SLICE)));
+        assert_eq!(offsets((1, 25)), Some((48, 184, 344, go::LAYOUT_SLICE)));
+        assert_eq!(offsets((1, 26)), Some((48, 184, 352, go::LAYOUT_SLICE)));
+        assert_eq!(offsets((1, 27)), Some((48, 184, 352, go::LAYOUT_SLICE)));
+        // Past the newest checked: not guessed.
+        assert_eq!(offsets((1, 28)), None);
         assert_eq!(offsets((1, 16)), None);
         assert_eq!(offsets((1, 99)), None);
     }
