@@ -46,9 +46,10 @@ const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 const NAME_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// Names kept per process; past it the cache starts over.
 const MAX_NAMES: usize = 65536;
-/// Functions whose source position tables are kept per process; past it
-/// the cache starts over.
+/// Functions whose source position tables are kept per process, and their
+/// entries in all (24 bytes each); past either the cache starts over.
 const MAX_TABLES: usize = 16384;
+const MAX_TABLE_ENTRIES: usize = 1 << 20;
 /// Scripts whose line ends are kept per process.
 const MAX_SCRIPTS: usize = 1024;
 /// Binaries whose symbols are kept.
@@ -86,8 +87,9 @@ struct Node {
     /// as builtins).
     blobs: Vec<(u64, u64)>,
     names: HashMap<u64, (Option<Arc<Named>>, u64, Instant)>,
-    /// By `SharedFunctionInfo`.
+    /// By `SharedFunctionInfo`, and the entries they hold in all.
     tables: HashMap<u64, CachedTable>,
+    table_entries: usize,
     scripts: HashMap<u64, Arc<Vec<u32>>>,
 }
 
@@ -194,6 +196,7 @@ impl V8 {
             blobs: Vec::new(),
             names: HashMap::new(),
             tables: HashMap::new(),
+            table_entries: 0,
             scripts: HashMap::new(),
         })
     }
@@ -442,11 +445,18 @@ impl Node {
             Found::Table(bytes) => Some(Arc::new(Table::decode(&bytes))),
             Found::Absent | Found::Unreadable => None,
         };
-        if self.tables.len() >= MAX_TABLES {
+        let entries = table.as_ref().map_or(0, |table| table.len());
+        if self.tables.len() >= MAX_TABLES || self.table_entries + entries > MAX_TABLE_ENTRIES {
             self.tables.clear();
+            self.table_entries = 0;
         }
-        self.tables
+        let replaced = self
+            .tables
             .insert(shared, (table.clone(), seen, Instant::now()));
+        let replaced = replaced
+            .and_then(|(old, _, _)| old)
+            .map_or(0, |old| old.len());
+        self.table_entries = self.table_entries + entries - replaced;
         table
     }
 }

@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// Longest table decoded (a big function's is a few kilobytes).
-pub const MAX_TABLE: usize = 1 << 20;
+pub const MAX_TABLE: usize = 256 << 10;
 
 /// A function's bytecode position table, as read from the heap.
 #[derive(Debug, PartialEq, Eq)]
@@ -169,6 +169,10 @@ impl Table {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
     }
 
     /// The script offset of the code at `offset`: that of the last entry

@@ -307,6 +307,7 @@ fn interpreted_frames_are_at_their_position_tables_line() {
         blobs: Vec::new(),
         names: Default::default(),
         tables: Default::default(),
+        table_entries: 0,
         scripts: Default::default(),
     };
     // The frame's slot holds the offset from the tagged array.
