@@ -97,9 +97,12 @@ pub(in crate::cli) fn unwind_report(
         .map(|counter| counters.get(*counter))
         .sum();
     let javascript = if counters.get(Counter::V8Frames) + javascript_stopped > 0 {
+        let (running, no_positions) = crate::runtime::v8::line_counts();
         format!(
             "hostprof: JavaScript frames: {} walked in the kernel ({} frames of V8 without a \
-             function kept as native); walks stopped: {}\n",
+             function kept as native); walks stopped: {}; interpreted frames at their running \
+             line {running}, at their function's first line (V8 had no source positions for \
+             it) {no_positions}\n",
             counters.get(Counter::V8Frames),
             counters.get(Counter::V8NotFunction),
             stop_list(counters, &Counter::V8_STOPS, "v8_")

@@ -38,6 +38,15 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_FixedArrayBase__length__SMI",
     "v8dbg_class_FixedArray__data__uintptr_t",
     "v8dbg_class_BytecodeArray__data__uintptr_t",
+    "v8dbg_class_BytecodeArray__source_position_table__Object",
+    "v8dbg_class_BytecodeArray__wrapper__Tagged_BytecodeWrapper_",
+    "v8dbg_class_Code__bytecode_or_interpreter_data__HeapObject",
+    "v8dbg_class_Code__wrapper__Tagged_CodeWrapper_",
+    "v8dbg_class_InterpreterData__bytecode_array__BytecodeArray",
+    "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE",
+    "v8dbg_type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE",
+    "v8dbg_type_InterpreterData__INTERPRETER_DATA_TYPE",
+    "v8dbg_type_Code__CODE_TYPE",
     "v8dbg_type_JSFunction__JS_FUNCTION_TYPE",
     "v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
     "v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE",
@@ -92,6 +101,20 @@ pub struct Layout {
     pub array_length: u64,
     pub fixed_array_data: u64,
     pub bytecode_data: u64,
+    /// `BytecodeArray::source_position_table`.
+    pub bytecode_positions: u64,
+    /// Where a `ByteArray`'s (or `TrustedByteArray`'s) bytes start.
+    pub byte_array_data: u64,
+    /// The type of source position tables (`TrustedByteArray` from V8 12).
+    pub type_byte_array: u32,
+    /// `InterpreterData` and its `bytecode_array` (a function's data with
+    /// a copy of the interpreter's trampoline).
+    pub type_interpreter_data: Option<u32>,
+    pub interpreter_data_bytecode: Option<u64>,
+    /// `Code` and where baseline (Sparkplug) code keeps its bytecode (a
+    /// function's data once compiled by Sparkplug).
+    pub type_code: Option<u32>,
+    pub code_bytecode: Option<u64>,
     pub type_function: u32,
     pub type_shared_info: u32,
     pub type_scope_info: u32,
@@ -108,6 +131,36 @@ pub struct Layout {
     pub external_tag: u32,
     pub scope_first_vars: u64,
     pub scope_context_locals: u64,
+}
+
+/// `BytecodeArray::source_position_table`, not exported by node 18 to 22:
+/// after the length, the constant pool and the handler table (V8 10 and
+/// 11), or after the length and the wrapper (V8 12, whose wrapper is
+/// exported), as the OpenTelemetry profiler derives it.
+fn bytecode_positions(value: &dyn Fn(&'static str) -> Option<i64>) -> Option<i64> {
+    if let Some(exported) = value("v8dbg_class_BytecodeArray__source_position_table__Object") {
+        return Some(exported);
+    }
+    if let Some(wrapper) = value("v8dbg_class_BytecodeArray__wrapper__Tagged_BytecodeWrapper_") {
+        return Some(wrapper + 8);
+    }
+    Some(value("v8dbg_class_FixedArrayBase__length__SMI")? + 24)
+}
+
+/// Where a baseline `Code` keeps its bytecode (or interpreter data):
+/// exported by V8 11; before the position table in V8 10 (16), first
+/// after the map in V8 12 (its wrapper, exported, 16 bytes on).
+fn baseline_bytecode(
+    value: &dyn Fn(&'static str) -> Option<i64>,
+    version: (u32, u32, u32),
+) -> Option<i64> {
+    if let Some(exported) = value("v8dbg_class_Code__bytecode_or_interpreter_data__HeapObject") {
+        return Some(exported);
+    }
+    if version.0 >= 12 {
+        return Some(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16);
+    }
+    (version.0 == 10).then_some(16)
 }
 
 /// A binary's V8 symbols, link-time addresses by name.
@@ -190,6 +243,30 @@ impl Layout {
             array_length: field("v8dbg_class_FixedArrayBase__length__SMI")?,
             fixed_array_data: field("v8dbg_class_FixedArray__data__uintptr_t")?,
             bytecode_data: field("v8dbg_class_BytecodeArray__data__uintptr_t")?,
+            bytecode_positions: offset(
+                bytecode_positions(&value).ok_or(V8Error::MissingConstant(
+                    "BytecodeArray::source_position_table",
+                ))?,
+                "source_position_table",
+            )?,
+            // A byte array's bytes follow its map and length.
+            byte_array_data: field("v8dbg_class_FixedArray__data__uintptr_t")?,
+            type_byte_array: small(
+                if symbols.contains_key("v8dbg_type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE") {
+                    "v8dbg_type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE"
+                } else {
+                    "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE"
+                },
+            )?,
+            type_interpreter_data: small("v8dbg_type_InterpreterData__INTERPRETER_DATA_TYPE").ok(),
+            // Not exported; after the map (V8 10 to 12).
+            interpreter_data_bytecode: Some(
+                value("v8dbg_class_InterpreterData__bytecode_array__BytecodeArray").unwrap_or(8),
+            )
+            .and_then(|value| offset(value, "bytecode_array").ok()),
+            type_code: small("v8dbg_type_Code__CODE_TYPE").ok(),
+            code_bytecode: baseline_bytecode(&value, version)
+                .and_then(|value| offset(value, "bytecode_or_interpreter_data").ok()),
             type_function: small("v8dbg_type_JSFunction__JS_FUNCTION_TYPE")?,
             type_shared_info: small("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE")?,
             type_scope_info: small("v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE")?,

@@ -3,15 +3,20 @@
 //! where its builtins and fields are (the `V8_PROCS` map, and the code
 //! the unwind service marks: every anonymous executable mapping, V8's
 //! code space, and the embedded builtins inside the binary), and names
-//! the JavaScript frames the kernel recorded ([`names`]).
+//! the JavaScript frames the kernel recorded ([`names`]), an interpreted
+//! frame at the line of the code it was running ([`positions`]).
 mod layout;
 mod names;
+mod positions;
 #[cfg(test)]
 mod tests;
 
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -28,6 +33,7 @@ use crate::{
 };
 use layout::{Layout, Symbols};
 use names::{Heap, Named};
+use positions::{Found, Table};
 
 /// The kernel map of V8 processes.
 pub type ProcessMap = BpfHashMap<MapData, u32, v8::Process>;
@@ -40,6 +46,10 @@ const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 const NAME_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// Names kept per process; past it the cache starts over.
 const MAX_NAMES: usize = 65536;
+/// Functions whose source position tables are kept per process, and their
+/// entries in all (24 bytes each); past either the cache starts over.
+const MAX_TABLES: usize = 16384;
+const MAX_TABLE_ENTRIES: usize = 1 << 20;
 /// Scripts whose line ends are kept per process.
 const MAX_SCRIPTS: usize = 1024;
 /// Binaries whose symbols are kept.
@@ -77,7 +87,29 @@ struct Node {
     /// as builtins).
     blobs: Vec<(u64, u64)>,
     names: HashMap<u64, (Option<Arc<Named>>, u64, Instant)>,
+    /// By `SharedFunctionInfo`, and the entries they hold in all.
+    tables: HashMap<u64, CachedTable>,
+    table_entries: usize,
     scripts: HashMap<u64, Arc<Vec<u32>>>,
+}
+
+/// A function's bytecode position table (`None`: none collected yet), the
+/// bytecode and table addresses it was read at, when they were last
+/// checked.
+type CachedTable = (Option<Arc<Table>>, (u64, u64), Instant);
+
+/// Interpreted frames named by the line their code was running, and those
+/// left at their function's first line because V8 had collected no source
+/// positions for it (it does so lazily).
+static LINES: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+/// (interpreted frames named by their running line, interpreted frames
+/// whose function had no source positions) since the agent started.
+pub fn line_counts() -> (u64, u64) {
+    (
+        LINES[0].load(Ordering::Relaxed),
+        LINES[1].load(Ordering::Relaxed),
+    )
 }
 
 /// What is known of a process.
@@ -163,6 +195,8 @@ impl V8 {
             blob_file,
             blobs: Vec::new(),
             names: HashMap::new(),
+            tables: HashMap::new(),
+            table_entries: 0,
             scripts: HashMap::new(),
         })
     }
@@ -274,12 +308,20 @@ impl Runtime for V8 {
         };
         let memory = memory::Process(pid);
         super::replace_marks(tag::V8, stack, frames, |recorded| {
-            let named = node.name(&memory, recorded.code & tag::ADDRESS_MASK);
-            let line = named
+            let shared = recorded.code & tag::ADDRESS_MASK;
+            let named = node.name(&memory, shared);
+            let start = named
                 .as_deref()
-                .and_then(|named| node.line(&memory, named))
+                .and_then(|named| node.line(&memory, named.script, named.start?))
                 .unwrap_or(0);
-            javascript_frame(recorded, named.as_deref(), line)
+            let interpreted = tag::of(recorded.code) & !tag::RUNTIME_MASK == v8::kind::INTERPRETED;
+            let line = match named.as_deref() {
+                Some(named) if interpreted => node
+                    .running_line(&memory, shared, named.script, recorded.instr)
+                    .unwrap_or(start),
+                _ => start,
+            };
+            javascript_frame(recorded, named.as_deref(), line, start)
         });
     }
 
@@ -323,33 +365,110 @@ impl Node {
         named
     }
 
-    /// The line `named`'s definition starts on.
-    fn line(&mut self, memory: &impl Memory, named: &Named) -> Option<u32> {
-        let start = named.start?;
-        if named.script == 0 {
+    /// The line of `script` holding source position `position`.
+    fn line(&mut self, memory: &impl Memory, script: u64, position: u32) -> Option<u32> {
+        if script == 0 {
             return None;
         }
-        let ends = match self.scripts.get(&named.script) {
+        let ends = match self.scripts.get(&script) {
             Some(ends) => ends.clone(),
             None => {
                 let heap = Heap {
                     memory,
                     layout: &self.layout,
                 };
-                let ends = Arc::new(heap.line_ends(named.script).unwrap_or_default());
+                let ends = Arc::new(heap.line_ends(script).unwrap_or_default());
                 if self.scripts.len() >= MAX_SCRIPTS {
                     self.scripts.clear();
                 }
-                self.scripts.insert(named.script, ends.clone());
+                self.scripts.insert(script, ends.clone());
                 ends
             }
         };
-        (!ends.is_empty()).then(|| names::line_at(&ends, start))
+        (!ends.is_empty()).then(|| names::line_at(&ends, position))
+    }
+
+    /// The line an interpreted frame of the function at `shared` (in
+    /// `script`) was running, at `slot`, the frame's bytecode offset slot
+    /// (V8 keeps the offset from the tagged `BytecodeArray`, header
+    /// included); `None` when V8 has no source positions for it (counted).
+    fn running_line(
+        &mut self,
+        memory: &impl Memory,
+        shared: u64,
+        script: u64,
+        slot: u64,
+    ) -> Option<u32> {
+        let offset = (slot as i64).checked_sub(self.layout.bytecode_data as i64 - 1)?;
+        let Some(table) = self.table(memory, shared) else {
+            LINES[1].fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let position = table.script_offset_at(offset)?;
+        let line = self.line(memory, script, position)?;
+        LINES[0].fetch_add(1, Ordering::Relaxed);
+        Some(line)
+    }
+
+    /// The position table of the bytecode of the function at `shared`,
+    /// cached, and checked again now and then (the collector moves
+    /// objects, V8 flushes old bytecode and collects positions lazily):
+    /// read again when the bytecode's or the table's address changed.
+    fn table(&mut self, memory: &impl Memory, shared: u64) -> Option<Arc<Table>> {
+        let heap = Heap {
+            memory,
+            layout: &self.layout,
+        };
+        let token = || -> (u64, u64) {
+            let bytecode = heap.bytecode_array(shared).unwrap_or(0);
+            let table = heap
+                .word(bytecode.wrapping_add(self.layout.bytecode_positions))
+                .filter(|_| bytecode != 0)
+                .unwrap_or(0);
+            (bytecode, table)
+        };
+        if let Some((table, seen, at)) = self.tables.get_mut(&shared) {
+            if at.elapsed() < NAME_CHECK_INTERVAL {
+                return table.clone();
+            }
+            if token() == *seen {
+                *at = Instant::now();
+                return table.clone();
+            }
+        }
+        let seen = token();
+        let found = match seen.0 {
+            0 => Found::Unreadable,
+            bytecode => heap.position_table(bytecode),
+        };
+        let table = match found {
+            Found::Table(bytes) => Some(Arc::new(Table::decode(&bytes))),
+            Found::Absent | Found::Unreadable => None,
+        };
+        let entries = table.as_ref().map_or(0, |table| table.len());
+        if self.tables.len() >= MAX_TABLES || self.table_entries + entries > MAX_TABLE_ENTRIES {
+            self.tables.clear();
+            self.table_entries = 0;
+        }
+        let replaced = self
+            .tables
+            .insert(shared, (table.clone(), seen, Instant::now()));
+        let replaced = replaced
+            .and_then(|(old, _, _)| old)
+            .map_or(0, |old| old.len());
+        self.table_entries = self.table_entries + entries - replaced;
+        table
     }
 }
 
-/// The frame of a recorded JavaScript frame.
-fn javascript_frame(recorded: runtime::Frame, named: Option<&Named>, line: u32) -> Frame {
+/// The frame of a recorded JavaScript frame, at `line` of a function
+/// whose definition starts on `start_line`.
+fn javascript_frame(
+    recorded: runtime::Frame,
+    named: Option<&Named>,
+    line: u32,
+    start_line: u32,
+) -> Frame {
     let line = match named {
         Some(named) => Line {
             system_name: named.function.as_str().into(),
@@ -357,7 +476,7 @@ fn javascript_frame(recorded: runtime::Frame, named: Option<&Named>, line: u32) 
             file: named.file.as_deref().map(Arc::from),
             line,
             column: 0,
-            start_line: line,
+            start_line,
         },
         None => Line::named(UNNAMED.into(), UNNAMED.into()),
     };

@@ -54,12 +54,12 @@ pub fn small_integer(tagged: u64) -> Option<i64> {
 }
 
 impl<M: Memory> Heap<'_, M> {
-    fn word(&self, address: u64) -> Option<u64> {
+    pub(super) fn word(&self, address: u64) -> Option<u64> {
         self.memory.read_u64(address)
     }
 
     /// The heap object tagged at `address + offset` (a field).
-    fn field(&self, object: u64, offset: u64) -> Option<u64> {
+    pub(super) fn field(&self, object: u64, offset: u64) -> Option<u64> {
         heap_object(self.word(object.checked_add(offset)?)?)
     }
 

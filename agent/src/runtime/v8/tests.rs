@@ -1,7 +1,7 @@
 //! The naming of JavaScript frames, on heaps built in memory with the
 //! layout of Node.js 20 (V8 11.3).
 use super::{
-    blob_ranges,
+    Node, blob_ranges,
     layout::Layout,
     names::{Heap, line_at},
 };
@@ -37,6 +37,13 @@ fn layout() -> Layout {
         array_length: 8,
         fixed_array_data: 16,
         bytecode_data: 54,
+        bytecode_positions: 32,
+        byte_array_data: 16,
+        type_byte_array: 190,
+        type_interpreter_data: Some(159),
+        interpreter_data_bytecode: Some(8),
+        type_code: Some(245),
+        code_bytecode: Some(16),
         type_function: 2066,
         type_shared_info: 262,
         type_scope_info: 261,
@@ -231,4 +238,91 @@ fn builtins_are_found_in_every_mapping_of_the_binary() {
         blobs,
         [(0x18c4000, 0x1a56000), (0x7f00_0000_0000, 0x7f00_0019_2000)]
     );
+}
+
+/// An interpreted frame of `f` (lines 1 to 3 of its script) at bytecode
+/// offsets 4 and 12 is on lines 2 and 3 through its bytecode's position
+/// table, whether the function's data is its bytecode, interpreter data
+/// or baseline code; without a table (V8 collects them lazily), or with
+/// one past the cap, it is nowhere (its caller keeps the first line).
+#[test]
+fn interpreted_frames_are_at_their_position_tables_line() {
+    let layout = layout();
+    let mut heap = Builder::new();
+    let shared_map = heap.map(BASE + 0x200, 262);
+    let script_map = heap.map(BASE + 0x300, 167);
+    let array_map = heap.map(BASE + 0x400, 175);
+    let bytecode_map = heap.map(BASE + 0x500, 191);
+    let byte_array_map = heap.map(BASE + 0x600, 190);
+    let interpreter_map = heap.map(BASE + 0x700, 159);
+    let code_map = heap.map(BASE + 0x780, 245);
+    let oddball_map = heap.map(BASE + 0x7c0, 131);
+    // "function f(n) {\n" ends at 15, line 2 at 35, line 3 at 55.
+    let script = heap.object(BASE + 0x1000, script_map);
+    let ends = heap.object(BASE + 0x1100, array_map);
+    heap.word(script + 56, Builder::tagged(ends));
+    heap.word(ends + 8, Builder::smi(3));
+    for (index, end) in [15, 35, 55].iter().enumerate() {
+        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
+    }
+    // Offsets 0 → position 20 (line 2), 10 → 50 (line 3): deltas from
+    // (-1, 0), zig-zag; positions packed (offset + 1) << 1.
+    let table = heap.object(BASE + 0x1200, byte_array_map);
+    heap.word(table + 8, Builder::smi(4));
+    heap.bytes[0x1210..0x1214].copy_from_slice(&[0x02, 0x54, 0x14, 0x78]);
+    let undefined = heap.object(BASE + 0x1300, oddball_map);
+    let huge = heap.object(BASE + 0x1380, byte_array_map);
+    heap.word(huge + 8, Builder::smi(1 << 30));
+    let bytecode = |heap: &mut Builder, at: u64, table: u64| {
+        heap.object(at, bytecode_map);
+        heap.word(at + 32, Builder::tagged(table));
+        at
+    };
+    let shared = |heap: &mut Builder, at: u64, data: u64| {
+        heap.object(at, shared_map);
+        heap.word(at + 8, Builder::tagged(data));
+        heap.word(at + 32, Builder::tagged(script));
+        at
+    };
+    let direct = bytecode(&mut heap, BASE + 0x2000, table);
+    let direct = shared(&mut heap, BASE + 0x2100, direct);
+    let wrapped = bytecode(&mut heap, BASE + 0x2200, table);
+    let interpreter = heap.object(BASE + 0x2300, interpreter_map);
+    heap.word(interpreter + 8, Builder::tagged(wrapped));
+    let via_interpreter = shared(&mut heap, BASE + 0x2400, interpreter);
+    let code = heap.object(BASE + 0x2500, code_map);
+    heap.word(code + 16, Builder::tagged(interpreter));
+    let via_baseline = shared(&mut heap, BASE + 0x2600, code);
+    let lazy = bytecode(&mut heap, BASE + 0x2700, undefined);
+    let lazy = shared(&mut heap, BASE + 0x2800, lazy);
+    let too_long = bytecode(&mut heap, BASE + 0x2900, huge);
+    let too_long = shared(&mut heap, BASE + 0x2a00, too_long);
+    let not_code = shared(&mut heap, BASE + 0x2b00, script);
+
+    let image = heap.image();
+    let mut node = Node {
+        layout: layout.clone(),
+        binary: (0, 0),
+        blob_file: (0, 0),
+        blobs: Vec::new(),
+        names: Default::default(),
+        tables: Default::default(),
+        table_entries: 0,
+        scripts: Default::default(),
+    };
+    // The frame's slot holds the offset from the tagged array.
+    let slot = |offset: u64| offset + layout.bytecode_data - 1;
+    for function in [direct, via_interpreter, via_baseline] {
+        let mut line = |offset| node.running_line(&image, function, script, slot(offset));
+        assert_eq!(line(0), Some(2), "function at {function:#x}");
+        assert_eq!(line(4), Some(2));
+        assert_eq!(line(12), Some(3));
+    }
+    let before = super::line_counts();
+    assert_eq!(node.running_line(&image, lazy, script, slot(4)), None);
+    assert!(super::line_counts().1 > before.1);
+    assert_eq!(node.running_line(&image, too_long, script, slot(4)), None);
+    assert_eq!(node.running_line(&image, not_code, script, slot(4)), None);
+    // A slot below the header (never V8's): nowhere, no fault.
+    assert_eq!(node.running_line(&image, direct, script, 0), None);
 }

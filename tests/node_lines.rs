@@ -1,0 +1,271 @@
+//! The line of a JavaScript frame: `hostprof record -p` on
+//! tests/programs/node/lines.js, whose `hot` function runs two loops, each
+//! on a line of its own, under Node.js 18, 20 and 22 (node's own builds,
+//! `cargo xtask setup`) run with `--jitless` (every frame interpreted:
+//! compiled frames keep their function's first line for now) and
+//! `--cpu-prof`, whose `positionTicks` (ticks by line, per node of its
+//! call tree) are the ground truth.
+//!
+//! What counts, in hostprof's pprof profile: samples whose innermost
+//! JavaScript frame is `hot`, by that frame's line. The share of them on
+//! the first loop's line must be within 0.05 of `--cpu-prof`'s share of
+//! `hot`'s ticks on that line, each over at least 100 samples; 0.95 of
+//! them must be on the lines of `hot`'s body (not its definition's); and
+//! every `hot` frame keeps its definition's line as its function's start
+//! line.
+mod common;
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use common::*;
+use hostprof_proto::{Message, pprof::Profile};
+
+const RATE_HZ: &str = "499";
+/// CPU seconds of the (single-threaded) program under both profilers:
+/// about 1,000 hostprof samples of `hot` and 2,000 of `--cpu-prof`'s, so
+/// the shares' difference has a standard deviation near 0.017.
+const CPU_SECONDS: f64 = 2.0;
+const SHARE_TOLERANCE: f64 = 0.05;
+const MIN_SAMPLES: u64 = 100;
+/// The builds `cargo xtask setup` unpacks in target/node-roots.
+const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0"];
+const FUNCTION: &str = "hot";
+
+fn target() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")
+}
+
+/// The program's lines that matter, from its source: where `hot` is
+/// defined, its first loop's, and its last (`return`).
+struct Lines {
+    definition: u32,
+    first_loop: u32,
+    last: u32,
+}
+
+fn program_lines(source: &str) -> Lines {
+    let line_of = |from: u32, test: &dyn Fn(&str) -> bool| -> u32 {
+        source
+            .lines()
+            .enumerate()
+            .skip(from as usize)
+            .find(|(_, text)| test(text))
+            .map(|(index, _)| index as u32 + 1)
+            .expect("the program's line")
+    };
+    let definition = line_of(0, &|text| text.starts_with("function hot("));
+    let first_loop = line_of(definition, &|text| text.trim_start().starts_with("for ("));
+    let last = line_of(first_loop, &|text| text.trim_start().starts_with("return "));
+    Lines {
+        definition,
+        first_loop,
+        last,
+    }
+}
+
+/// `--cpu-prof`'s ticks of `hot` by line, over its whole profile (the
+/// program does the same work from its start: no tier changes under
+/// `--jitless`).
+fn cpu_prof_lines(profiles: &Path) -> HashMap<u32, u64> {
+    let path = std::fs::read_dir(profiles)
+        .expect("read the profiles")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.to_string_lossy().ends_with(".cpuprofile"))
+        .unwrap_or_else(|| panic!("no profile in {}", profiles.display()));
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut lines = HashMap::new();
+    for node in profile["nodes"].as_array().expect("nodes") {
+        let call = &node["callFrame"];
+        if call["functionName"] != FUNCTION
+            || !call["url"].as_str().unwrap_or("").ends_with("/lines.js")
+        {
+            continue;
+        }
+        for tick in node["positionTicks"].as_array().into_iter().flatten() {
+            let line = tick["line"].as_u64().unwrap() as u32;
+            *lines.entry(line).or_insert(0) += tick["ticks"].as_u64().unwrap();
+        }
+    }
+    lines
+}
+
+/// hostprof's samples whose innermost JavaScript frame (a line of a
+/// function with a file) is `hot`, by the frame's line; and the start
+/// lines `hot`'s functions carry.
+fn hostprof_lines(pprof: &Path) -> (HashMap<u32, u64>, Vec<i64>) {
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(pprof).expect("open the profile"))
+        .read_to_end(&mut bytes)
+        .expect("gunzip");
+    let profile = Profile::decode(&bytes[..]).expect("decode pprof");
+    let string = |at: i64| profile.string_table[at as usize].as_str();
+    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
+    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
+    let samples_at = profile
+        .sample_type
+        .iter()
+        .position(|t| string(t.r#type) == "samples")
+        .expect("a samples value");
+    let mut lines = HashMap::new();
+    let mut starts = Vec::new();
+    for sample in &profile.sample {
+        // Leaf first; in a location, the innermost line first.
+        let javascript = sample
+            .location_id
+            .iter()
+            .flat_map(|id| &locations[id].line)
+            .find(|line| string(functions[&line.function_id].filename).ends_with(".js"));
+        let Some(line) = javascript else { continue };
+        let function = functions[&line.function_id];
+        if string(function.name) != FUNCTION {
+            continue;
+        }
+        *lines.entry(line.line as u32).or_insert(0) += sample.value[samples_at] as u64;
+        starts.push(function.start_line);
+    }
+    (lines, starts)
+}
+
+/// The share of `lines`' count on `line`, and the count.
+fn share(lines: &HashMap<u32, u64>, line: u32) -> (f64, u64) {
+    let all: u64 = lines.values().sum();
+    let on = lines.get(&line).copied().unwrap_or(0);
+    (on as f64 / all.max(1) as f64, all)
+}
+
+#[test]
+fn interpreted_frames_name_the_line_cpu_prof_names() {
+    let Some(_guard) = require_ebpf() else { return };
+    let source_path = program_source("node").join("lines.js");
+    let source = std::fs::read_to_string(&source_path).unwrap();
+    let lines = program_lines(&source);
+    let mut failures = Vec::new();
+    for version in VERSIONS {
+        let node = target()
+            .join("node-roots")
+            .join(version)
+            .join("package/bin/node");
+        if !require_tool(&node.display().to_string()) {
+            continue;
+        }
+        if let Some(failure) = profile(version, &node, &source_path, &lines) {
+            failures.push(failure);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Profiles the program under one node; what went wrong.
+fn profile(version: &str, node: &Path, source: &Path, lines: &Lines) -> Option<String> {
+    let dir = work_dir().join(format!("node-lines-{version}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("profiles")).unwrap();
+    let mut child = Command::new(node)
+        .args(["--jitless", "--cpu-prof"])
+        .arg(format!("--cpu-prof-dir={}", dir.join("profiles").display()))
+        .arg(source)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start node");
+    let (sender, output) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let warm = output.recv_timeout(Duration::from_secs(60));
+    assert!(
+        warm.as_deref().is_ok_and(|line| line.starts_with("warm ")),
+        "node {version}: the program never printed `warm`: {warm:?}"
+    );
+    let pid = child.id();
+    let pprof = dir.join("hostprof.pb.gz");
+    let (mut recording, mut log) = running::start_recording(
+        hostprof()
+            .args(["record", "-F", RATE_HZ, "--pid"])
+            .arg(pid.to_string())
+            .arg("--output")
+            .arg(&pprof),
+    );
+    let enough = running::wait_for_cpu(pid, CPU_SECONDS, Duration::from_secs(120));
+    let status = running::interrupt(&mut recording);
+    // SAFETY: kill(2) on the process the test started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let exited = running::wait_for(Duration::from_secs(60), || {
+        child.try_wait().expect("wait for node")
+    });
+    if exited.is_none() {
+        let _ = child.kill();
+    }
+    let report = log.finish();
+    assert_eq!(
+        enough,
+        Some(true),
+        "node {version}: node exited or did not run"
+    );
+    assert!(
+        status.success(),
+        "node {version}: hostprof failed:\n{report}"
+    );
+
+    let truth = cpu_prof_lines(&dir.join("profiles"));
+    let (seen, starts) = hostprof_lines(&pprof);
+    let (truth_share, truth_samples) = share(&truth, lines.first_loop);
+    let (seen_share, seen_samples) = share(&seen, lines.first_loop);
+    let body: u64 = seen
+        .iter()
+        .filter(|(line, _)| (lines.definition + 1..=lines.last).contains(*line))
+        .map(|(_, count)| count)
+        .sum();
+    let in_body = body as f64 / seen_samples.max(1) as f64;
+    eprintln!(
+        "node {version}: line {} share: hostprof {seen_share:.3} of {seen_samples} ({seen:?}), \
+         --cpu-prof {truth_share:.3} of {truth_samples} ({truth:?}); {}",
+        lines.first_loop,
+        report
+            .lines()
+            .find(|line| line.contains("JavaScript frames"))
+            .unwrap_or("")
+    );
+    let mut failures = Vec::new();
+    if seen_samples < MIN_SAMPLES || truth_samples < MIN_SAMPLES {
+        failures.push(format!(
+            "too few samples of `{FUNCTION}`: hostprof {seen_samples}, --cpu-prof {truth_samples}"
+        ));
+    }
+    if (seen_share - truth_share).abs() > SHARE_TOLERANCE {
+        failures.push(format!(
+            "line {}: hostprof {seen_share:.3} of {seen_samples} samples ({seen:?}), \
+             --cpu-prof {truth_share:.3} of {truth_samples} ({truth:?})",
+            lines.first_loop
+        ));
+    }
+    if in_body < 0.95 {
+        failures.push(format!(
+            "{in_body:.3} of hostprof's `{FUNCTION}` samples on its body's lines {} to {} \
+             ({seen:?})",
+            lines.definition + 1,
+            lines.last
+        ));
+    }
+    if let Some(start) = starts
+        .iter()
+        .find(|&&start| start != i64::from(lines.definition))
+    {
+        failures.push(format!(
+            "`{FUNCTION}`'s start line {start}, not its definition's {}",
+            lines.definition
+        ));
+    }
+    (!failures.is_empty()).then(|| format!("node {version}: {}", failures.join("; ")))
+}

@@ -1,0 +1,33 @@
+// A Node.js program for tests/node_lines.rs: `hot` runs two loops, each on
+// a line of its own, the first three times as long as the second, so
+// three quarters of the time in `hot` is on the first loop's line. Prints
+// `warm MICROS` once started and exits on SIGTERM or SIGINT (then
+// `--cpu-prof` writes its profile).
+'use strict';
+
+function hot(n) {
+  let s = 0;
+  for (let i = 0; i < 3 * n; i++) { s = (s + i * 7) % 1000003; }
+  for (let i = 0; i < n; i++) { s = (s + i * 7) % 1000003; }
+  return s;
+}
+
+let stopping = false;
+process.on('SIGTERM', () => { stopping = true; });
+process.on('SIGINT', () => { stopping = true; });
+let sink = 0;
+let warm = false;
+
+function loop() {
+  sink += hot(20000);
+  if (!warm) {
+    warm = true;
+    console.log(`warm ${process.hrtime.bigint() / 1000n}`);
+  }
+  if (stopping) {
+    console.log(`stop ${sink > 0}`);
+    process.exit(0);
+  }
+  setImmediate(loop);
+}
+loop();
