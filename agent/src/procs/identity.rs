@@ -184,14 +184,10 @@ impl Identity {
                     Err(Refusal::Unreadable) => {
                         *reads += 1;
                         match std::fs::read(format!("/proc/{pid}/maps")) {
-                            // Unmapped, or moved to a new mapping.
-                            Ok(maps) if !maps.is_empty() => self.take_context(pid, &maps),
-                            // No memory at all: the process exited (a
-                            // zombie's maps are empty). What it published
-                            // stands for its samples still being attributed,
-                            // taken while it ran (dropping it here left
-                            // dozens of them unnamed).
-                            _ => self.check_after = MAX_SEARCH_INTERVAL,
+                            // Unmapped, moved to a new mapping, or (no
+                            // maps at all) exited: see `take_context`.
+                            Ok(maps) => self.take_context(pid, &maps),
+                            Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
                         }
                     }
                     // Overwritten: the context is gone, search the maps
@@ -221,6 +217,15 @@ impl Identity {
     /// Reads the context of the mapping named in `maps`, if any (the payload
     /// only if it is not the one already read), and sets when to look again.
     fn take_context(&mut self, pid: u32, maps: &[u8]) {
+        // No memory at all: the process exited (a zombie's maps are empty),
+        // and this look, a re-check or a re-read of its maps after an
+        // address they missed, came after it. What it published stands for
+        // its samples still being attributed, taken while it ran (dropping
+        // it left dozens of them unnamed, in either look).
+        if maps.is_empty() && self.context.is_some() {
+            self.check_after = MAX_SEARCH_INTERVAL;
+            return;
+        }
         let found = otel_ctx::locate(maps).and_then(|address| {
             let known = self
                 .context

@@ -272,6 +272,15 @@ impl ProcessTable {
         *reads += 1;
         let previous = process.readable.then_some(&process.identity);
         let fresh = read_process(pid, comm, previous, read_environment);
+        // Gone, or no memory left (a zombie's maps are empty): the process
+        // exited, and /proc has nothing newer than what was read while it
+        // ran, which its samples still being attributed need (replacing it
+        // left them without their maps, and their thread context's keys).
+        if !fresh.readable || fresh.maps.is_empty() {
+            process.refreshed_at = Instant::now();
+            process.refresh_after = (process.refresh_after * 2).min(MAX_REFRESH_INTERVAL);
+            return None;
+        }
         let hit = fresh.maps.find(address);
         let backoff = if hit.is_some() {
             MIN_REFRESH_INTERVAL

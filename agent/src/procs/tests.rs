@@ -56,6 +56,28 @@ fn a_process_is_read_once_however_many_samples() {
 }
 
 #[test]
+fn a_process_that_exited_keeps_what_was_read_while_it_ran() {
+    let mut table = ProcessTable::with_events();
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let info = table.info(pid, "sleep", 0);
+    assert!(info.exe_path.ends_with("sleep"), "{}", info.exe_path);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // An address its maps miss, once the re-read's rate limit has passed
+    // (a wait for a clock, not for another process): /proc has nothing of
+    // it any more, and the image read while it ran stands for its samples
+    // still being attributed.
+    std::thread::sleep(MIN_REFRESH_INTERVAL);
+    assert!(table.mapping_of(pid, "sleep", 0, 0x10).is_none());
+    assert_eq!(table.info(pid, "sleep", 0).exe_path, info.exe_path);
+    assert!(!table.executable_maps(pid, "sleep", 0).is_empty());
+}
+
+#[test]
 fn a_forked_child_is_its_parent_until_it_execs() {
     let mut table = ProcessTable::with_events();
     let parent = std::process::id();
@@ -198,6 +220,16 @@ fn a_context_outlives_its_process_but_not_its_mapping() {
         unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
     assert_eq!(waited, 0);
     assert_eq!(read(pid).as_deref(), Some(name));
+    // So does a re-read of its maps after it exited (they read empty).
+    let known = Identity::read(std::process::id(), &maps, None, false);
+    let reread = Identity::read(pid, b"", Some(&known), false);
+    assert_eq!(
+        reread
+            .service()
+            .and_then(|service| service.get("service.name").map(String::from))
+            .as_deref(),
+        Some(name)
+    );
     exited.wait().unwrap();
     // A live process where the context's address is not mapped (as after
     // an unmap) drops it.
