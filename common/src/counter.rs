@@ -114,11 +114,15 @@ pub enum Counter {
     /// `golang::MAX_LABELS` or `golang::MAX_BUCKETS`, a key over
     /// `golang::MAX_KEY`, or no room left.
     GoLabelsCut = 48,
+    /// Thread-context reads that failed because the thread was exiting:
+    /// past `exit_mm` in `do_exit`, its user memory is gone (not a wrong
+    /// offset, unlike [`Counter::TraceReadFault`]).
+    TraceExited = 49,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 49] = [
+    pub const ALL: [Counter; 50] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -168,6 +172,7 @@ impl Counter {
         Counter::GoUnlabeled,
         Counter::GoReadFault,
         Counter::GoLabelsCut,
+        Counter::TraceExited,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -259,6 +264,7 @@ impl Counter {
             Counter::GoUnlabeled => "go_unlabeled",
             Counter::GoReadFault => "go_read_fault",
             Counter::GoLabelsCut => "go_labels_cut",
+            Counter::TraceExited => "trace_exited",
         }
     }
 

@@ -185,6 +185,9 @@ pub const MAP_TRACE_PROCESSES: &str = "TRACE_PROCS";
 /// pointer (`thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64),
 /// from BTF; 0 reads no thread context.
 pub const GLOBAL_TASK_TP_OFFSET: &str = "TASK_TP_OFFSET";
+/// Global `u32`: byte offset of `mm` in `task_struct`, from BTF; 0 counts
+/// a failed thread-context read of an exiting thread as any other.
+pub const GLOBAL_TASK_MM_OFFSET: &str = "TASK_MM_OFFSET";
 /// tgid -> [`golang::Process`]: the Go processes whose goroutines' pprof
 /// labels samples carry, and where `g` and its fields are.
 pub const MAP_GO_PROCESSES: &str = "GO_PROCS";

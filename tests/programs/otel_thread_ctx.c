@@ -19,6 +19,9 @@
  *     "offset REALTIME-MONOTONIC_ns".
  *   otel_thread_ctx --hostile SECONDS
  *     points the variable at unmapped memory and burns CPU.
+ *   otel_thread_ctx --churn STOP SECONDS
+ *     starts short-lived threads, two at a time, each exiting with a span
+ *     attached, until STOP exists (at most SECONDS).
  *   otel_thread_ctx --hostile-attrs SECONDS
  *     publishes the key map ["http.route"] and valid records whose
  *     attributes a reader must refuse, by turns: attrs-data-size over the
@@ -91,6 +94,24 @@ static uint64_t now_ns(clockid_t clock) {
     struct timespec ts;
     clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* REALTIME - MONOTONIC, from the narrowest of a few (monotonic, realtime,
+ * monotonic) brackets: a preemption between two reads would shift every
+ * logged switch against the samples' times (the agent measures alike). */
+static int64_t clock_offset(void) {
+    uint64_t best_width = UINT64_MAX;
+    int64_t best = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t before = now_ns(CLOCK_MONOTONIC);
+        uint64_t real = now_ns(CLOCK_REALTIME);
+        uint64_t after = now_ns(CLOCK_MONOTONIC);
+        if (after - before < best_width) {
+            best_width = after - before;
+            best = (int64_t)(real - (before + (after - before) / 2));
+        }
+    }
+    return best;
 }
 
 static void burn_until(uint64_t end) {
@@ -219,6 +240,36 @@ static int hostile_attrs(double seconds) {
     return 0;
 }
 
+/* A short-lived thread: a span attached, a little work, then its exit
+ * with the span still attached (samples of it past exit_mm in do_exit
+ * find its memory gone). */
+static void *short_lived(void *unused) {
+    (void)unused;
+    static __thread struct otel_thread_ctx_record record;
+    memset(record.trace_id, 0x55, 16);
+    memset(record.span_id, 0x44, 8);
+    record.trace_flags = 1;
+    record.valid = 1;
+    *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = &record;
+    burn_until(now_ns(CLOCK_MONOTONIC) + 200000);
+    return NULL;
+}
+
+/* Threads started and joined one after another until STOP exists (at most
+ * SECONDS): two at a time, so both CPUs of a small machine see exits. */
+static int churn(const char *stop, double seconds) {
+    uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(seconds * 1e9);
+    while (access(stop, F_OK) != 0 && now_ns(CLOCK_MONOTONIC) < end) {
+        pthread_t ids[2];
+        for (int i = 0; i < 2; i++)
+            if (pthread_create(&ids[i], NULL, short_lived, NULL) != 0)
+                return 1;
+        for (int i = 0; i < 2; i++)
+            pthread_join(ids[i], NULL);
+    }
+    return 0;
+}
+
 #ifdef OTEL_WRITER_LIBRARY
 #define main otel_writer_main
 int otel_writer_main(int argc, char **argv);
@@ -235,9 +286,12 @@ int main(int argc, char **argv) {
     }
     if (argc >= 3 && strcmp(argv[1], "--hostile-attrs") == 0)
         return hostile_attrs(atof(argv[2]));
+    if (argc >= 4 && strcmp(argv[1], "--churn") == 0)
+        return churn(argv[2], atof(argv[3]));
     if (argc < 4) {
         fprintf(stderr,
-                "usage: %s LOG STOP SECONDS [THREADS] | --hostile[-attrs] SECONDS\n",
+                "usage: %s LOG STOP SECONDS [THREADS] | --hostile[-attrs] SECONDS | --churn STOP "
+                "SECONDS\n",
                 argv[0]);
         return 2;
     }
@@ -250,7 +304,7 @@ int main(int argc, char **argv) {
         publish(payloads[0], encode_context(payloads[0], 1), &mapping_size);
     atomic_store(&published_keys, 1);
     uint64_t mono = now_ns(CLOCK_MONOTONIC);
-    uint64_t real = now_ns(CLOCK_REALTIME);
+    int64_t offset = clock_offset();
     struct thread_arg args[16];
     pthread_t ids[16];
     for (int i = 0; i < threads; i++) {
@@ -274,7 +328,7 @@ int main(int argc, char **argv) {
     FILE *out = fopen(argv[1], "w");
     if (!out)
         return 1;
-    fprintf(out, "offset %lld\n", (long long)(real - mono));
+    fprintf(out, "offset %lld\n", (long long)offset);
     for (int i = 0; i < threads; i++) {
         for (int j = 0; j < args[i].count; j++) {
             struct switch_log *entry = &args[i].log[j];

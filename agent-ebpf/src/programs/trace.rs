@@ -15,6 +15,10 @@ static TRACE_PROCS: HashMap<u32, tc::Process> = HashMap::with_max_entries(tc::MA
 #[unsafe(no_mangle)]
 static TASK_TP_OFFSET: u32 = 0;
 
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TASK_MM_OFFSET`).
+#[unsafe(no_mangle)]
+static TASK_MM_OFFSET: u32 = 0;
+
 /// `TASK_TP_OFFSET` as the loader set it (0: no thread pointer to read).
 #[inline(always)]
 pub(super) fn task_tp_offset() -> usize {
@@ -67,13 +71,13 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
                 return 0;
             }
             Block::Fault => {
-                bump(Counter::TraceReadFault);
+                user_read_failed(task);
                 return 0;
             }
         }
     };
     let Some(pointer) = read_user::<u64>(variable) else {
-        bump(Counter::TraceReadFault);
+        user_read_failed(task);
         return 0;
     };
     if pointer == 0 {
@@ -81,7 +85,7 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
         return 0;
     }
     let Some(record) = read_user::<tc::Record>(pointer) else {
-        bump(Counter::TraceReadFault);
+        user_read_failed(task);
         return 0;
     };
     if record.valid != 1 {
@@ -108,6 +112,22 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
     }
     bump(Counter::TraceLinked);
     SAMPLE_FLAG_TRACE
+}
+
+/// Counts a failed read of the thread's memory: a thread past `exit_mm`
+/// in `do_exit` (its `mm` gone, its user memory with it) is still sampled
+/// while it exits, and is told apart from a read that should have worked.
+/// Read only here, so a sample that reads its context pays nothing.
+#[inline(always)]
+fn user_read_failed(task: *const u8) {
+    let offset = unsafe { read_volatile(&TASK_MM_OFFSET) } as usize;
+    let exited = offset != 0
+        && unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) } == Ok(0);
+    bump(if exited {
+        Counter::TraceExited
+    } else {
+        Counter::TraceReadFault
+    });
 }
 
 /// Reads `size` bytes (1..=`MAX_ATTRS`) of attributes at `from` into

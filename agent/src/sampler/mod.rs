@@ -251,13 +251,19 @@ impl Sampler {
         } = kernel::Walks::verified(variant);
         // The OpenTelemetry thread context's thread pointer: without it
         // (no BTF, an unknown layout) samples carry no trace context.
-        let tp_offset = read_btf()
-            .ok()
-            .and_then(|btf| btf::thread_pointer_offset(&btf))
+        let task_btf = read_btf().ok();
+        let tp_offset = task_btf
+            .as_deref()
+            .and_then(btf::thread_pointer_offset)
             .unwrap_or_else(|| {
                 tracing::info!("no trace context on this kernel (no thread pointer in its BTF)");
                 0
             });
+        // Tells an exiting thread's failed context reads from others.
+        let mm_offset = task_btf
+            .as_deref()
+            .and_then(|btf| btf::member_offset(btf, "task_struct", "mm"))
+            .unwrap_or(0);
         // No CO-RE: every kernel offset the programs use is a global set
         // above from our own read of the BTF. Without a target BTF, aya
         // skips parsing all of vmlinux's (~20 ms and several MB at every
@@ -291,6 +297,7 @@ impl Sampler {
             )
             .override_global(hostprof_common::GLOBAL_TASK_PID_OFFSET, &pid_offset, true)
             .override_global(hostprof_common::GLOBAL_TASK_TP_OFFSET, &tp_offset, true)
+            .override_global(hostprof_common::GLOBAL_TASK_MM_OFFSET, &mm_offset, true)
             .override_global(
                 hostprof_common::GLOBAL_OFF_CPU_THRESHOLD_NS,
                 &threshold_ns,

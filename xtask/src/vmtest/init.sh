@@ -204,11 +204,13 @@ if [ -s /tmp/ctx.log ]; then
 else
     links="no_log=1"
 fi
-# Reads of the context that failed, and unwinds of user stacks that hit a
-# read fault: as many, samples of threads past exit_mm (judge.rs).
+# Reads of the context that failed, those of threads past exit_mm (the
+# kernel tells them apart), and unwinds of user stacks that hit a read
+# fault (judge.rs).
 failed_reads=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .* \([0-9]*\) reads failed.*/\1/p')
 stack_faults=$(plain /tmp/ctx.err | sed -n 's/.*user stacks: .* read fault \([0-9]*\),.*/\1/p')
-say check=thread-context exit=$rc $links failed_reads=${failed_reads:-0} stack_faults=${stack_faults:-0} detail="$(detail /tmp/ctx.err 'trace context')"
+exited=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .*, \([0-9]*\) unread in exiting threads.*/\1/p')
+say check=thread-context exit=$rc $links failed_reads=${failed_reads:-0} exited=${exited:-0} stack_faults=${stack_faults:-0} detail="$(detail /tmp/ctx.err 'trace context')"
 
 # 9. Memory of a host-wide record on this guest (idle now).
 memory_check

@@ -314,12 +314,13 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             let wrong = check.number("foreign") + check.number("unknown");
             let outside = check.number("outside");
             let threads = check.number("threads");
-            // A few reads fail (0 to 2 a run): samples of threads past
-            // exit_mm in do_exit, whose user memory is gone (their user
-            // stacks' unwinds fault as often; where their kernel stacks
-            // reached do_exit, those samples matched the failures). A
-            // wrong offset would fail most reads.
+            // Samples of threads past exit_mm in do_exit, whose user
+            // memory is gone, fail their reads too (0 to 10 a run, their
+            // user stacks' unwinds as often): the kernel counts those
+            // apart (`exited`), by the task's null `mm`. Other failures
+            // are few; a wrong offset would fail most reads.
             let failed_reads = check.number("failed_reads");
+            let exited = check.number("exited");
             let stack_faults = check.number("stack_faults");
             let max_failed = (check.number("samples") as f64 * MAX_FAILED_READ_SHARE) as u64;
             let no_log = check.number("no_log") > 0;
@@ -339,12 +340,21 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                      threads (want >= {MIN_SAMPLES} of {WRITER_THREADS}), {linked} linked \
                      ({share:.3}, want >= {MIN_LINKED_SHARE}): {} to their thread's span, {} \
                      to another thread's, {} to none published, {outside} outside their span's \
-                     time; {failed_reads} reads failed (want <= {max_failed}), {stack_faults} \
-                     user stacks hit a read fault{}: {detail}",
+                     time{}; {failed_reads} reads failed (want <= {max_failed}), {exited} unread \
+                     in exiting threads, {stack_faults} user stacks hit a read fault{}: {detail}",
                     check.number("samples"),
                     check.number("good"),
                     check.number("foreign"),
                     check.number("unknown"),
+                    if outside > 0 {
+                        format!(
+                            " (the farthest {} µs {} it)",
+                            check.number("outside_us"),
+                            check.fields.get("outside_side").map_or("?", String::as_str)
+                        )
+                    } else {
+                        String::new()
+                    },
                     if no_log {
                         "; the writer left no log"
                     } else {
@@ -412,7 +422,7 @@ mod tests {
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
         "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
         "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
-         unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+         unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
         "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
     ];
 
@@ -498,7 +508,7 @@ mod tests {
             (
                 8,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-                 foreign=0 unknown=0 outside=1 threads=3 failed_reads=0 stack_faults=0 detail=x",
+                 foreign=0 unknown=0 outside=1 outside_us=40 outside_side=after threads=3 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
                 8,

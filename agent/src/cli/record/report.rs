@@ -125,10 +125,11 @@ pub(in crate::cli) fn unwind_report(
     let linked = counters.get(Counter::TraceLinked);
     let detached = counters.get(Counter::TraceDetached);
     let faults = counters.get(Counter::TraceReadFault);
-    let trace = if linked + detached + faults > 0 {
+    let exited = counters.get(Counter::TraceExited);
+    let trace = if linked + detached + faults + exited > 0 {
         format!(
             "hostprof: trace context: {linked} samples linked to a span, {detached} with \
-             none attached, {faults} reads failed\n"
+             none attached, {faults} reads failed, {exited} unread in exiting threads\n"
         )
     } else {
         String::new()

@@ -1,7 +1,8 @@
 # Judges the links of the thread-context writer's samples against what
 # its threads published: `awk -f thread_links.awk LOG SAMPLES` prints
 # "samples=N in_threads=N linked=N good=N foreign=N unknown=N outside=N
-# threads=N".
+# outside_us=N outside_side=before|after|- threads=N" (outside_us: how far
+# past its span's edge, in µs, the farthest outside sample was).
 #
 # LOG is the writer's switch log (tests/programs/otel_thread_ctx.c):
 # "offset REALTIME-MONOTONIC_ns", then per thread, in order, "tid
@@ -65,13 +66,23 @@ FNR == NR {
     }
     good++
     at = $4 - offset
-    if (at < span_start[span] - SLACK_NS || ((span in span_end) && at > span_end[span] + SLACK_NS))
+    early = span_start[span] - at
+    late = (span in span_end) ? at - span_end[span] : 0
+    if (early > SLACK_NS || late > SLACK_NS) {
         outside++
+        # How far out the worst one was, and on which side: a clock
+        # misread shifts every sample alike, a misattributed one does not.
+        excess = early > late ? early : late
+        if (excess > outside_ns) {
+            outside_ns = excess
+            outside_side = early > late ? "before" : "after"
+        }
+    }
 }
 
 END {
     for (tid in seen)
         threads++
-    printf "samples=%d in_threads=%d linked=%d good=%d foreign=%d unknown=%d outside=%d threads=%d\n",
-        samples, in_threads, linked, good, foreign, unknown, outside, threads
+    printf "samples=%d in_threads=%d linked=%d good=%d foreign=%d unknown=%d outside=%d outside_us=%d outside_side=%s threads=%d\n",
+        samples, in_threads, linked, good, foreign, unknown, outside, outside_ns / 1000, outside ? outside_side : "-", threads
 }
