@@ -22,7 +22,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hostprof_common::trace;
-use object::{Object, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSymbol, SymbolKind, read::elf::ElfFile64};
 
 use super::{
     Registry, Runtime,
@@ -102,11 +102,15 @@ pub fn dtv_of(musl_interpreter: bool, mappings: &[Arc<Mapping>]) -> trace::Dtv {
 
 /// True when `data`, an executable, names musl's loader as its
 /// interpreter.
-pub fn musl_interpreter(data: &[u8]) -> bool {
-    use object::read::elf::{ElfFile64, ProgramHeader};
-    let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else {
-        return false;
-    };
+#[cfg(test)]
+fn musl_interpreter(data: &[u8]) -> bool {
+    ElfFile64::<object::Endianness>::parse(data).is_ok_and(|elf| asks_for_musl(&elf, data))
+}
+
+/// True when `elf` (parsed from `data`) names musl's loader as its
+/// interpreter.
+fn asks_for_musl(elf: &ElfFile64<object::Endianness>, data: &[u8]) -> bool {
+    use object::read::elf::ProgramHeader;
     let endian = elf.endian();
     elf.elf_program_headers().iter().any(|header| {
         header.p_type(endian) == object::elf::PT_INTERP
@@ -124,6 +128,20 @@ struct Executable {
     /// The variable's offset from the thread pointer.
     offset: Option<i64>,
     musl: bool,
+}
+
+impl Executable {
+    /// What `data`, an executable, tells; its ELF parsed once.
+    fn read(data: &[u8]) -> Executable {
+        let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else {
+            return Executable::default();
+        };
+        Executable {
+            offset: tls_symbol(&elf)
+                .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE)),
+            musl: asks_for_musl(&elf, data),
+        }
+    }
 }
 
 impl TlsSymbol {
@@ -158,8 +176,12 @@ impl TlsSymbol {
 /// Finds [`VARIABLE`] among `data`'s dynamic symbols (OTEP 4947 asks
 /// writers to export it there) and the file's TLS segment.
 pub fn find_tls_symbol(data: &[u8]) -> Option<TlsSymbol> {
-    use object::read::elf::{ElfFile64, ProgramHeader};
-    let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
+    tls_symbol(&ElfFile64::<object::Endianness>::parse(data).ok()?)
+}
+
+/// [`find_tls_symbol`] in a parsed file.
+fn tls_symbol(elf: &ElfFile64<object::Endianness>) -> Option<TlsSymbol> {
+    use object::read::elf::ProgramHeader;
     let symbol = elf
         .dynamic_symbols()
         // Defined here: an executable reaching a library's variable names
@@ -249,14 +271,9 @@ impl ThreadContext {
         let executable = match self.files.get(&key) {
             Some(&known) => known,
             None => {
-                let data = super::elf::read(pid, mapping).ok();
-                let executable = Executable {
-                    offset: data
-                        .as_ref()
-                        .and_then(|data| find_tls_symbol(data))
-                        .and_then(|symbol| symbol.thread_pointer_offset(TlsVariant::NATIVE)),
-                    musl: data.as_ref().is_some_and(|data| musl_interpreter(data)),
-                };
+                let executable = super::elf::read(pid, mapping)
+                    .map(|data| Executable::read(&data))
+                    .unwrap_or_default();
                 if self.files.len() >= MAX_FILES {
                     self.files.clear();
                 }
@@ -271,17 +288,17 @@ impl ThreadContext {
                 dtv: trace::Dtv::default(),
             });
         }
-        let dtv = dtv_of(executable.musl, mappings);
-        self.find_in_libraries(pid, key, dtv, mappings)
+        self.find_in_libraries(pid, key, executable.musl, mappings)
     }
 
     /// The variable in one of `pid`'s libraries (not its executable,
-    /// `exe`), from the slots the loader filled for it.
+    /// `exe`, which asks for musl's loader if `musl`), from the slots the
+    /// loader filled for it.
     fn find_in_libraries(
         &mut self,
         pid: u32,
         exe: (u64, u64),
-        dtv: trace::Dtv,
+        musl: bool,
         mappings: &[Arc<Mapping>],
     ) -> Found {
         for mapping in mappings {
@@ -322,7 +339,7 @@ impl ThreadContext {
                     Ok(tls_offset) => Found::At(trace::Process {
                         tls_offset,
                         module,
-                        dtv,
+                        dtv: dtv_of(musl, mappings),
                     }),
                     Err(_) => {
                         count_refusal(pid, Refusal::TlsUnreachable);
