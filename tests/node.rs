@@ -347,16 +347,8 @@ fn profile(node: &Node) -> Vec<String> {
     let name = &node.name;
     let program = Program::start(node);
     let folded = work_dir().join(format!("node-{}.folded", program.pid));
-    let mut record = hostprof();
-    record
-        .args(["record", "-F", RATE_HZ, "--pid"])
-        .arg(program.pid.to_string())
-        .arg("--output")
-        .arg(&folded);
-    if let Some(variant) = node.variant {
-        record.env("HOSTPROF_BPF_VARIANT", variant);
-    }
-    let (mut recording, mut log) = running::start_recording(&mut record);
+    let (mut recording, mut log) =
+        running::record_pid_on(program.pid, RATE_HZ, &folded, node.variant);
     let from = monotonic_micros();
     let enough = running::wait_for_cpu(program.pid, CPU_SECONDS, Duration::from_secs(300));
     let to = monotonic_micros();

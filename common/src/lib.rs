@@ -118,12 +118,14 @@ pub const LEGACY_TAIL_EMIT: u32 = 1;
 /// it reaches V8's code, so that walk is a program of its own, checked by
 /// the verifier apart from the native unwinder's.
 pub const LEGACY_TAIL_V8: u32 = 2;
-/// Slots of each tails map (room for a runtime walk more).
+/// Index, in each tails map, of HotSpot's walk (as V8's).
+pub const LEGACY_TAIL_HOTSPOT: u32 = 3;
+/// Slots of each tails map.
 pub const LEGACY_TAIL_SLOTS: u32 = 4;
 /// (tails map, index, program) of every tail-called program; the first
 /// [`LEGACY_TAIL_PERF_EVENT`] are perf_event programs, the others raw
 /// tracepoints.
-pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 6] = [
+pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 8] = [
     (
         MAP_LEGACY_SAMPLE_TAILS,
         LEGACY_TAIL_UNWIND,
@@ -135,6 +137,11 @@ pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 6] = [
         "sample_legacy_emit",
     ),
     (MAP_LEGACY_SAMPLE_TAILS, LEGACY_TAIL_V8, "sample_legacy_v8"),
+    (
+        MAP_LEGACY_SAMPLE_TAILS,
+        LEGACY_TAIL_HOTSPOT,
+        "sample_legacy_java",
+    ),
     (
         MAP_LEGACY_OFF_CPU_TAILS,
         LEGACY_TAIL_UNWIND,
@@ -150,9 +157,14 @@ pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 6] = [
         LEGACY_TAIL_V8,
         "off_cpu_legacy_v8",
     ),
+    (
+        MAP_LEGACY_OFF_CPU_TAILS,
+        LEGACY_TAIL_HOTSPOT,
+        "off_cpu_legacy_java",
+    ),
 ];
-/// The first three of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
-pub const LEGACY_TAIL_PERF_EVENT: usize = 3;
+/// The first four of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
+pub const LEGACY_TAIL_PERF_EVENT: usize = 4;
 /// Global `u32`: byte offset of `stack` (the kernel stack's base) in
 /// `task_struct`, from BTF; only the legacy programs read it.
 pub const GLOBAL_TASK_STACK_OFFSET: &str = "TASK_STACK_OFFSET";

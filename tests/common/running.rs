@@ -97,13 +97,28 @@ pub fn start_recording(command: &mut Command) -> (Child, StderrLog) {
 /// Starts `hostprof record -F rate_hz --pid pid --output output` with
 /// [`start_recording`].
 pub fn record_pid(pid: u32, rate_hz: &str, output: &std::path::Path) -> (Child, StderrLog) {
-    start_recording(
-        super::hostprof()
-            .args(["record", "-F", rate_hz, "--pid"])
-            .arg(pid.to_string())
-            .arg("--output")
-            .arg(output),
-    )
+    record_pid_on(pid, rate_hz, output, None)
+}
+
+/// [`record_pid`] with the eBPF variant `variant` forced
+/// (`HOSTPROF_BPF_VARIANT`: "legacy" runs Linux 5.10's programs here), or
+/// the one hostprof picks when `None`.
+pub fn record_pid_on(
+    pid: u32,
+    rate_hz: &str,
+    output: &std::path::Path,
+    variant: Option<&str>,
+) -> (Child, StderrLog) {
+    let mut record = super::hostprof();
+    record
+        .args(["record", "-F", rate_hz, "--pid"])
+        .arg(pid.to_string())
+        .arg("--output")
+        .arg(output);
+    if let Some(variant) = variant {
+        record.env(::hostprof::sampler::VARIANT_ENV, variant);
+    }
+    start_recording(&mut record)
 }
 
 /// Waits until process `pid` has used `seconds` more CPU time than when

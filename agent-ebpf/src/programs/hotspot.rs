@@ -10,10 +10,12 @@
 //! first bytes of its name) says how to reach the caller: interpreted
 //! frames by their frame pointer, compiled methods and stubs by their
 //! frame size. The frame is recorded as the blob (or `Method*`) and an
-//! offset; the agent names it. Modern variant only.
+//! offset; the agent names it. The legacy variant reaches the same step
+//! from a tail-called program of its own (`legacy::legacy_hotspot`), its
+//! segment-map search unrolled.
 use super::*;
 
-use super::unwinder::Entered;
+use super::{kernel::Kernel, unwinder::Entered};
 use hostprof_common::{
     hotspot::{self as hs, kind},
     runtime::{self, tag},
@@ -41,8 +43,8 @@ const X86_POP_RBP: u8 = 0x5d;
 /// it in place of its native entry and moves the registers to its caller.
 /// True when the unwind stops here (`state.reason` set).
 #[inline(always)]
-pub(super) fn step(state: &mut UnwindState) -> bool {
-    let why = step_frame(state);
+pub(super) fn step<K: Kernel>(state: &mut UnwindState) -> bool {
+    let why = step_frame::<K>(state);
     if why == hs::reason::NATIVE {
         bump(Counter::HotspotFrames);
         return false;
@@ -65,7 +67,7 @@ struct Caller {
 }
 
 #[inline(always)]
-fn step_frame(state: &mut UnwindState) -> u32 {
+fn step_frame<K: Kernel>(state: &mut UnwindState) -> u32 {
     use hs::reason::*;
     let Some(process) = (unsafe { HOTSPOT_PROCS.get(&state.tgid) }) else {
         return NO_PROCESS;
@@ -74,7 +76,7 @@ fn step_frame(state: &mut UnwindState) -> u32 {
     let Some(heap) = heap_of(process, regs.pc) else {
         return NO_BLOB;
     };
-    let Some(blob) = find_blob(&heap, regs.pc, process.heap_block_size) else {
+    let Some(blob) = find_blob::<K>(&heap, regs.pc, process.heap_block_size) else {
         return NO_BLOB;
     };
     let caller = match walk_blob(process, blob, &regs) {
@@ -128,25 +130,32 @@ struct SegmapWalk {
 extern "C" fn segmap_hop(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the SegmapWalk on the caller's stack.
     let walk = unsafe { &mut *(ctx as *mut SegmapWalk) };
+    i64::from(hop(walk))
+}
+
+/// One hop of the segment map's search; true when it is over
+/// (`walk.done` set).
+#[inline(always)]
+fn hop(walk: &mut SegmapWalk) -> bool {
     let Some(hop) = read_user::<u8>(walk.segmap.wrapping_add(walk.segment)) else {
         walk.done = 2;
-        return 1;
+        return true;
     };
     if hop == 0 {
         walk.done = 1;
-        return 1;
+        return true;
     }
     if hop == 0xff || u64::from(hop) > walk.segment {
         walk.done = 2;
-        return 1;
+        return true;
     }
     walk.segment -= u64::from(hop);
-    0
+    false
 }
 
 /// The code blob holding `pc`, in `heap`.
 #[inline(always)]
-fn find_blob(heap: &hs::Heap, pc: u64, block_header: u32) -> Option<u64> {
+fn find_blob<K: Kernel>(heap: &hs::Heap, pc: u64, block_header: u32) -> Option<u64> {
     let shift = u64::from(heap.log2_segment & 31);
     let mut walk = SegmapWalk {
         segmap: heap.segmap,
@@ -154,14 +163,22 @@ fn find_blob(heap: &hs::Heap, pc: u64, block_header: u32) -> Option<u64> {
         done: 0,
         _pad: 0,
     };
-    unsafe {
-        bpf_loop(
-            hs::MAX_SEGMAP_HOPS,
-            segmap_hop as *mut c_void,
-            (&mut walk as *mut SegmapWalk).cast(),
-            0,
-        )
-    };
+    if K::BPF_LOOP {
+        unsafe {
+            bpf_loop(
+                hs::MAX_SEGMAP_HOPS,
+                segmap_hop as *mut c_void,
+                (&mut walk as *mut SegmapWalk).cast(),
+                0,
+            )
+        };
+    } else {
+        for _ in 0..hs::MAX_SEGMAP_HOPS {
+            if hop(&mut walk) {
+                break;
+            }
+        }
+    }
     if walk.done != 1 {
         return None;
     }

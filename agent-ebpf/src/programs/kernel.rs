@@ -13,6 +13,9 @@ use super::{legacy::IDLE, unwinder::*};
 /// program that merely mentions a loop callback, so the variants must be
 /// separate programs.
 pub(super) trait Kernel {
+    /// `bpf_loop` is there (a constant: a legacy program must not even
+    /// name a loop callback).
+    const BPF_LOOP: bool;
     /// The current task's user registers (`struct pt_regs`, saved on
     /// kernel entry: right whether the sample hit user or kernel code),
     /// or null.
@@ -46,6 +49,8 @@ pub(super) trait Kernel {
 pub(super) struct Modern;
 
 impl Kernel for Modern {
+    const BPF_LOOP: bool = true;
+
     #[inline(always)]
     fn user_regs() -> *const u8 {
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
@@ -58,7 +63,7 @@ impl Kernel for Modern {
         if runtime == hostprof_common::runtime::tag::V8 {
             super::v8::step(state)
         } else {
-            super::hotspot::step(state)
+            super::hotspot::step::<Modern>(state)
         }
     }
 
@@ -168,6 +173,8 @@ const _: () = assert!(1 << LEGACY_MAPPING_PROBES > unwind::MAX_PROCESS_MAPPINGS)
 pub(super) const LEGACY_ROW_PROBES: u32 = 22;
 
 impl Kernel for Legacy {
+    const BPF_LOOP: bool = false;
+
     #[inline(always)]
     fn user_regs() -> *const u8 {
         let task = unsafe { bpf_get_current_task() } as *const u8;
@@ -184,17 +191,16 @@ impl Kernel for Legacy {
         }
     }
 
-    /// V8: stops the native unwinder, for `legacy_continue` to jump to
-    /// V8's walk, a program of its own (the old verifiers walk every path:
-    /// in line, the V8 step's paths would multiply the unwinder's). No
-    /// Java frames before 5.17 (HotSpot's walk is not one of those
-    /// programs yet): code-cache frames end the walk.
+    /// Stops the native unwinder, for `legacy_continue` to jump to the
+    /// runtime's walk (V8's or HotSpot's), a program of its own (the old
+    /// verifiers walk every path: in line, a runtime step's paths would
+    /// multiply the unwinder's).
     #[inline(always)]
     fn runtime_step(state: &mut UnwindState, runtime: u8) -> bool {
         state.reason = if runtime == hostprof_common::runtime::tag::V8 {
             super::legacy::AT_V8
         } else {
-            unwind::reason::NO_TABLE
+            super::legacy::AT_HOTSPOT
         };
         true
     }

@@ -1,11 +1,12 @@
 //! `off_cpu_switch`: where and why threads leave the CPU, emitted when they
-//! come back (and, legacy, its tail-called unwinder, V8 walk and writer).
+//! come back (and, legacy, its tail-called unwinder, V8 and HotSpot walks
+//! and writer).
 use super::*;
 
 use super::{
     kernel::Legacy,
     kernel::Modern,
-    legacy::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_start, legacy_v8},
+    legacy::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
 };
 
 pub(super) const TASK_DEAD: u32 = 0x80;
@@ -61,6 +62,13 @@ pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy_v8(ctx: RawTracePointContext) -> i32 {
     legacy_v8(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    0
+}
+
+/// HotSpot's walk for `off_cpu_legacy`'s unwinder.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy_java(ctx: RawTracePointContext) -> i32 {
+    legacy_hotspot(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
     0
 }
 

@@ -1,11 +1,12 @@
 //! `sample_cpu`: one record per cpu-clock event of a wanted process, with
-//! both stacks (and, legacy, its tail-called unwinder, V8 walk and writer).
+//! both stacks (and, legacy, its tail-called unwinder, V8 and HotSpot
+//! walks and writer).
 use super::*;
 
 use super::{
     kernel::Legacy,
     kernel::Modern,
-    legacy::{LEGACY_SAMPLE_TAILS, legacy_continue, legacy_start, legacy_v8},
+    legacy::{LEGACY_SAMPLE_TAILS, legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
 };
 
 #[perf_event]
@@ -36,6 +37,13 @@ pub fn sample_legacy_unwind(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn sample_legacy_v8(ctx: PerfEventContext) -> u32 {
     legacy_v8(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
+    0
+}
+
+/// HotSpot's walk for `sample_legacy`'s unwinder.
+#[perf_event]
+pub fn sample_legacy_java(ctx: PerfEventContext) -> u32 {
+    legacy_hotspot(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
     0
 }
 

@@ -175,14 +175,14 @@ impl Walks {
             );
         }
         // The JIT runtimes' walks: modern, the same `bpf_loop` callbacks
-        // as Python's, on the same kernels; legacy, V8's is a tail-called
-        // program of its own (checked on 5.10 by cargo xtask vmtest), and
-        // HotSpot's is not there yet.
+        // as Python's, on the same kernels; legacy, V8's and HotSpot's are
+        // tail-called programs of their own (checked on 5.10 by cargo
+        // xtask vmtest).
         let runtime = u32::from(variant == Variant::Legacy || python != 0);
-        if variant == Variant::Legacy || python == 0 {
+        if runtime == 0 {
             tracing::info!(
-                "no Java frames on this kernel (they need Linux {}.{} or later, \
-                 and the modern eBPF variant)",
+                "no Java or JavaScript frames on this kernel with the modern eBPF variant \
+                 (they need Linux {}.{} or later)",
                 PYTHON_WALK_SINCE.0,
                 PYTHON_WALK_SINCE.1
             );
