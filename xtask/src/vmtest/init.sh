@@ -44,6 +44,33 @@ wait_for() {
     done
     return 1
 }
+# cpu_ticks PID: user + system clock ticks PID has used.
+cpu_ticks() {
+    sed 's/.*) //' /proc/$1/stat 2>/dev/null | awk '{ print $12 + $13 }'
+}
+# record_cpu PID TICKS OUT ERR ARGS...: `hostprof record -p PID ARGS -o
+# OUT`, stopped (as Ctrl-C would) once PID has used TICKS more clock
+# ticks after the recording started: a loaded host, whose TCG guest runs
+# slowly, makes it longer, never short of samples. At most 360 s; its
+# exit status in $rc.
+record_cpu() {
+    pid=$1 ticks=$2 out=$3 err=$4
+    shift 4
+    hostprof record -p $pid "$@" -o $out 2>$err &
+    rec=$!
+    wait_for 'recording at' $err $rec 300
+    from=$(cpu_ticks $pid)
+    i=0
+    while alive $rec && alive $pid && [ $i -lt 3600 ]; do
+        now=$(cpu_ticks $pid)
+        [ $((${now:-0} - ${from:-0})) -ge $ticks ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -INT $rec 2>/dev/null
+    wait $rec
+    rc=$?
+}
 # count FILE REGEX NAME: `NAME=` the summed counts of the folded stacks
 # (`comm;frame;... COUNT`) whose frames match REGEX (awk).
 count() {
@@ -177,8 +204,9 @@ if [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 17 ]; }; then
 elif [ -x /bin/node ]; then
     node /bin/jsspin.js &
     js=$!
-    timeout 360 hostprof record --log-level info -p $js -F 199 -d 4 -o /tmp/js.folded 2>/tmp/js.err
-    rc=$?
+    # Until node has run 2 s of CPU: while hostprof loads the tables of
+    # its 100 MB binary, node gets little of a loaded TCG guest's time.
+    record_cpu $js 200 /tmp/js.folded /tmp/js.err --log-level info -F 199
     kill $js
     show node /tmp/js.err
     say check=node exit=$rc $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) detail="$(detail /tmp/js.err 'samples from')"
