@@ -144,19 +144,37 @@ fn share(lines: &HashMap<u32, u64>, line: u32) -> (f64, u64) {
 
 #[test]
 fn interpreted_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("jitless", &["--jitless"]);
+    lines_match_cpu_prof("jitless", |_| vec!["--jitless"]);
 }
 
 /// With V8's compilers at work (`hot` runs in Sparkplug, Maglev or
 /// TurboFan code most of the time).
 #[test]
 fn compiled_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("jit", &[]);
+    lines_match_cpu_prof("jit", |_| Vec::new());
 }
 
-/// Profiles the program under each node with `flags`; fails on any
+/// With Sparkplug alone (every function compiled by it at once, the
+/// optimizing compilers off; node 18 has no Maglev). Fails today: about
+/// 0.8 of `hot`'s samples are on its definition line, likely those whose
+/// CPU is in a frameless builtin Sparkplug code calls (`Mod_Baseline`, …):
+/// the kernel takes the caller's frame for the builtin's and records it as
+/// a JavaScript builtin, without the return address into `hot`.
+#[test]
+#[ignore = "a frameless builtin called from Sparkplug code hides the caller's pc"]
+fn baseline_frames_name_the_line_cpu_prof_names() {
+    lines_match_cpu_prof("sparkplug", |version| {
+        let mut flags = vec!["--always-sparkplug", "--no-opt"];
+        if !version.starts_with("18.") {
+            flags.push("--no-maglev");
+        }
+        flags
+    });
+}
+
+/// Profiles the program under each node with its `flags`; fails on any
 /// version that went wrong.
-fn lines_match_cpu_prof(name: &str, flags: &[&str]) {
+fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>) {
     let Some(_guard) = require_ebpf() else { return };
     let source_path = program_source("node").join("lines.js");
     let source = std::fs::read_to_string(&source_path).unwrap();
@@ -170,7 +188,8 @@ fn lines_match_cpu_prof(name: &str, flags: &[&str]) {
         if !require_tool(&node.display().to_string()) {
             continue;
         }
-        if let Some(failure) = profile(version, name, flags, &node, &source_path, &lines) {
+        if let Some(failure) = profile(version, name, &flags(version), &node, &source_path, &lines)
+        {
             failures.push(failure);
         }
     }

@@ -1,21 +1,24 @@
-//! Frames of compiled JavaScript (Maglev and TurboFan code) named at the
-//! line they were running: the kernel records the frame's `JSFunction`
-//! and pc; the function's `Code` says where its instructions are and holds
-//! a source position table from instruction offsets to source positions
-//! (the format of [`Table`]), read once per code object and cached.
+//! Frames of compiled JavaScript named at the line they were running: the
+//! kernel records the frame's `JSFunction` and pc; the function's `Code`
+//! says where its instructions are and holds a table from instruction
+//! offsets to source positions (Maglev, TurboFan: the format of
+//! [`Table`]) or to bytecode offsets (Sparkplug: [`PcMap`], whose
+//! bytecodes' positions are the function's bytecode position table), read
+//! once per code object and cached.
 //!
 //! A frame whose pc is not in its function's current code (on-stack
 //! replacement code, or code replaced since the sample) keeps its
-//! function's first line, as do Sparkplug's (its table maps pcs to
-//! bytecode offsets, which needs the bytecodes' lengths) and positions in
-//! code inlined from another function (not expanded yet): each counted.
+//! function's first line, as do positions in code inlined from another
+//! function (not expanded yet): each counted.
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use super::{
-    LineSource, Node, count,
+    LineSource, Node,
+    baseline::PcMap,
+    count,
     layout::CodeStart,
     names::Heap,
     positions::{Found, Table},
@@ -42,6 +45,9 @@ pub struct Compiled {
     /// Maglev's and TurboFan's source positions (`None` for other tiers,
     /// or when unreadable).
     table: Option<Arc<Table>>,
+    /// Sparkplug's bytecode offsets (`None` for other tiers, or when
+    /// unreadable).
+    pcs: Option<Arc<PcMap>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,11 +84,12 @@ impl Node {
         &mut self,
         memory: &impl Memory,
         function: u64,
+        shared: u64,
         script: u64,
         pc: u64,
         leaf: bool,
     ) -> Option<u32> {
-        let found = self.compiled_position(memory, function, pc, leaf);
+        let found = self.compiled_position(memory, function, shared, pc, leaf);
         let position = match found {
             Ok(position) => position,
             Err(why) => {
@@ -102,6 +109,7 @@ impl Node {
         &mut self,
         memory: &impl Memory,
         function: u64,
+        shared: u64,
         pc: u64,
         leaf: bool,
     ) -> Result<u32, LineSource> {
@@ -126,7 +134,18 @@ impl Node {
             return Err(LineSource::CompiledOtherCode);
         }
         match compiled.tier {
-            Tier::Baseline => return Err(LineSource::CompiledBaseline),
+            Tier::Baseline => {
+                let pcs = compiled.pcs.as_ref().ok_or(LineSource::CompiledBaseline)?;
+                let bytecode = pcs
+                    .bytecode_offset_at(at - compiled.start)
+                    .ok_or(LineSource::CompiledBaseline)?;
+                let table = self
+                    .table(memory, shared)
+                    .map_err(|_| LineSource::CompiledUnreadable)?;
+                return table
+                    .script_offset_at(bytecode)
+                    .ok_or(LineSource::CompiledUnreadable);
+            }
             Tier::Other => return Err(LineSource::CompiledOtherCode),
             Tier::Optimized => {}
         }
@@ -199,7 +218,12 @@ impl Node {
             },
             Tier::Baseline | Tier::Other => None,
         };
-        let entries = table.as_ref().map_or(0, |table| table.len());
+        let pcs = match tier {
+            Tier::Baseline => self.baseline_pcs(memory, code, layout.positions),
+            Tier::Optimized | Tier::Other => None,
+        };
+        let entries =
+            table.as_ref().map_or(0, |table| table.len()) + pcs.as_ref().map_or(0, |pcs| pcs.len());
         if self.codes.len() >= MAX_CODES || self.code_entries + entries > MAX_CODE_ENTRIES {
             self.codes.clear();
             self.code_entries = 0;
@@ -209,14 +233,31 @@ impl Node {
             size,
             tier,
             table,
+            pcs,
         });
         let replaced = self
             .codes
             .insert(code, (compiled.clone(), seen, Instant::now()));
-        let replaced = replaced
-            .and_then(|(old, _, _)| old.table.as_ref().map(|table| table.len()))
-            .unwrap_or(0);
+        let replaced = replaced.map_or(0, |(old, _, _)| {
+            old.table.as_ref().map_or(0, |table| table.len())
+                + old.pcs.as_ref().map_or(0, |pcs| pcs.len())
+        });
         self.code_entries = self.code_entries + entries - replaced;
         Ok(compiled)
+    }
+
+    /// The pc map of the Sparkplug code at `code`: its bytecode offset
+    /// table (field `positions`) along its bytecodes.
+    fn baseline_pcs(&self, memory: &impl Memory, code: u64, positions: u64) -> Option<Arc<PcMap>> {
+        let sizes = self.bytecode_sizes.as_ref()?;
+        let heap = Heap {
+            memory,
+            layout: &self.layout,
+        };
+        let Found::Table(table) = heap.byte_array_at(code, positions) else {
+            return None;
+        };
+        let bytecodes = heap.code_bytecodes(code)?;
+        Some(Arc::new(PcMap::decode(&table, &bytecodes, sizes)))
     }
 }

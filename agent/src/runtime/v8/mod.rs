@@ -6,6 +6,7 @@
 //! the JavaScript frames the kernel recorded ([`names`]), an interpreted
 //! frame at the line of the code it was running ([`positions`]), a
 //! compiled one too when V8's code says ([`compiled`]).
+mod baseline;
 mod compiled;
 mod layout;
 mod names;
@@ -76,7 +77,12 @@ pub enum V8Error {
 struct Binary {
     symbols: Symbols,
     segments: Vec<(u64, u64, u64)>,
+    /// `interpreter::Bytecodes::kBytecodeSizes`: its address and size.
+    bytecode_sizes: Option<(u64, u64)>,
 }
+
+/// The symbol of the bytecodes' lengths (Sparkplug's pc maps need them).
+const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
 
 /// One V8 process.
 struct Node {
@@ -96,6 +102,9 @@ struct Node {
     /// By `Code` object, and the table entries they hold in all.
     codes: HashMap<u64, compiled::CachedCode>,
     code_entries: usize,
+    /// The bytecodes' lengths (`None`: not found; Sparkplug frames keep
+    /// their first line).
+    bytecode_sizes: Option<Arc<baseline::BytecodeSizes>>,
 }
 
 /// A function's bytecode position table (`Err`: none collected yet, or
@@ -117,7 +126,8 @@ pub enum LineSource {
     Unreadable,
     /// A compiled frame at its running line.
     Compiled,
-    /// A frame of Sparkplug code (its pcs are not mapped yet).
+    /// A frame of Sparkplug code whose pc could not be mapped (no
+    /// bytecode lengths, or its tables unreadable or ending before it).
     CompiledBaseline,
     /// A frame whose pc is not in its function's current code (on-stack
     /// replacement code, or replaced since).
@@ -183,7 +193,11 @@ impl V8 {
         let data = elf::read(pid, mapping).map_err(|err| V8Error::Elf(err.to_string()))?;
         let file = object::File::parse(&*data).map_err(|err| V8Error::Elf(err.to_string()))?;
         let mut symbols = Symbols::new();
+        let mut bytecode_sizes = None;
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            if symbol.name() == Ok(BYTECODE_SIZES) && bytecode_sizes.is_none() {
+                bytecode_sizes = Some((symbol.address(), symbol.size()));
+            }
             if let Ok(name) = symbol.name()
                 && let Some(wanted) = layout::SYMBOLS.iter().find(|wanted| **wanted == name)
             {
@@ -196,6 +210,7 @@ impl V8 {
         let binary = Arc::new(Binary {
             symbols,
             segments: elf::segments(&file),
+            bytecode_sizes,
         });
         if self.binaries.len() >= MAX_BINARIES {
             self.binaries.clear();
@@ -226,6 +241,13 @@ impl V8 {
                 Some((offset, offset + u64::from(size)))
             })
             .unwrap_or((0, 0));
+        // Three scales of bytes, a few hundred bytecodes.
+        let bytecode_sizes = binary
+            .bytecode_sizes
+            .filter(|&(_, size)| size <= 3 * 1024)
+            .and_then(|(address, size)| memory.read_vec(address.wrapping_add(bias), size as usize))
+            .and_then(|bytes| baseline::BytecodeSizes::new(&bytes))
+            .map(Arc::new);
         Ok(Node {
             layout,
             binary: (mapping.dev, mapping.inode),
@@ -237,6 +259,7 @@ impl V8 {
             scripts: HashMap::new(),
             codes: HashMap::new(),
             code_entries: 0,
+            bytecode_sizes,
         })
     }
 
@@ -364,8 +387,8 @@ impl Runtime for V8 {
                 (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => node
                     .running_line(&memory, shared, named.script, recorded.instr)
                     .unwrap_or(start),
-                (Some(named), Some(_)) if kind == v8::kind::COMPILED => node
-                    .compiled_line(&memory, address, named.script, recorded.instr, leaf)
+                (Some(named), Some(shared)) if kind == v8::kind::COMPILED => node
+                    .compiled_line(&memory, address, shared, named.script, recorded.instr, leaf)
                     .unwrap_or(start),
                 _ => start,
             };
@@ -469,7 +492,11 @@ impl Node {
     /// cached, and checked again now and then (the collector moves
     /// objects, V8 flushes old bytecode and collects positions lazily):
     /// read again when the bytecode's or the table's address changed.
-    fn table(&mut self, memory: &impl Memory, shared: u64) -> Result<Arc<Table>, LineSource> {
+    pub(super) fn table(
+        &mut self,
+        memory: &impl Memory,
+        shared: u64,
+    ) -> Result<Arc<Table>, LineSource> {
         let heap = Heap {
             memory,
             layout: &self.layout,

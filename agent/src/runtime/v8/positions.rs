@@ -61,6 +61,27 @@ impl<M: Memory> Heap<'_, M> {
         None
     }
 
+    /// The bytecodes of the baseline `Code` at `code` (at most
+    /// [`MAX_TABLE`] of them: a bigger function's are not read).
+    pub fn code_bytecodes(&self, code: u64) -> Option<Vec<u8>> {
+        let layout = self.layout;
+        let mut data = self.field(code, layout.code_bytecode?)?;
+        if Some(self.instance_type(data)?) == layout.type_interpreter_data {
+            data = self.field(data, layout.interpreter_data_bytecode?)?;
+        }
+        if self.instance_type(data)? != layout.type_bytecode_array {
+            return None;
+        }
+        let length = small_integer(self.word(data.checked_add(layout.array_length)?)?)?;
+        let length = usize::try_from(length).ok()?;
+        if length > MAX_TABLE {
+            refusals::refuse(Runtime::V8js, Reason::TooLong);
+            return None;
+        }
+        self.memory
+            .read_vec(data.checked_add(layout.bytecode_data)?, length)
+    }
+
     /// The source position table of the `BytecodeArray` at `bytecode`.
     pub fn position_table(&self, bytecode: u64) -> Found {
         self.byte_array_at(bytecode, self.layout.bytecode_positions)

@@ -86,6 +86,7 @@ impl Node {
             scripts: Default::default(),
             codes: Default::default(),
             code_entries: 0,
+            bytecode_sizes: None,
         }
     }
 }
@@ -423,6 +424,30 @@ fn compiled_frames_are_at_their_code_tables_line() {
     let huge = function(&mut heap, BASE + 0x2500, huge);
     let not_code = function(&mut heap, BASE + 0x2600, script);
     let not_function = heap.object(BASE + 0x2700, script_map);
+    // Sparkplug code of `shared`'s bytecodes (5, 3 bytes long, at 0;
+    // 4, 1 byte, at 3), whose position table puts offset 0 on line 2 and
+    // 3 on line 3: entry 0x10 bytes, then 0x20 each.
+    let bytecode_map = heap.map(BASE + 0x500, 191);
+    let bytecode = heap.object(BASE + 0x2800, bytecode_map);
+    heap.word(bytecode + 8, Builder::smi(4));
+    let at = (bytecode + 54 - BASE) as usize;
+    heap.bytes[at..at + 4].copy_from_slice(&[5, 0, 0, 4]);
+    let positions = heap.object(BASE + 0x2900, byte_array_map);
+    heap.word(positions + 8, Builder::smi(6));
+    let at = (positions + 16 - BASE) as usize;
+    // The entry (-1) at 10 (packed 22), +1 → 20 (+20), +3 → 50 (+60):
+    // zig-zag.
+    heap.bytes[at..at + 6].copy_from_slice(&[0, 44, 2, 40, 6, 120]);
+    heap.word(bytecode + 32, Builder::tagged(positions));
+    heap.word(shared + 8, Builder::tagged(bytecode));
+    let offsets = heap.object(BASE + 0x2a00, byte_array_map);
+    heap.word(offsets + 8, Builder::smi(3));
+    let at = (offsets + 16 - BASE) as usize;
+    heap.bytes[at..at + 3].copy_from_slice(&[0x10, 0x20, 0x20]);
+    let sparkplug = code(&mut heap, BASE + 0x2b00, 11, 0x100);
+    heap.word(sparkplug + 24, Builder::tagged(offsets));
+    heap.word(sparkplug + 16, Builder::tagged(bytecode));
+    let sparkplug = function(&mut heap, BASE + 0x2c00, sparkplug);
 
     let image = heap.image();
     let mut node = Node::new_for_tests(layout);
@@ -430,7 +455,8 @@ fn compiled_frames_are_at_their_code_tables_line() {
     assert_eq!(node.shared_of(&image, not_function), None);
     let pc = |offset: u64| BASE + 0x4000 + offset;
     let counted = |source| super::line_count(&super::line_counts(), source);
-    let mut line = |function, pc, leaf| node.compiled_line(&image, function, script, pc, leaf);
+    let mut line =
+        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
     assert_eq!(line(turbofan, pc(0), true), Some(2));
     assert_eq!(line(turbofan, pc(0x3f), true), Some(2));
     assert_eq!(line(turbofan, pc(0x40), true), Some(3));
@@ -443,11 +469,29 @@ fn compiled_frames_are_at_their_code_tables_line() {
     assert_eq!(line(turbofan, pc(0x100), true), None);
     assert_eq!(line(turbofan, BASE, true), None);
     assert!(counted(super::LineSource::CompiledOtherCode) >= before + 2);
+    // Without the bytecodes' lengths, Sparkplug code is not mapped.
     let before = counted(super::LineSource::CompiledBaseline);
     assert_eq!(line(baseline, pc(0x40), true), None);
-    assert!(counted(super::LineSource::CompiledBaseline) > before);
+    assert_eq!(line(sparkplug, pc(0x10), true), None);
+    assert!(counted(super::LineSource::CompiledBaseline) >= before + 2);
     let before = counted(super::LineSource::CompiledUnreadable);
     assert_eq!(line(huge, pc(0x40), true), None);
     assert_eq!(line(not_code, pc(0x40), true), None);
     assert!(counted(super::LineSource::CompiledUnreadable) >= before + 2);
+
+    let mut sizes = vec![1u8; 3 * 6];
+    sizes[5] = 3;
+    let mut node = Node::new_for_tests(node.layout.clone());
+    node.bytecode_sizes = super::baseline::BytecodeSizes::new(&sizes).map(Arc::new);
+    let mut line =
+        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
+    // The entry (0 to 0x10) is the function's first position (line 1).
+    assert_eq!(line(sparkplug, pc(0x0f), true), Some(1));
+    assert_eq!(line(sparkplug, pc(0x10), true), Some(2));
+    assert_eq!(line(sparkplug, pc(0x2f), true), Some(2));
+    assert_eq!(line(sparkplug, pc(0x30), true), Some(3));
+    // A call returning at 0x30 ran the bytecode before.
+    assert_eq!(line(sparkplug, pc(0x30), false), Some(2));
+    // Past the last piece: no bytecode.
+    assert_eq!(line(sparkplug, pc(0x50), true), None);
 }
