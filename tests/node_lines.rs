@@ -1,10 +1,10 @@
 //! The line of a JavaScript frame: `hostprof record -p` on
 //! tests/programs/node/lines.js, whose `hot` function runs two loops, each
 //! on a line of its own, under Node.js 18, 20 and 22 (node's own builds,
-//! `cargo xtask setup`) run with `--jitless` (every frame interpreted:
-//! compiled frames keep their function's first line for now) and
-//! `--cpu-prof`, whose `positionTicks` (ticks by line, per node of its
-//! call tree) are the ground truth.
+//! `cargo xtask setup`) run with `--jitless` (every frame interpreted) and
+//! without (V8 compiles `hot`: its frames run Sparkplug, Maglev or
+//! TurboFan code), each with `--cpu-prof`, whose `positionTicks` (ticks
+//! by line, per node of its call tree) are the ground truth.
 //!
 //! What counts, in hostprof's pprof profile: samples whose innermost
 //! JavaScript frame is `hot`, by that frame's line. The share of them on
@@ -71,8 +71,8 @@ fn program_lines(source: &str) -> Lines {
 }
 
 /// `--cpu-prof`'s ticks of `hot` by line, over its whole profile (the
-/// program does the same work from its start: no tier changes under
-/// `--jitless`).
+/// program does the same work from its start; the share of each line
+/// does not depend on the tier running it).
 fn cpu_prof_lines(profiles: &Path) -> HashMap<u32, u64> {
     let path = std::fs::read_dir(profiles)
         .expect("read the profiles")
@@ -144,6 +144,37 @@ fn share(lines: &HashMap<u32, u64>, line: u32) -> (f64, u64) {
 
 #[test]
 fn interpreted_frames_name_the_line_cpu_prof_names() {
+    lines_match_cpu_prof("jitless", |_| vec!["--jitless"]);
+}
+
+/// With V8's compilers at work (`hot` runs in Sparkplug, Maglev or
+/// TurboFan code most of the time).
+#[test]
+fn compiled_frames_name_the_line_cpu_prof_names() {
+    lines_match_cpu_prof("jit", |_| Vec::new());
+}
+
+/// With Sparkplug alone (every function compiled by it at once, the
+/// optimizing compilers off; node 18 has no Maglev). Fails today: about
+/// 0.8 of `hot`'s samples are on its definition line, likely those whose
+/// CPU is in a frameless builtin Sparkplug code calls (`Mod_Baseline`, …):
+/// the kernel takes the caller's frame for the builtin's and records it as
+/// a JavaScript builtin, without the return address into `hot`.
+#[test]
+#[ignore = "a frameless builtin called from Sparkplug code hides the caller's pc"]
+fn baseline_frames_name_the_line_cpu_prof_names() {
+    lines_match_cpu_prof("sparkplug", |version| {
+        let mut flags = vec!["--always-sparkplug", "--no-opt"];
+        if !version.starts_with("18.") {
+            flags.push("--no-maglev");
+        }
+        flags
+    });
+}
+
+/// Profiles the program under each node with its `flags`; fails on any
+/// version that went wrong.
+fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>) {
     let Some(_guard) = require_ebpf() else { return };
     let source_path = program_source("node").join("lines.js");
     let source = std::fs::read_to_string(&source_path).unwrap();
@@ -157,7 +188,8 @@ fn interpreted_frames_name_the_line_cpu_prof_names() {
         if !require_tool(&node.display().to_string()) {
             continue;
         }
-        if let Some(failure) = profile(version, &node, &source_path, &lines) {
+        if let Some(failure) = profile(version, name, &flags(version), &node, &source_path, &lines)
+        {
             failures.push(failure);
         }
     }
@@ -165,12 +197,20 @@ fn interpreted_frames_name_the_line_cpu_prof_names() {
 }
 
 /// Profiles the program under one node; what went wrong.
-fn profile(version: &str, node: &Path, source: &Path, lines: &Lines) -> Option<String> {
-    let dir = work_dir().join(format!("node-lines-{version}"));
+fn profile(
+    version: &str,
+    name: &str,
+    flags: &[&str],
+    node: &Path,
+    source: &Path,
+    lines: &Lines,
+) -> Option<String> {
+    let dir = work_dir().join(format!("node-lines-{name}-{version}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("profiles")).unwrap();
     let mut child = Command::new(node)
-        .args(["--jitless", "--cpu-prof"])
+        .args(flags)
+        .arg("--cpu-prof")
         .arg(format!("--cpu-prof-dir={}", dir.join("profiles").display()))
         .arg(source)
         .stdout(Stdio::piped())
@@ -229,7 +269,7 @@ fn profile(version: &str, node: &Path, source: &Path, lines: &Lines) -> Option<S
         .sum();
     let in_body = body as f64 / seen_samples.max(1) as f64;
     eprintln!(
-        "node {version}: line {} share: hostprof {seen_share:.3} of {seen_samples} ({seen:?}), \
+        "node {version} ({name}): line {} share: hostprof {seen_share:.3} of {seen_samples} ({seen:?}), \
          --cpu-prof {truth_share:.3} of {truth_samples} ({truth:?}); {}",
         lines.first_loop,
         report
@@ -267,5 +307,5 @@ fn profile(version: &str, node: &Path, source: &Path, lines: &Lines) -> Option<S
             lines.definition
         ));
     }
-    (!failures.is_empty()).then(|| format!("node {version}: {}", failures.join("; ")))
+    (!failures.is_empty()).then(|| format!("node {version} ({name}): {}", failures.join("; ")))
 }

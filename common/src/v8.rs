@@ -69,11 +69,13 @@ pub struct Process {
 }
 
 /// Kinds of JavaScript frame, in a recorded frame's tag
-/// (`runtime::tag::V8 | kind`); `code` is the `SharedFunctionInfo`.
+/// (`runtime::tag::V8 | kind`); `code` is the `SharedFunctionInfo`, but
+/// for [`kind::COMPILED`].
 pub mod kind {
     /// Run by the interpreter (Ignition): `instr` is the bytecode offset.
     pub const INTERPRETED: u8 = 1;
-    /// Run in code V8 generated (Sparkplug, Maglev, TurboFan): `instr` is
+    /// Run in code V8 generated (Sparkplug, Maglev, TurboFan): `code` is
+    /// the `JSFunction` (whose code the host looks the pc up in), `instr`
     /// the pc.
     pub const COMPILED: u8 = 2;
     /// A JavaScript builtin (`Array.prototype.sort`, …), run in the

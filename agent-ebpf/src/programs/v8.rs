@@ -10,8 +10,8 @@
 //! C++ calling back into it) and the native walk resumes by itself below
 //! V8's entry frame. A JavaScript
 //! frame (a context, not a type marker, below its frame pointer) is
-//! recorded as its function's `SharedFunctionInfo` and where in it the
-//! frame was; frames of other types (entry, exit, stubs) stay native
+//! recorded as its function's `SharedFunctionInfo` (its `JSFunction` when
+//! the frame runs compiled code) and where in it the frame was; frames of other types (entry, exit, stubs) stay native
 //! addresses (the builtins have symbols).
 use super::*;
 
@@ -107,20 +107,23 @@ fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
         None
     } else if let Some(shared) = shared_info(process, slot(process.slot_function)) {
         bump(Counter::V8Frames);
-        let (kind, instr) = if in_builtins(process, regs.pc) {
+        let (kind, object, instr) = if in_builtins(process, regs.pc) {
             let offset = slot(process.slot_bytecode_offset);
             // The interpreter keeps the bytecode offset as a small
             // integer (in the upper half); a JavaScript builtin does not.
             if offset & 1 == 0 {
-                (kind::INTERPRETED, offset >> 32)
+                (kind::INTERPRETED, shared, offset >> 32)
             } else {
-                (kind::BUILTIN, regs.pc)
+                (kind::BUILTIN, shared, regs.pc)
             }
         } else {
-            (kind::COMPILED, regs.pc)
+            // The function, not its shared info: its code (which the pc
+            // is in) hangs from the function alone.
+            let function = slot(process.slot_function) & !3;
+            (kind::COMPILED, function, regs.pc)
         };
         Some(runtime::Frame {
-            code: tag::apply(tag::V8 | kind, shared),
+            code: tag::apply(tag::V8 | kind, object),
             instr,
         })
     } else {

@@ -106,7 +106,7 @@ impl Runtime for Java {
         let Some(State::Jvm(jvm)) = self.processes.get_mut(pid) else {
             return;
         };
-        super::replace_marks(tag::HOTSPOT, stack, frames, |recorded| {
+        super::replace_marks(tag::HOTSPOT, stack, frames, |recorded, _leaf| {
             java_frame(recorded, &jvm.name_frame(recorded))
         });
     }

@@ -126,17 +126,23 @@ pub trait Runtime: Send {
 
 /// Replaces each native frame of `frames` that marks one of `stack`'s
 /// runtime frames of `runtime` (a `tag` runtime, its kind bits aside)
-/// with `name(recorded)`: the kernel left the mark where the runtime's
+/// with `name(recorded, leaf)` (`leaf`: the frame is where the CPU was,
+/// not a caller): the kernel left the mark where the runtime's
 /// frame ran, among the native ones.
 pub fn replace_marks(
     runtime: u8,
     stack: &hostprof_common::runtime::Stack,
     frames: &mut [Frame],
-    mut name: impl FnMut(hostprof_common::runtime::Frame) -> Frame,
+    mut name: impl FnMut(hostprof_common::runtime::Frame, bool) -> Frame,
 ) {
     use hostprof_common::runtime::{FRAME_INDEX_MASK, FRAME_MARK, tag};
     let len = (stack.len as usize).min(stack.frames.len());
-    for frame in frames.iter_mut() {
+    // The first user frame is where the CPU was; every other one ran to a
+    // call (its pc is a return address).
+    let leaf = frames
+        .iter()
+        .position(|frame| frame.kind != crate::model::FrameKind::Kernel);
+    for (at, frame) in frames.iter_mut().enumerate() {
         if frame.kind != crate::model::FrameKind::Native || frame.address & FRAME_MARK != FRAME_MARK
         {
             continue;
@@ -146,7 +152,7 @@ pub fn replace_marks(
             continue;
         };
         if tag::of(recorded.code) & tag::RUNTIME_MASK == runtime {
-            *frame = name(recorded);
+            *frame = name(recorded, leaf == Some(at));
         }
     }
 }

@@ -97,15 +97,29 @@ pub(in crate::cli) fn unwind_report(
         .map(|counter| counters.get(*counter))
         .sum();
     let javascript = if counters.get(Counter::V8Frames) + javascript_stopped > 0 {
-        let (running, no_positions) = crate::runtime::v8::line_counts();
+        use crate::runtime::v8::{LineSource::*, line_count, line_counts};
+        let counts = line_counts();
+        let n = |source| line_count(&counts, source);
         format!(
             "hostprof: JavaScript frames: {} walked in the kernel ({} frames of V8 without a \
              function kept as native); walks stopped: {}; interpreted frames at their running \
-             line {running}, at their function's first line (V8 had no source positions for \
-             it) {no_positions}\n",
+             line {}, at their function's first line: V8 had no source positions for it {}, \
+             its position table unreadable {}; compiled frames at their running line {}, at \
+             their function's first line: Sparkplug pc unmapped {}, pc outside the function's \
+             current code {}, in inlined code {}, code or table unreadable {}, V8's code \
+             layout unknown {}\n",
             counters.get(Counter::V8Frames),
             counters.get(Counter::V8NotFunction),
-            stop_list(counters, &Counter::V8_STOPS, "v8_")
+            stop_list(counters, &Counter::V8_STOPS, "v8_"),
+            n(Interpreted),
+            n(NoPositions),
+            n(Unreadable),
+            n(Compiled),
+            n(CompiledBaseline),
+            n(CompiledOtherCode),
+            n(CompiledInlined),
+            n(CompiledUnreadable),
+            n(CompiledUnknown),
         )
     } else {
         String::new()

@@ -43,6 +43,16 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_Code__bytecode_or_interpreter_data__HeapObject",
     "v8dbg_class_Code__wrapper__Tagged_CodeWrapper_",
     "v8dbg_class_InterpreterData__bytecode_array__BytecodeArray",
+    "v8dbg_class_JSFunction__code__CodeT",
+    "v8dbg_class_JSFunction__code__Tagged_Code_",
+    "v8dbg_class_Code__flags__uint32_t",
+    "v8dbg_class_Code__instruction_size__int",
+    "v8dbg_class_Code__instruction_start__uintptr_t",
+    "v8dbg_class_Code__instruction_start__Address",
+    "v8dbg_class_Code__source_position_table__ByteArray",
+    "v8dbg_CodeKindBaseline",
+    "v8dbg_CodeKindFieldMask",
+    "v8dbg_CodeKindFieldShift",
     "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE",
     "v8dbg_type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE",
     "v8dbg_type_InterpreterData__INTERPRETER_DATA_TYPE",
@@ -115,6 +125,9 @@ pub struct Layout {
     /// function's data once compiled by Sparkplug).
     pub type_code: Option<u32>,
     pub code_bytecode: Option<u64>,
+    /// Where compiled code keeps what maps its pcs to source positions
+    /// (`None`: a V8 whose `Code` this agent does not know).
+    pub code: Option<CodeLayout>,
     pub type_function: u32,
     pub type_shared_info: u32,
     pub type_scope_info: u32,
@@ -161,6 +174,84 @@ fn baseline_bytecode(
         return Some(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16);
     }
     (version.0 == 10).then_some(16)
+}
+
+/// A function's code and what in it maps a pc to a source position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeLayout {
+    /// `JSFunction::code`.
+    pub function_code: u64,
+    /// `Code::flags` (`u32`), whose kind bits say the tier.
+    pub flags: u64,
+    pub kind_mask: u32,
+    pub kind_shift: u32,
+    /// `CodeKind::BASELINE` (Sparkplug); Maglev's and TurboFan's follow.
+    pub kind_baseline: u32,
+    pub start: CodeStart,
+    /// `Code::instruction_size` (`i32`).
+    pub size: u64,
+    /// `Code::source_position_table` (baseline code keeps its bytecode
+    /// offset table there).
+    pub positions: u64,
+}
+
+/// Where a `Code`'s instructions start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeStart {
+    /// In the object, this many bytes on (V8 10 and older).
+    Inline(u64),
+    /// At the address this field holds (V8 11 and later).
+    Field(u64),
+}
+
+/// The `Code` layout of V8 10 to 12 (node 18 to 22): what the binary
+/// exports, and the few fields it does not, which these versions agree
+/// on (checked on node 18.20.4, 20.18.0 and 22.11.0's objects).
+fn code_layout(
+    value: &dyn Fn(&'static str) -> Option<i64>,
+    version: (u32, u32, u32),
+) -> Option<CodeLayout> {
+    let offset = |value: i64| (0..MAX_OFFSET).contains(&value).then_some(value as u64);
+    let function_code = value("v8dbg_class_JSFunction__code__CodeT")
+        .or_else(|| value("v8dbg_class_JSFunction__code__Tagged_Code_"))
+        // Not exported by V8 11: between the feedback cell and the
+        // prototype, as in V8 10.
+        .or((version.0 == 11).then_some(48))
+        .and_then(offset)?;
+    let start = match version.0 {
+        10 => CodeStart::Inline(offset(value(
+            "v8dbg_class_Code__instruction_start__uintptr_t",
+        )?)?),
+        // V8 11's entry point: after the instruction stream.
+        11 => CodeStart::Field(40),
+        12 => CodeStart::Field(offset(value(
+            "v8dbg_class_Code__instruction_start__Address",
+        )?)?),
+        _ => return None,
+    };
+    let size = value("v8dbg_class_Code__instruction_size__int")
+        .or((version.0 == 11).then_some(56))
+        .and_then(offset)?;
+    let positions = match version.0 {
+        10 => Some(24),
+        11 => value("v8dbg_class_Code__source_position_table__ByteArray"),
+        // Before the wrapper.
+        _ => value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_").map(|wrapper| wrapper - 8),
+    }
+    .and_then(offset)?;
+    let small = |name| value(name).and_then(|value| u32::try_from(value).ok());
+    Some(CodeLayout {
+        function_code,
+        flags: value("v8dbg_class_Code__flags__uint32_t")
+            .or(Some(48))
+            .and_then(offset)?,
+        kind_mask: small("v8dbg_CodeKindFieldMask")?,
+        kind_shift: small("v8dbg_CodeKindFieldShift").unwrap_or(0).min(31),
+        kind_baseline: small("v8dbg_CodeKindBaseline")?,
+        start,
+        size,
+        positions,
+    })
 }
 
 /// A binary's V8 symbols, link-time addresses by name.
@@ -267,6 +358,7 @@ impl Layout {
             type_code: small("v8dbg_type_Code__CODE_TYPE").ok(),
             code_bytecode: baseline_bytecode(&value, version)
                 .and_then(|value| offset(value, "bytecode_or_interpreter_data").ok()),
+            code: code_layout(&value, version),
             type_function: small("v8dbg_type_JSFunction__JS_FUNCTION_TYPE")?,
             type_shared_info: small("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE")?,
             type_scope_info: small("v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE")?,

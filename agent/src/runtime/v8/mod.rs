@@ -4,7 +4,10 @@
 //! the unwind service marks: every anonymous executable mapping, V8's
 //! code space, and the embedded builtins inside the binary), and names
 //! the JavaScript frames the kernel recorded ([`names`]), an interpreted
-//! frame at the line of the code it was running ([`positions`]).
+//! frame at the line of the code it was running ([`positions`]), a
+//! compiled one too when V8's code says ([`compiled`]).
+mod baseline;
+mod compiled;
 mod layout;
 mod names;
 mod positions;
@@ -74,7 +77,12 @@ pub enum V8Error {
 struct Binary {
     symbols: Symbols,
     segments: Vec<(u64, u64, u64)>,
+    /// `interpreter::Bytecodes::kBytecodeSizes`: its address and size.
+    bytecode_sizes: Option<(u64, u64)>,
 }
+
+/// The symbol of the bytecodes' lengths (Sparkplug's pc maps need them).
+const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
 
 /// One V8 process.
 struct Node {
@@ -91,25 +99,64 @@ struct Node {
     tables: HashMap<u64, CachedTable>,
     table_entries: usize,
     scripts: HashMap<u64, Arc<Vec<u32>>>,
+    /// By `Code` object, and the table entries they hold in all.
+    codes: HashMap<u64, compiled::CachedCode>,
+    code_entries: usize,
+    /// The bytecodes' lengths (`None`: not found; Sparkplug frames keep
+    /// their first line).
+    bytecode_sizes: Option<Arc<baseline::BytecodeSizes>>,
 }
 
-/// A function's bytecode position table (`None`: none collected yet), the
-/// bytecode and table addresses it was read at, when they were last
-/// checked.
-type CachedTable = (Option<Arc<Table>>, (u64, u64), Instant);
+/// A function's bytecode position table (`Err`: none collected yet, or
+/// none readable), the bytecode and table addresses it was read at, when
+/// they were last checked.
+type CachedTable = (Result<Arc<Table>, LineSource>, (u64, u64), Instant);
 
-/// Interpreted frames named by the line their code was running, and those
-/// left at their function's first line because V8 had collected no source
-/// positions for it (it does so lazily).
-static LINES: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+/// Where a JavaScript frame's line came from, counted for `record`'s
+/// report: the running line, or the function's first line and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineSource {
+    /// An interpreted frame at its running line.
+    Interpreted,
+    /// An interpreted frame whose function V8 had collected no source
+    /// positions for (it does so lazily).
+    NoPositions,
+    /// An interpreted frame whose bytecode or position table could not be
+    /// read (freed or moved by the collector, or not V8's).
+    Unreadable,
+    /// A compiled frame at its running line.
+    Compiled,
+    /// A frame of Sparkplug code whose pc could not be mapped (no
+    /// bytecode lengths, or its tables unreadable or ending before it).
+    CompiledBaseline,
+    /// A frame whose pc is not in its function's current code (on-stack
+    /// replacement code, or replaced since).
+    CompiledOtherCode,
+    /// A frame in code inlined from another function (not expanded yet).
+    CompiledInlined,
+    /// A compiled frame whose code or table could not be read.
+    CompiledUnreadable,
+    /// A compiled frame of a V8 whose code layout the agent does not know.
+    CompiledUnknown,
+}
 
-/// (interpreted frames named by their running line, interpreted frames
-/// whose function had no source positions) since the agent started.
-pub fn line_counts() -> (u64, u64) {
-    (
-        LINES[0].load(Ordering::Relaxed),
-        LINES[1].load(Ordering::Relaxed),
-    )
+/// How many of each [`LineSource`].
+pub const LINE_SOURCES: usize = 9;
+static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOURCES];
+
+fn count(source: LineSource) {
+    LINES[source as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// The frames named from each [`LineSource`] (by its index) since the
+/// agent started.
+pub fn line_counts() -> [u64; LINE_SOURCES] {
+    std::array::from_fn(|at| LINES[at].load(Ordering::Relaxed))
+}
+
+/// The count of frames named from `source`.
+pub fn line_count(counts: &[u64; LINE_SOURCES], source: LineSource) -> u64 {
+    counts[source as usize]
 }
 
 /// What is known of a process.
@@ -146,7 +193,11 @@ impl V8 {
         let data = elf::read(pid, mapping).map_err(|err| V8Error::Elf(err.to_string()))?;
         let file = object::File::parse(&*data).map_err(|err| V8Error::Elf(err.to_string()))?;
         let mut symbols = Symbols::new();
+        let mut bytecode_sizes = None;
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            if symbol.name() == Ok(BYTECODE_SIZES) && bytecode_sizes.is_none() {
+                bytecode_sizes = Some((symbol.address(), symbol.size()));
+            }
             if let Ok(name) = symbol.name()
                 && let Some(wanted) = layout::SYMBOLS.iter().find(|wanted| **wanted == name)
             {
@@ -159,6 +210,7 @@ impl V8 {
         let binary = Arc::new(Binary {
             symbols,
             segments: elf::segments(&file),
+            bytecode_sizes,
         });
         if self.binaries.len() >= MAX_BINARIES {
             self.binaries.clear();
@@ -189,6 +241,13 @@ impl V8 {
                 Some((offset, offset + u64::from(size)))
             })
             .unwrap_or((0, 0));
+        // Three scales of bytes, a few hundred bytecodes.
+        let bytecode_sizes = binary
+            .bytecode_sizes
+            .filter(|&(_, size)| size <= 3 * 1024)
+            .and_then(|(address, size)| memory.read_vec(address.wrapping_add(bias), size as usize))
+            .and_then(|bytes| baseline::BytecodeSizes::new(&bytes))
+            .map(Arc::new);
         Ok(Node {
             layout,
             binary: (mapping.dev, mapping.inode),
@@ -198,6 +257,9 @@ impl V8 {
             tables: HashMap::new(),
             table_entries: 0,
             scripts: HashMap::new(),
+            codes: HashMap::new(),
+            code_entries: 0,
+            bytecode_sizes,
         })
     }
 
@@ -307,21 +369,34 @@ impl Runtime for V8 {
             return;
         };
         let memory = memory::Process(pid);
-        super::replace_marks(tag::V8, stack, frames, |recorded| {
-            let shared = recorded.code & tag::ADDRESS_MASK;
-            let named = node.name(&memory, shared);
+        super::replace_marks(tag::V8, stack, frames, |recorded, leaf| {
+            let address = recorded.code & tag::ADDRESS_MASK;
+            let kind = tag::of(recorded.code) & !tag::RUNTIME_MASK;
+            // A compiled frame is its `JSFunction`; others their shared info.
+            let shared = if kind == v8::kind::COMPILED {
+                node.shared_of(&memory, address)
+            } else {
+                Some(address)
+            };
+            let named = shared.and_then(|shared| node.name(&memory, shared));
             let start = named
                 .as_deref()
                 .and_then(|named| node.line(&memory, named.script, named.start?))
                 .unwrap_or(0);
-            let interpreted = tag::of(recorded.code) & !tag::RUNTIME_MASK == v8::kind::INTERPRETED;
-            let line = match named.as_deref() {
-                Some(named) if interpreted => node
+            let line = match (named.as_deref(), shared) {
+                (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => node
                     .running_line(&memory, shared, named.script, recorded.instr)
+                    .unwrap_or(start),
+                (Some(named), Some(shared)) if kind == v8::kind::COMPILED => node
+                    .compiled_line(&memory, address, shared, named.script, recorded.instr, leaf)
                     .unwrap_or(start),
                 _ => start,
             };
-            javascript_frame(recorded, named.as_deref(), line, start)
+            let mut frame = javascript_frame(recorded, named.as_deref(), line, start);
+            if let Some(shared) = shared {
+                frame.address = shared;
+            }
+            frame
         });
     }
 
@@ -400,13 +475,16 @@ impl Node {
         slot: u64,
     ) -> Option<u32> {
         let offset = (slot as i64).checked_sub(self.layout.bytecode_data as i64 - 1)?;
-        let Some(table) = self.table(memory, shared) else {
-            LINES[1].fetch_add(1, Ordering::Relaxed);
-            return None;
+        let table = match self.table(memory, shared) {
+            Ok(table) => table,
+            Err(why) => {
+                count(why);
+                return None;
+            }
         };
         let position = table.script_offset_at(offset)?;
         let line = self.line(memory, script, position)?;
-        LINES[0].fetch_add(1, Ordering::Relaxed);
+        count(LineSource::Interpreted);
         Some(line)
     }
 
@@ -414,7 +492,11 @@ impl Node {
     /// cached, and checked again now and then (the collector moves
     /// objects, V8 flushes old bytecode and collects positions lazily):
     /// read again when the bytecode's or the table's address changed.
-    fn table(&mut self, memory: &impl Memory, shared: u64) -> Option<Arc<Table>> {
+    pub(super) fn table(
+        &mut self,
+        memory: &impl Memory,
+        shared: u64,
+    ) -> Result<Arc<Table>, LineSource> {
         let heap = Heap {
             memory,
             layout: &self.layout,
@@ -442,8 +524,9 @@ impl Node {
             bytecode => heap.position_table(bytecode),
         };
         let table = match found {
-            Found::Table(bytes) => Some(Arc::new(Table::decode(&bytes))),
-            Found::Absent | Found::Unreadable => None,
+            Found::Table(bytes) => Ok(Arc::new(Table::decode(&bytes))),
+            Found::Absent => Err(LineSource::NoPositions),
+            Found::Unreadable => Err(LineSource::Unreadable),
         };
         let entries = table.as_ref().map_or(0, |table| table.len());
         if self.tables.len() >= MAX_TABLES || self.table_entries + entries > MAX_TABLE_ENTRIES {
@@ -454,7 +537,7 @@ impl Node {
             .tables
             .insert(shared, (table.clone(), seen, Instant::now()));
         let replaced = replaced
-            .and_then(|(old, _, _)| old)
+            .and_then(|(old, _, _)| old.ok())
             .map_or(0, |old| old.len());
         self.table_entries = self.table_entries + entries - replaced;
         table

@@ -61,10 +61,37 @@ impl<M: Memory> Heap<'_, M> {
         None
     }
 
+    /// The bytecodes of the baseline `Code` at `code` (at most
+    /// [`MAX_TABLE`] of them: a bigger function's are not read).
+    pub fn code_bytecodes(&self, code: u64) -> Option<Vec<u8>> {
+        let layout = self.layout;
+        let mut data = self.field(code, layout.code_bytecode?)?;
+        if Some(self.instance_type(data)?) == layout.type_interpreter_data {
+            data = self.field(data, layout.interpreter_data_bytecode?)?;
+        }
+        if self.instance_type(data)? != layout.type_bytecode_array {
+            return None;
+        }
+        let length = small_integer(self.word(data.checked_add(layout.array_length)?)?)?;
+        let length = usize::try_from(length).ok()?;
+        if length > MAX_TABLE {
+            refusals::refuse(Runtime::V8js, Reason::TooLong);
+            return None;
+        }
+        self.memory
+            .read_vec(data.checked_add(layout.bytecode_data)?, length)
+    }
+
     /// The source position table of the `BytecodeArray` at `bytecode`.
     pub fn position_table(&self, bytecode: u64) -> Found {
+        self.byte_array_at(bytecode, self.layout.bytecode_positions)
+    }
+
+    /// The bytes of the byte array in field `offset` of `object` (a
+    /// source position table: `undefined` until V8 collects one).
+    pub fn byte_array_at(&self, object: u64, offset: u64) -> Found {
         let layout = self.layout;
-        let Some(field) = bytecode.checked_add(layout.bytecode_positions) else {
+        let Some(field) = object.checked_add(offset) else {
             return Found::Unreadable;
         };
         let Some(word) = self.word(field) else {
@@ -175,6 +202,14 @@ impl Table {
         self.entries.len()
     }
 
+    /// The entry for the code at `offset`: the last at or before it.
+    pub fn entry_at(&self, offset: i64) -> Option<&Entry> {
+        let after = self
+            .entries
+            .partition_point(|entry| entry.code_offset <= offset);
+        self.entries.get(after.checked_sub(1)?)
+    }
+
     /// The script offset of the code at `offset`: that of the last entry
     /// at or before it (statement or expression, as V8's CPU profiler and
     /// its stack traces take it); `None` before the first entry or for an
@@ -182,10 +217,7 @@ impl Table {
     pub fn script_offset_at(&self, offset: i64) -> Option<u32> {
         // V8 writes ascending offsets; a table that is not (the tenant's
         // bytes) gives some entry, never a fault.
-        let after = self
-            .entries
-            .partition_point(|entry| entry.code_offset <= offset);
-        self.entries.get(after.checked_sub(1)?)?.script_offset
+        self.entry_at(offset)?.script_offset
     }
 }
 

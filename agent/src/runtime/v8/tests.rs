@@ -44,6 +44,16 @@ fn layout() -> Layout {
         interpreter_data_bytecode: Some(8),
         type_code: Some(245),
         code_bytecode: Some(16),
+        code: Some(super::layout::CodeLayout {
+            function_code: 48,
+            flags: 48,
+            kind_mask: 15,
+            kind_shift: 0,
+            kind_baseline: 11,
+            start: super::layout::CodeStart::Field(40),
+            size: 56,
+            positions: 24,
+        }),
         type_function: 2066,
         type_shared_info: 262,
         type_scope_info: 261,
@@ -60,6 +70,24 @@ fn layout() -> Layout {
         external_tag: 2,
         scope_first_vars: 3,
         scope_context_locals: 2,
+    }
+}
+
+impl Node {
+    fn new_for_tests(layout: Layout) -> Node {
+        Node {
+            layout,
+            binary: (0, 0),
+            blob_file: (0, 0),
+            blobs: Vec::new(),
+            names: Default::default(),
+            tables: Default::default(),
+            table_entries: 0,
+            scripts: Default::default(),
+            codes: Default::default(),
+            code_entries: 0,
+            bytecode_sizes: None,
+        }
     }
 }
 
@@ -300,16 +328,7 @@ fn interpreted_frames_are_at_their_position_tables_line() {
     let not_code = shared(&mut heap, BASE + 0x2b00, script);
 
     let image = heap.image();
-    let mut node = Node {
-        layout: layout.clone(),
-        binary: (0, 0),
-        blob_file: (0, 0),
-        blobs: Vec::new(),
-        names: Default::default(),
-        tables: Default::default(),
-        table_entries: 0,
-        scripts: Default::default(),
-    };
+    let mut node = Node::new_for_tests(layout.clone());
     // The frame's slot holds the offset from the tagged array.
     let slot = |offset: u64| offset + layout.bytecode_data - 1;
     for function in [direct, via_interpreter, via_baseline] {
@@ -318,11 +337,161 @@ fn interpreted_frames_are_at_their_position_tables_line() {
         assert_eq!(line(4), Some(2));
         assert_eq!(line(12), Some(3));
     }
-    let before = super::line_counts();
+    let counted = |source| super::line_count(&super::line_counts(), source);
+    let before = counted(super::LineSource::NoPositions);
     assert_eq!(node.running_line(&image, lazy, script, slot(4)), None);
-    assert!(super::line_counts().1 > before.1);
+    assert!(counted(super::LineSource::NoPositions) > before);
+    // No bytecode, or a table past the cap: unreadable, not "V8 had no
+    // positions".
+    let (absent, unreadable) = (
+        counted(super::LineSource::NoPositions),
+        counted(super::LineSource::Unreadable),
+    );
     assert_eq!(node.running_line(&image, too_long, script, slot(4)), None);
     assert_eq!(node.running_line(&image, not_code, script, slot(4)), None);
+    assert!(counted(super::LineSource::Unreadable) >= unreadable + 2);
+    assert_eq!(counted(super::LineSource::NoPositions), absent);
     // A slot below the header (never V8's): nowhere, no fault.
     assert_eq!(node.running_line(&image, direct, script, 0), None);
+}
+
+/// A compiled frame of `f` (lines 1 to 3) is at the line its code's
+/// source position table gives the pc's offset (a caller's return
+/// address looked up a byte back); it keeps its first line (counted) when
+/// the pc is outside the function's current code, in inlined code, in
+/// Sparkplug code, or when the code is implausible or not code at all.
+#[test]
+fn compiled_frames_are_at_their_code_tables_line() {
+    let layout = layout();
+    let mut heap = Builder::new();
+    let function_map = heap.map(BASE + 0x100, 2066);
+    let shared_map = heap.map(BASE + 0x200, 262);
+    let script_map = heap.map(BASE + 0x300, 167);
+    let array_map = heap.map(BASE + 0x400, 175);
+    let byte_array_map = heap.map(BASE + 0x600, 190);
+    let code_map = heap.map(BASE + 0x780, 245);
+    let script = heap.object(BASE + 0x1000, script_map);
+    let ends = heap.object(BASE + 0x1100, array_map);
+    heap.word(script + 56, Builder::tagged(ends));
+    heap.word(ends + 8, Builder::smi(3));
+    for (index, end) in [15, 35, 55].iter().enumerate() {
+        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
+    }
+    // Instruction offsets 0 → position 20 (line 2), 0x40 → 50 (line 3),
+    // 0x80 → 40 inlined (id 0): zig-zag deltas from (-1, 0); positions
+    // packed (offset + 1) << 1, inlining id + 1 from bit 31.
+    let table = heap.object(BASE + 0x1200, byte_array_map);
+    let inlined = (41i64 << 1) | (1 << 31);
+    let zigzag = |value: i64| ((value << 1) ^ (value >> 63)) as u64;
+    let mut bytes = Vec::new();
+    for value in [1, 42, 0x40, 102 - 42, 0x40, inlined - 102] {
+        let mut encoded = zigzag(value);
+        loop {
+            let more = encoded > 0x7f;
+            bytes.push((encoded & 0x7f) as u8 | if more { 0x80 } else { 0 });
+            encoded >>= 7;
+            if !more {
+                break;
+            }
+        }
+    }
+    heap.word(table + 8, Builder::smi(bytes.len() as i64));
+    let at = (table + 16 - BASE) as usize;
+    heap.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
+    let shared = heap.object(BASE + 0x1300, shared_map);
+    heap.word(shared + 32, Builder::tagged(script));
+    // Code objects (node 20's: entry point at 40, flags at 48, size at
+    // 56, table at 24), of kind `kind` and `size` bytes at 0x4000.
+    let code = |heap: &mut Builder, at: u64, kind: u64, size: u64| {
+        heap.object(at, code_map);
+        heap.word(at + 24, Builder::tagged(table));
+        heap.word(at + 40, BASE + 0x4000);
+        heap.word(at + 48, kind);
+        heap.word(at + 56, size);
+        at
+    };
+    let function = |heap: &mut Builder, at: u64, code: u64| {
+        heap.object(at, function_map);
+        heap.word(at + 24, Builder::tagged(shared));
+        heap.word(at + 48, Builder::tagged(code));
+        at
+    };
+    let turbofan = code(&mut heap, BASE + 0x2000, 13, 0x100);
+    let turbofan = function(&mut heap, BASE + 0x2100, turbofan);
+    let baseline = code(&mut heap, BASE + 0x2200, 11, 0x100);
+    let baseline = function(&mut heap, BASE + 0x2300, baseline);
+    let huge = code(&mut heap, BASE + 0x2400, 13, 0xffff_ffff);
+    let huge = function(&mut heap, BASE + 0x2500, huge);
+    let not_code = function(&mut heap, BASE + 0x2600, script);
+    let not_function = heap.object(BASE + 0x2700, script_map);
+    // Sparkplug code of `shared`'s bytecodes (5, 3 bytes long, at 0;
+    // 4, 1 byte, at 3), whose position table puts offset 0 on line 2 and
+    // 3 on line 3: entry 0x10 bytes, then 0x20 each.
+    let bytecode_map = heap.map(BASE + 0x500, 191);
+    let bytecode = heap.object(BASE + 0x2800, bytecode_map);
+    heap.word(bytecode + 8, Builder::smi(4));
+    let at = (bytecode + 54 - BASE) as usize;
+    heap.bytes[at..at + 4].copy_from_slice(&[5, 0, 0, 4]);
+    let positions = heap.object(BASE + 0x2900, byte_array_map);
+    heap.word(positions + 8, Builder::smi(6));
+    let at = (positions + 16 - BASE) as usize;
+    // The entry (-1) at 10 (packed 22), +1 → 20 (+20), +3 → 50 (+60):
+    // zig-zag.
+    heap.bytes[at..at + 6].copy_from_slice(&[0, 44, 2, 40, 6, 120]);
+    heap.word(bytecode + 32, Builder::tagged(positions));
+    heap.word(shared + 8, Builder::tagged(bytecode));
+    let offsets = heap.object(BASE + 0x2a00, byte_array_map);
+    heap.word(offsets + 8, Builder::smi(3));
+    let at = (offsets + 16 - BASE) as usize;
+    heap.bytes[at..at + 3].copy_from_slice(&[0x10, 0x20, 0x20]);
+    let sparkplug = code(&mut heap, BASE + 0x2b00, 11, 0x100);
+    heap.word(sparkplug + 24, Builder::tagged(offsets));
+    heap.word(sparkplug + 16, Builder::tagged(bytecode));
+    let sparkplug = function(&mut heap, BASE + 0x2c00, sparkplug);
+
+    let image = heap.image();
+    let mut node = Node::new_for_tests(layout);
+    assert_eq!(node.shared_of(&image, turbofan), Some(shared));
+    assert_eq!(node.shared_of(&image, not_function), None);
+    let pc = |offset: u64| BASE + 0x4000 + offset;
+    let counted = |source| super::line_count(&super::line_counts(), source);
+    let mut line =
+        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
+    assert_eq!(line(turbofan, pc(0), true), Some(2));
+    assert_eq!(line(turbofan, pc(0x3f), true), Some(2));
+    assert_eq!(line(turbofan, pc(0x40), true), Some(3));
+    // A return address at 0x40 returns to a call in the code before.
+    assert_eq!(line(turbofan, pc(0x40), false), Some(2));
+    let before = counted(super::LineSource::CompiledInlined);
+    assert_eq!(line(turbofan, pc(0x80), true), None);
+    assert!(counted(super::LineSource::CompiledInlined) > before);
+    let before = counted(super::LineSource::CompiledOtherCode);
+    assert_eq!(line(turbofan, pc(0x100), true), None);
+    assert_eq!(line(turbofan, BASE, true), None);
+    assert!(counted(super::LineSource::CompiledOtherCode) >= before + 2);
+    // Without the bytecodes' lengths, Sparkplug code is not mapped.
+    let before = counted(super::LineSource::CompiledBaseline);
+    assert_eq!(line(baseline, pc(0x40), true), None);
+    assert_eq!(line(sparkplug, pc(0x10), true), None);
+    assert!(counted(super::LineSource::CompiledBaseline) >= before + 2);
+    let before = counted(super::LineSource::CompiledUnreadable);
+    assert_eq!(line(huge, pc(0x40), true), None);
+    assert_eq!(line(not_code, pc(0x40), true), None);
+    assert!(counted(super::LineSource::CompiledUnreadable) >= before + 2);
+
+    let mut sizes = vec![1u8; 3 * 6];
+    sizes[5] = 3;
+    let mut node = Node::new_for_tests(node.layout.clone());
+    node.bytecode_sizes = super::baseline::BytecodeSizes::new(&sizes).map(Arc::new);
+    let mut line =
+        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
+    // The entry (0 to 0x10) is the function's first position (line 1).
+    assert_eq!(line(sparkplug, pc(0x0f), true), Some(1));
+    assert_eq!(line(sparkplug, pc(0x10), true), Some(2));
+    assert_eq!(line(sparkplug, pc(0x2f), true), Some(2));
+    assert_eq!(line(sparkplug, pc(0x30), true), Some(3));
+    // A call returning at 0x30 ran the bytecode before.
+    assert_eq!(line(sparkplug, pc(0x30), false), Some(2));
+    // Past the last piece: no bytecode.
+    assert_eq!(line(sparkplug, pc(0x50), true), None);
 }
