@@ -251,7 +251,13 @@ fn append(state: &mut Labels, key: GoString, value: GoString) -> i64 {
         state.cut = 1;
         return 1;
     }
-    if key.len > go::MAX_KEY as u64 {
+    // Each length read once, into a register: LLVM, knowing a length
+    // checked, may otherwise load it again from the string's copy on the
+    // stack, which the helper that read it left without bounds for the
+    // verifier (6.1 rejected the offset `2 + key_len`; 6.12 accepted).
+    let key_len = unsafe { read_volatile(&key.len) };
+    let value_len = unsafe { read_volatile(&value.len) };
+    if key_len > go::MAX_KEY as u64 {
         state.cut = 1;
         return 0;
     }
@@ -261,11 +267,11 @@ fn append(state: &mut Labels, key: GoString, value: GoString) -> i64 {
         state.cut = 1;
         return 1;
     }
-    let key_len = key.len as usize;
-    let (value_len, cut) = if value.len > go::MAX_VALUE as u64 {
+    let key_len = key_len as usize;
+    let (value_len, cut) = if value_len > go::MAX_VALUE as u64 {
         (go::MAX_VALUE, go::VALUE_CUT)
     } else {
-        (value.len as usize, 0)
+        (value_len as usize, 0)
     };
     unsafe {
         let at = state.attrs.add(pos);

@@ -142,10 +142,11 @@ pub fn kernel_release() -> String {
 pub(super) const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 pub(super) const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
 /// The Go labels' read (`bpf_loop` over a label map's slots, writes at
-/// variable offsets into the attribute room): 6.12 and 6.18 accept it,
-/// 6.1's verifier rejects the program with it (EINVAL, x86_64 and arm64);
-/// 6.2 to 6.11 were not tried.
-pub(super) const GO_LABELS_SINCE: (u32, u32) = (6, 12);
+/// variable offsets into the attribute room): 6.1, 6.12 and 6.18 accept
+/// it (6.1 since each string's length is read once, see
+/// `golang::append`); before 6.1 the modern variant has none of the
+/// runtime walks either.
+pub(super) const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 
 /// The running kernel is `since` or newer.
 pub(super) fn verified_since(since: (u32, u32)) -> bool {
@@ -188,8 +189,13 @@ impl Walks {
             );
         }
         // Go's pprof labels: the modern variant's read, on the kernels whose
-        // verifiers were seen to accept it.
-        let go_labels = u32::from(variant == Variant::Modern && verified_since(GO_LABELS_SINCE));
+        // verifiers were seen to accept it; x86_64 only, where the agent
+        // finds `g` (`runtime::go_labels`), so arm64's verifier is spared it.
+        let go_labels = u32::from(
+            variant == Variant::Modern
+                && verified_since(GO_LABELS_SINCE)
+                && cfg!(target_arch = "x86_64"),
+        );
         if go_labels == 0 {
             tracing::info!(
                 "no Go pprof labels on this kernel (they need Linux {}.{} or later)",
