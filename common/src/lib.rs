@@ -78,8 +78,8 @@ pub const UNWIND_FP: u8 = 0;
 /// User stacks through unwind tables ([`unwind`]), frame pointers where a
 /// process or mapping has none.
 pub const UNWIND_DWARF: u8 = 1;
-/// Array of `[unwind::UnwindRow; unwind::ROW_CHUNK]`: every loaded unwind
-/// table, each starting on a chunk.
+/// Array of [`RowChunk`]s: every loaded unwind table (its packed rows,
+/// then its rules: `unwind::packed`), each starting on a chunk.
 pub const MAP_UNWIND_ROWS: &str = "UNWIND_ROWS";
 /// Default number of chunks in [`MAP_UNWIND_ROWS`] (4 KiB each: 32 MiB).
 pub const DEFAULT_UNWIND_CHUNKS: u32 = 8192;
@@ -244,10 +244,11 @@ pub struct ProcessEvent {
     pub ktime_ns: u64,
 }
 
-/// One element of [`MAP_UNWIND_ROWS`].
+/// One element of [`MAP_UNWIND_ROWS`]: 8-byte words, each a
+/// `unwind::PackedRow` or half of a `unwind::UnwindRule`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct RowChunk(pub [unwind::UnwindRow; unwind::ROW_CHUNK]);
+pub struct RowChunk(pub [u64; unwind::ROW_CHUNK]);
 
 /// Scratch state of one in-kernel unwind (too large for the BPF stack).
 #[repr(C)]
@@ -445,7 +446,7 @@ mod user {
     // SAFETY: integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::golang::Process {}
     const _: () = assert!(core::mem::size_of::<super::golang::Process>() == 24);
-    // SAFETY: as above; a chunk of rows is an array of a padding-free struct.
+    // SAFETY: an array of integers.
     unsafe impl aya::Pod for super::RowChunk {}
 
     const _: () = assert!(
@@ -469,6 +470,6 @@ mod user {
         core::mem::size_of::<super::StackSample>()
             == core::mem::size_of::<super::Sample>() + 8 * 4 + 4 * 2 + super::MAX_STACK_COPY
     );
-    const _: () = assert!(core::mem::size_of::<super::unwind::UnwindRow>() == 16);
+    const _: () = assert!(core::mem::size_of::<super::RowChunk>() == 4096);
     const _: () = assert!(core::mem::size_of::<super::ProcessEvent>() == 4 * 4 + 8);
 }

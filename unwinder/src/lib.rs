@@ -23,6 +23,7 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 pub mod mappings;
+pub mod packed;
 pub mod search;
 #[cfg(feature = "std")]
 pub mod table;
@@ -30,6 +31,7 @@ pub mod table;
 mod tests;
 
 pub use mappings::*;
+pub use packed::*;
 pub use search::*;
 
 /// Target architecture of the unwound code.
@@ -73,7 +75,9 @@ pub mod reg {
 }
 
 /// One row of an unwind table: from `pc` up to the next row's `pc`, how to
-/// find the caller's registers. 16 bytes.
+/// find the caller's registers. What [`step`] follows and the table builder
+/// makes; the rows map holds it as a [`PackedRow`] and a shared
+/// [`UnwindRule`] (see [`packed`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindRow {
@@ -92,8 +96,9 @@ pub struct UnwindRow {
     pub arg: u8,
 }
 
-/// Rows per element of the rows map; tables start on a chunk boundary.
-pub const ROW_CHUNK: usize = 256;
+/// 8-byte words (packed rows, or halves of rules) per element of the rows
+/// map (4 KiB); tables start on a chunk boundary.
+pub const ROW_CHUNK: usize = 512;
 
 /// Why an unwind stopped short of the end of the stack. Stored in the
 /// sample's flags (see `SAMPLE_UNWIND_SHIFT`) and counted per reason.

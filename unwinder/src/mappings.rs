@@ -20,7 +20,8 @@ pub struct ExecMapping {
     pub end: u64,
     /// `address - bias` is the ELF virtual address the table uses.
     pub bias: u64,
-    /// First row of the table in the rows map (a multiple of [`ROW_CHUNK`]).
+    /// First word of the table in the rows map (a multiple of
+    /// [`ROW_CHUNK`]; see [`packed`](crate::packed)).
     pub table_start: u32,
     /// Rows in the table; 0 when there is none (`table_start` is then
     /// [`FRAME_POINTER_TABLE`] for code known to keep frame pointers).
@@ -77,20 +78,21 @@ pub fn lookup_in_memory(mappings: &ProcessMappings, rows: &[UnwindRow], pc: u64)
                 .map(|row| row.pc as u64),
         })
     };
-    lookup_in(mappings, pc, search, |index| {
-        rows.get(index as usize).copied()
+    lookup_in(mappings, pc, search, |start, _len, found| {
+        rows.get(start.wrapping_add(found) as usize).copied()
     })
 }
 
 /// Finds `pc`'s mapping in `mappings`, then its row. `search(what, len,
-/// target)` runs a [`Search`] over `what`; `row` reads row `index` of the
-/// rows map.
+/// target)` runs a [`Search`] over `what`; `row(start, len, found)` reads
+/// row `found` of the table of `len` rows at `start` (in the rows map:
+/// [`packed_row`]).
 #[inline(always)]
 pub fn lookup_in(
     mappings: &ProcessMappings,
     pc: u64,
     mut search: impl FnMut(Sorted, u32, u64) -> Option<u32>,
-    mut row: impl FnMut(u32) -> Option<UnwindRow>,
+    row: impl FnOnce(u32, u32, u32) -> Option<UnwindRow>,
 ) -> Lookup {
     let len = if (mappings.len as usize) < MAX_PROCESS_MAPPINGS {
         mappings.len
@@ -125,7 +127,7 @@ pub fn lookup_in(
     let Some(found) = search(Sorted::Rows { start }, mapping.table_len, vaddr) else {
         return Lookup::NotCovered;
     };
-    match row(start.wrapping_add(found)) {
+    match row(start, mapping.table_len, found) {
         Some(row) if row.cfa_rule == cfa::NOT_COVERED => Lookup::NotCovered,
         Some(row) => Lookup::Row(row),
         None => Lookup::NotCovered,

@@ -26,11 +26,13 @@ const fn at(vaddr: u32) -> u64 {
 }
 
 /// A process made of byte-addressed memory, three mappings (a table, none,
-/// frame pointers) and the rows of the first one's table.
+/// frame pointers) and the first one's table, packed as in the kernel's
+/// rows map.
 struct Fake {
     memory: HashMap<u64, u8>,
     mappings: ProcessMappings,
-    rows: Vec<UnwindRow>,
+    /// [`pack`]ed rows, from word 0.
+    words: Vec<u64>,
     /// Every pc [`Process::lookup`] was asked about.
     lookups: Vec<u64>,
 }
@@ -64,9 +66,14 @@ impl Fake {
         Fake {
             memory: HashMap::new(),
             mappings,
-            rows,
+            words: pack(&rows),
             lookups: Vec::new(),
         }
+    }
+
+    fn set_rows(&mut self, rows: Vec<UnwindRow>) {
+        self.words = pack(&rows);
+        self.mappings.mappings[0].table_len = rows.len() as u32;
     }
 
     fn write_bytes(&mut self, address: u64, bytes: &[u8]) {
@@ -91,19 +98,23 @@ impl Process for Fake {
 
     fn lookup(&mut self, pc: u64) -> Lookup {
         self.lookups.push(pc);
-        let (mappings, rows) = (&self.mappings, &self.rows);
+        let (mappings, words) = (&self.mappings, &self.words);
+        let word = |at: u32| words.get(at as usize).copied();
         lookup_in(
             mappings,
             pc,
             |what, len, target| {
                 search_last_le(len, target, |index| match what {
                     Sorted::Mappings => mappings.mappings.get(index as usize).map(|m| m.start),
-                    Sorted::Rows { start } => rows
-                        .get((start + index) as usize)
-                        .map(|row| u64::from(row.pc)),
+                    // The low half of a row's word, as the kernel reads it.
+                    Sorted::Rows { start } => word(start + index).map(|w| u64::from(w as u32)),
                 })
             },
-            |index| rows.get(index as usize).copied(),
+            |start, len, found| {
+                packed_row(start, len, found, word, |at| {
+                    Some([word(at)?, word(at + 1)?])
+                })
+            },
         )
     }
 }
@@ -552,11 +563,10 @@ fn aarch64_sigreturn_restores_pc_sp_fp_and_lr() {
     assert_eq!(regs, Regs::interrupted(pc, old_sp, fp, lr));
     // The interrupted frame may be a leaf: its return address is the LR
     // the signal frame held.
-    process.rows = vec![UnwindRow {
+    process.set_rows(vec![UnwindRow {
         ra_rule: reg::SAME,
         ..row(0x1200, cfa::SP, 0, 0)
-    }];
-    process.mappings.mappings[0].table_len = 1;
+    }]);
     assert_eq!(step(Arch::Aarch64, &mut regs, &mut process), Step::Caller);
     assert_eq!(regs.pc, lr);
 }

@@ -134,7 +134,8 @@ impl Kernel for Modern {
         let hint = ROW_HINTS.get_ptr_mut(slot);
         if let Some(hint) = hint {
             let hint = unsafe { read_volatile(hint) };
-            let key = |index: u32| row(start.wrapping_add(index)).map(|row| row.pc as u64);
+            let key =
+                |index: u32| word(start.wrapping_add(index)).map(|word| u64::from(word as u32));
             if unwind::hint_holds(len, target, hint, key) {
                 return Some(hint);
             }
@@ -250,8 +251,7 @@ impl Kernel for Legacy {
                     return None;
                 }
                 let key = |index: u32| {
-                    let at =
-                        base + u64::from(start.wrapping_add(index)) * size_of::<UnwindRow>() as u64;
+                    let at = base + u64::from(start.wrapping_add(index)) * size_of::<u64>() as u64;
                     // A failed read (past the map's end, only for the probes after
                     // the search is over) leaves "greater than any target".
                     let mut pc = u32::MAX;

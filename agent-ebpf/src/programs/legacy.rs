@@ -212,7 +212,7 @@ fn runtime_at(mappings: &ProcessMappings, pc: u64) -> Option<u8> {
         Sorted::Mappings => search_mappings(mappings, len, target),
         Sorted::Rows { .. } => None,
     };
-    match unwind::lookup_in(mappings, pc, search, |_| None) {
+    match unwind::lookup_in(mappings, pc, search, |_, _, _| None) {
         Lookup::Runtime(runtime) => Some(runtime),
         _ => None,
     }

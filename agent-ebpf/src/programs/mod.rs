@@ -59,9 +59,7 @@ use hostprof_common::{
     SAMPLE_FLAG_USER_ERROR, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED,
     SAMPLE_HEADER_BYTES, SAMPLE_KIND_CPU, SAMPLE_KIND_OFF_CPU, SAMPLE_TRACE_AT,
     SAMPLE_UNWIND_SHIFT, Sample, StackSample, UNWIND_DWARF, UnwindState, runtime,
-    unwind::{
-        self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step, UnwindRow,
-    },
+    unwind::{self, Arch, Lookup, ProcessMappings, ROW_CHUNK, Regs, Search, Sorted, Step},
 };
 
 use kernel::{Kernel, read_user_regs};

@@ -17,7 +17,7 @@ pub(super) struct KernelProcess<'a, K> {
 
 /// The address of the rows map's first row, as a number the verifier
 /// does not track as a pointer: an array map's values are one flat
-/// block, so row `i` is at `base + 16 * i`, which legacy searches read
+/// block, so row `i` is at `base + 8 * i`, which legacy searches read
 /// with `bpf_probe_read_kernel` (a pointer into the map could not be
 /// moved that far).
 #[inline(always)]
@@ -50,15 +50,29 @@ impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
         // subprogram, which old verifiers check less kindly.
         let search = #[inline(always)]
         |what: Sorted, len: u32, target: u64| K::search(this, what, len, target);
+        let row =
+            #[inline(always)]
+            |start: u32, len: u32, found: u32| unwind::packed_row(start, len, found, word, rule);
         unwind::lookup_in(self.mappings, pc, search, row)
     }
 }
 
-/// Row `index` of the rows map.
+/// Word `index` of the rows map (a row: its pc in the low half).
 #[inline(always)]
-pub(super) fn row(index: u32) -> Option<UnwindRow> {
+pub(super) fn word(index: u32) -> Option<u64> {
     let chunk = UNWIND_ROWS.get(index / ROW_CHUNK as u32)?;
-    chunk.0.get((index % ROW_CHUNK as u32) as usize).copied()
+    let slot = unwind::opaque(u64::from(index % ROW_CHUNK as u32)) as usize & (ROW_CHUNK - 1);
+    Some(chunk.0[slot])
+}
+
+/// The rule at word `index` of the rows map (even: both of its words are
+/// in one chunk, read with one lookup).
+#[inline(always)]
+pub(super) fn rule(index: u32) -> Option<[u64; 2]> {
+    let chunk = UNWIND_ROWS.get(index / ROW_CHUNK as u32)?;
+    // Masked to an even slot for the verifier: the second word is in bounds.
+    let slot = unwind::opaque(u64::from(index % ROW_CHUNK as u32)) as usize & (ROW_CHUNK - 2);
+    Some([chunk.0[slot], chunk.0[slot | 1]])
 }
 
 /// A binary search over a table's rows run by `bpf_loop`, one probe per
@@ -78,7 +92,7 @@ pub(super) extern "C" fn search_probe(_index: u64, ctx: *mut c_void) -> i64 {
     let start = ctx.table_start;
     let more = ctx
         .search
-        .probe(|index| row(start.wrapping_add(index)).map(|row| row.pc as u64));
+        .probe(|index| word(start.wrapping_add(index)).map(|word| u64::from(word as u32)));
     if more { 0 } else { 1 }
 }
 

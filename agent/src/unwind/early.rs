@@ -35,7 +35,9 @@ use std::{
 use hostprof_common::{
     RowChunk, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_UNWIND_SHIFT, Sample,
 };
-use hostprof_unwind::{self as unwind, Lookup, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow};
+use hostprof_unwind::{
+    self as unwind, Lookup, PackedRow, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow,
+};
 
 use super::{TableMaps, UnwindError, replay::HOST_ARCH};
 use crate::sampler::EarlyCopy;
@@ -491,14 +493,24 @@ struct RowCache<'a> {
 }
 
 impl RowCache<'_> {
-    fn row(&mut self, index: u32) -> Option<UnwindRow> {
+    /// Word `index` of the rows map.
+    fn word(&mut self, index: u32) -> Option<u64> {
         let chunk = index / ROW_CHUNK as u32;
         let read = self.read;
-        let rows = self
+        let words = self
             .chunks
             .entry(chunk)
             .or_insert_with(|| read.and_then(|read| read(chunk)).map(Box::new));
-        rows.as_ref().map(|rows| rows.0[index as usize % ROW_CHUNK])
+        words
+            .as_ref()
+            .map(|words| words.0[index as usize % ROW_CHUNK])
+    }
+
+    /// Row `found` of the table of `len` rows at word `start`.
+    fn row(&mut self, start: u32, len: u32, found: u32) -> Option<UnwindRow> {
+        let word = self.word(start.wrapping_add(found))?;
+        let rule = |at: u32| Some([self.word(at)?, self.word(at.wrapping_add(1))?]);
+        unwind::packed_row(start, len, found, |_| Some(word), rule)
     }
 }
 
@@ -515,11 +527,13 @@ impl unwind::Process for CopyProcess<'_> {
                 unwind::Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
                 unwind::Sorted::Rows { start } => rows
                     .borrow_mut()
-                    .row(start.wrapping_add(i))
-                    .map(|row| row.pc as u64),
+                    .word(start.wrapping_add(i))
+                    .map(|word| u64::from(PackedRow::from_word(word).pc)),
             })
         };
-        unwind::lookup_in(mappings, pc, search, |index| rows.borrow_mut().row(index))
+        unwind::lookup_in(mappings, pc, search, |start, len, found| {
+            rows.borrow_mut().row(start, len, found)
+        })
     }
 }
 

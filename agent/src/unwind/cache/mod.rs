@@ -20,13 +20,16 @@
 //!
 //! Layout (little endian), [`HEADER_BYTES`], the key, the segments (a u32
 //! count, then [`SEGMENT_BYTES`] each: offset, size, address, flags with
-//! bit 0 executable), then the rows:
+//! bit 0 executable), then the table as the kernel's rows map holds it
+//! (`hostprof_unwind::packed`): a word per row (pc, rule index), a pad
+//! word when the rows are odd, two words per distinct rule; its length
+//! says how many rules:
 //!
 //! | bytes | field |
 //! | --- | --- |
 //! | 0..8 | [`MAGIC`] |
 //! | 8..12 | [`FORMAT_VERSION`] |
-//! | 12..16 | row size (`size_of::<UnwindRow>()`) |
+//! | 12..16 | row size (8: a packed row) |
 //! | 16..20 | architecture (0 x86_64, 1 aarch64) |
 //! | 20..24 | kind (0 rows, 1 frame pointers) |
 //! | 24..32 | bytes of executable code |
@@ -43,7 +46,7 @@ use std::{
 };
 
 use hostprof_unwind::{
-    Arch, UnwindRow,
+    Arch, PackedRow, RULE_WORDS,
     table::{self, LoadSegment, MAX_LOAD_SEGMENTS, TableError, TableKind, UnwindTable},
 };
 
@@ -54,12 +57,12 @@ pub const MAGIC: [u8; 8] = *b"HPUWTAB\0";
 /// Bumped whenever the file's layout or the rows' meaning changes: an agent
 /// never reads another version's files (they count as stale and are built
 /// again).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Bytes before the key.
 pub const HEADER_BYTES: usize = 48;
-/// Bytes of one row in the file.
-const ROW_BYTES: usize = 16;
-const _: () = assert!(size_of::<UnwindRow>() == ROW_BYTES);
+/// Bytes of one row in the file (and of a word of the rows' section).
+const ROW_BYTES: usize = 8;
+const _: () = assert!(size_of::<u64>() == ROW_BYTES);
 /// Bytes of one loadable segment in the file.
 pub const SEGMENT_BYTES: usize = 32;
 /// The file id memo's file in the cache directory (never evicted: it is
@@ -347,9 +350,10 @@ pub(super) fn table_of(
 /// The file for `key`'s table.
 pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u8> {
     let rows = table.rows();
+    let words = hostprof_unwind::pack(rows);
     let segments = &segments[..segments.len().min(MAX_LOAD_SEGMENTS)];
     let mut out = Vec::with_capacity(
-        HEADER_BYTES + key.len() + 4 + segments.len() * SEGMENT_BYTES + rows.len() * ROW_BYTES,
+        HEADER_BYTES + key.len() + 4 + segments.len() * SEGMENT_BYTES + words.len() * ROW_BYTES,
     );
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -376,12 +380,8 @@ pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u
         out.extend_from_slice(&segment.address.to_le_bytes());
         out.extend_from_slice(&u64::from(segment.executable).to_le_bytes());
     }
-    for row in rows {
-        out.extend_from_slice(&row.pc.to_le_bytes());
-        out.extend_from_slice(&row.cfa_offset.to_le_bytes());
-        out.extend_from_slice(&row.fp_offset.to_le_bytes());
-        out.extend_from_slice(&row.ra_offset.to_le_bytes());
-        out.extend_from_slice(&[row.cfa_rule, row.fp_rule, row.ra_rule, row.arg]);
+    for word in words {
+        out.extend_from_slice(&word.to_le_bytes());
     }
     let crc = crc32fast::hash(&out);
     out[44..48].copy_from_slice(&crc.to_le_bytes());
@@ -428,12 +428,18 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<CachedTable, CacheFormatError> 
         return Err(CacheFormatError::Segments);
     }
     let rows_at = count_at + 4 + segment_count * SEGMENT_BYTES;
-    let expected = usize::try_from(rows)
-        .ok()
-        .and_then(|rows| rows.checked_mul(ROW_BYTES))
+    // The rows (padded to even), then whole rules: their number is what
+    // the length leaves.
+    let rows = usize::try_from(rows).map_err(|_| CacheFormatError::Length)?;
+    let least = rows
+        .checked_add(rows & 1)
+        .and_then(|words| words.checked_mul(ROW_BYTES))
         .and_then(|row_bytes| row_bytes.checked_add(rows_at));
-    if expected != Some(bytes.len()) {
-        return Err(CacheFormatError::Length);
+    let rule_bytes = RULE_WORDS as usize * ROW_BYTES;
+    match least {
+        Some(least) if least <= bytes.len() && (bytes.len() - least).is_multiple_of(rule_bytes) => {
+        }
+        _ => return Err(CacheFormatError::Length),
     }
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&bytes[..44]);
@@ -457,26 +463,20 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<CachedTable, CacheFormatError> 
             }
         })
         .collect();
-    let rows: Vec<UnwindRow> = bytes[rows_at..]
+    let words: Vec<u64> = bytes[rows_at..]
         .chunks_exact(ROW_BYTES)
-        .map(|raw| {
-            let i16_at = |at: usize| i16::from_le_bytes([raw[at], raw[at + 1]]);
-            UnwindRow {
-                pc: u32::from_le_bytes(raw[0..4].try_into().unwrap()),
-                cfa_offset: i32::from_le_bytes(raw[4..8].try_into().unwrap()),
-                fp_offset: i16_at(8),
-                ra_offset: i16_at(10),
-                cfa_rule: raw[12],
-                fp_rule: raw[13],
-                ra_rule: raw[14],
-                arg: raw[15],
-            }
-        })
+        .map(|raw| u64::from_le_bytes(raw.try_into().unwrap()))
         .collect();
     // The kernel's search needs them sorted, as the builder leaves them.
-    if !rows.windows(2).all(|pair| pair[0].pc < pair[1].pc) {
+    let pc = |word: &u64| PackedRow::from_word(*word).pc;
+    if !words[..rows]
+        .windows(2)
+        .all(|pair| pc(&pair[0]) < pc(&pair[1]))
+    {
         return Err(CacheFormatError::Unsorted);
     }
+    // A rule index past the rules is damage the checksum missed.
+    let rows = hostprof_unwind::unpack(&words, rows).ok_or(CacheFormatError::Field)?;
     Ok(CachedTable {
         table: UnwindTable {
             arch,

@@ -24,13 +24,14 @@ fn rows_table(rows: usize) -> UnwindTable {
             (0..rows as u32)
                 .map(|i| UnwindRow {
                     pc: 0x1000 + i * 16,
-                    cfa_offset: 8 + i as i32,
+                    // Five distinct rules, shared as in real tables.
+                    cfa_offset: 8 + (i % 5) as i32,
                     fp_offset: -16,
                     ra_offset: -8,
                     cfa_rule: cfa::SP,
                     fp_rule: reg::AT_CFA,
                     ra_rule: reg::AT_CFA,
-                    arg: i as u8,
+                    arg: (i % 5) as u8,
                 })
                 .collect(),
         ),
@@ -65,9 +66,11 @@ fn a_table_round_trips() {
         },
     ] {
         let bytes = encode(KEY, &table, &[]);
+        // 8 bytes a row, 16 a distinct rule: the rows map's layout.
+        let rows = table.rows().len();
         assert_eq!(
             bytes.len(),
-            HEADER_BYTES + KEY.len() + 4 + table.rows().len() * 16
+            HEADER_BYTES + KEY.len() + 4 + hostprof_unwind::table_words(rows, rows.min(5)) * 8
         );
         assert!(same(&decode(KEY, &bytes).unwrap().table, &table));
     }
@@ -81,14 +84,20 @@ fn a_truncated_or_extended_file_is_refused() {
         Some(CacheFormatError::Truncated)
     );
     assert_eq!(decode_err(KEY, &[]), Some(CacheFormatError::Truncated));
-    for cut in [HEADER_BYTES, bytes.len() - 1, bytes.len() - 16] {
+    // A rule's 16 bytes fewer is a length that could be right: the
+    // checksum refuses it.
+    assert_eq!(
+        decode_err(KEY, &bytes[..bytes.len() - 16]),
+        Some(CacheFormatError::Checksum)
+    );
+    for cut in [HEADER_BYTES, bytes.len() - 1, bytes.len() - 8] {
         assert_eq!(
             decode_err(KEY, &bytes[..cut]),
             Some(CacheFormatError::Length)
         );
     }
     let mut longer = bytes.clone();
-    longer.extend_from_slice(&[0; 16]);
+    longer.extend_from_slice(&[0; 8]);
     assert_eq!(decode_err(KEY, &longer), Some(CacheFormatError::Length));
 }
 
@@ -119,6 +128,59 @@ fn another_version_or_row_layout_is_not_read() {
     let mut wider = bytes.clone();
     wider[12..16].copy_from_slice(&24u32.to_le_bytes());
     assert_eq!(decode_err(KEY, &wider), Some(CacheFormatError::RowSize(24)));
+}
+
+/// A file as format version 2 wrote it (16-byte rows, each with its
+/// rule), for a table of `rows` rows.
+fn version_2_file(key: &str, rows: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(b"HPUWTAB\0");
+    for field in [2u32, 16, 0, 0] {
+        out.extend_from_slice(&field.to_le_bytes());
+    }
+    out.extend_from_slice(&12_345u64.to_le_bytes());
+    out.extend_from_slice(&(rows as u64).to_le_bytes());
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for i in 0..rows as u32 {
+        out.extend_from_slice(&(0x1000 + i * 16).to_le_bytes());
+        out.extend_from_slice(&8i32.to_le_bytes());
+        out.extend_from_slice(&[0xf0, 0xff, 0xf8, 0xff, 0, 1, 1, 0]);
+    }
+    let crc = crc32fast::hash(&out);
+    out[44..48].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+#[test]
+fn a_version_2_file_is_stale_and_replaced_not_misread() {
+    let old = version_2_file(KEY, 6);
+    assert_eq!(decode_err(KEY, &old), Some(CacheFormatError::Version(2)));
+    // Even claiming this version, its 16-byte rows are not read as words.
+    let mut relabelled = old.clone();
+    relabelled[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    assert_eq!(
+        decode_err(KEY, &relabelled),
+        Some(CacheFormatError::RowSize(16))
+    );
+    let dir = temp_dir("v2");
+    let cache = TableCache::open(CacheOptions {
+        dir: dir.clone(),
+        max_bytes: 1 << 20,
+    })
+    .unwrap();
+    let path = dir.join(format!("{}.table", &KEY[7..]));
+    std::fs::write(&path, &old).unwrap();
+    assert!(cache.get(KEY).is_none());
+    assert_eq!(cache.totals().stale, 1);
+    assert_eq!(cache.totals().corrupt, 0);
+    // The table built again takes its place.
+    let table = rows_table(6);
+    cache.put(KEY, &table, &[]);
+    assert!(same(&cache.get(KEY).unwrap().table, &table));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

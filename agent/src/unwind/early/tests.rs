@@ -86,8 +86,9 @@ fn load_tables(mirror: &SharedMirror) {
     };
     mappings.len = 1;
     // The rows map: chunk 0 holds them.
-    let mut chunk = RowChunk([UnwindRow::default(); ROW_CHUNK]);
-    chunk.0[..rows.len()].copy_from_slice(&rows);
+    let words = hostprof_unwind::pack(&rows);
+    let mut chunk = RowChunk([0; ROW_CHUNK]);
+    chunk.0[..words.len()].copy_from_slice(&words);
     mirror.chunks = Some(Box::new(move |index| (index == 0).then_some(chunk)));
     mirror.processes.insert(42, mappings);
 }

@@ -27,7 +27,7 @@ use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
         ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings, ROW_CHUNK,
-        RUNTIME_TABLE, UnwindRow,
+        RUNTIME_TABLE,
     },
 };
 use pieces::runtime_pieces;
@@ -540,7 +540,9 @@ impl<M: TableMaps> TableLoader<M> {
             }
             TableKind::Rows(rows) => rows,
         };
-        let chunks = rows.len().div_ceil(ROW_CHUNK) as u32;
+        // 8-byte rows and the table's distinct rules (`unwind::packed`).
+        let words = hostprof_unwind::pack(rows);
+        let chunks = words.len().div_ceil(ROW_CHUNK) as u32;
         let mut allocated = self.allocate(chunks);
         while allocated.is_none() && chunks <= self.capacity_chunks && self.evict_oldest_idle() {
             allocated = self.allocate(chunks);
@@ -550,8 +552,8 @@ impl<M: TableMaps> TableLoader<M> {
             tracing::debug!("unwind rows map full: {chunks} chunks do not fit");
             return None;
         };
-        for (i, part) in rows.chunks(ROW_CHUNK).enumerate() {
-            let mut chunk = RowChunk([UnwindRow::default(); ROW_CHUNK]);
+        for (i, part) in words.chunks(ROW_CHUNK).enumerate() {
+            let mut chunk = RowChunk([0; ROW_CHUNK]);
             chunk.0[..part.len()].copy_from_slice(part);
             if let Err(err) = self.maps.write_chunk(first + i as u32, &chunk) {
                 tracing::debug!("cannot write unwind rows: {err}");

@@ -174,9 +174,11 @@ fn runtime_code_is_marked_for_its_walker_and_reloads() {
 #[test]
 fn tables_are_shared_kept_idle_and_evicted_for_room() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    let rows = table::build(&exe).unwrap().rows().len() as u32;
+    let rows = table::build(&exe).unwrap().rows().to_vec();
+    let words = hostprof_unwind::pack(&rows).len() as u32;
+    let rows = rows.len() as u32;
     let exe: FileData = Arc::new(exe);
-    let chunks = rows.div_ceil(ROW_CHUNK as u32);
+    let chunks = words.div_ceil(ROW_CHUNK as u32);
     let mut maps = FakeMaps::default();
     let mut files = OwnExe(exe, 0);
     let mut loader = TableLoader::new(&mut maps, chunks * 3);
@@ -253,8 +255,8 @@ fn tables_are_shared_kept_idle_and_evicted_for_room() {
 #[test]
 fn idle_tables_are_bounded_in_number() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    let rows = table::build(&exe).unwrap().rows().len() as u32;
-    let chunks = rows.div_ceil(ROW_CHUNK as u32);
+    let words = hostprof_unwind::pack(table::build(&exe).unwrap().rows()).len() as u32;
+    let chunks = words.div_ceil(ROW_CHUNK as u32);
     let mut maps = FakeMaps::default();
     let mut files = OwnExe(Arc::new(exe), 0);
     // Room for ten tables, but at most two kept idle.
