@@ -13,6 +13,8 @@
 //! bounded by the bytes given; a malformed table ends the map where it
 //! goes wrong.
 
+use super::positions::read_unsigned;
+
 /// Operand scales V8 has (single, double, quadruple).
 const SCALES: usize = 3;
 /// Most bytecodes believed (V8 has about two hundred).
@@ -60,25 +62,6 @@ impl BytecodeSizes {
             return None;
         }
         Some(prefix + usize::from(self.sizes[scale * self.count + bytecode]))
-    }
-}
-
-/// Reads one unsigned variable-length integer at `*at`; `None` past the
-/// end of `bytes` or past 64 bits.
-fn read_unsigned(bytes: &[u8], at: &mut usize) -> Option<u64> {
-    let mut value: u64 = 0;
-    let mut shift = 0u32;
-    loop {
-        let byte = *bytes.get(*at)?;
-        *at += 1;
-        if shift >= 64 {
-            return None;
-        }
-        value |= u64::from(byte & 0x7f) << shift;
-        shift += 7;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
     }
 }
 

@@ -140,6 +140,13 @@ pub struct Table {
 /// Reads one zig-zag variable-length integer at `*at`; `None` past the end
 /// of `bytes` or past 64 bits.
 fn read_int(bytes: &[u8], at: &mut usize) -> Option<i64> {
+    let value = read_unsigned(bytes, at)?;
+    Some(((value >> 1) as i64) ^ -((value & 1) as i64))
+}
+
+/// Reads one unsigned variable-length integer at `*at` (V8's VLQ: 7 bits a
+/// byte, low first); `None` past the end of `bytes` or past 64 bits.
+pub(super) fn read_unsigned(bytes: &[u8], at: &mut usize) -> Option<u64> {
     let mut value: u64 = 0;
     let mut shift = 0u32;
     loop {
@@ -151,10 +158,9 @@ fn read_int(bytes: &[u8], at: &mut usize) -> Option<i64> {
         value |= u64::from(byte & 0x7f) << shift;
         shift += 7;
         if byte & 0x80 == 0 {
-            break;
+            return Some(value);
         }
     }
-    Some(((value >> 1) as i64) ^ -((value & 1) as i64))
 }
 
 impl Table {
