@@ -56,17 +56,29 @@ fn reads_of_exiting_threads_are_counted_apart() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start hostprof record");
-    // Wait for the writer's CPU time, not for a time: a loaded machine
-    // only makes this slower.
+    // The writer, once record's child has executed it (before, the child
+    // is still a copy of hostprof).
+    let started = std::time::Instant::now();
     let pid = loop {
-        if let Ok(children) =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", recording.id()))
-            && let Some(child) = children.split_whitespace().next()
+        let child = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", recording.id()))
+            .ok()
+            .and_then(|children| children.split_whitespace().next()?.parse::<u32>().ok());
+        let exe = child.and_then(|child| std::fs::read_link(format!("/proc/{child}/exe")).ok());
+        if let (Some(child), Some(exe)) = (child, exe)
+            && exe
+                .file_name()
+                .is_some_and(|name| name == "otel_thread_ctx")
         {
-            break common::descendant_running(child.parse().unwrap(), "otel_thread_ctx");
+            break child;
         }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "record never started the writer"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Then its CPU time, not a time: a loaded machine only makes this
+    // slower.
     while common::try_cpu_seconds(pid).is_some_and(|seconds| seconds < CPU_SECONDS) {
         std::thread::sleep(Duration::from_millis(100));
     }
