@@ -148,10 +148,13 @@ fn interpreted_frames_name_the_line_cpu_prof_names() {
 }
 
 /// With V8's compilers at work (`hot` runs in Sparkplug, Maglev or
-/// TurboFan code most of the time).
+/// TurboFan code most of the time), but no inlining: an inlined `hot`
+/// keeps its definition line until inlined frames are expanded, and
+/// whether TurboFan inlines it varies from run to run (CI once had 92 of
+/// node 22's samples of `hot` outside its caller's code, 929 inlined).
 #[test]
 fn compiled_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("jit", |_| Vec::new());
+    lines_match_cpu_prof("jit", |_| vec!["--no-turbo-inlining"]);
 }
 
 /// With Sparkplug alone (every function compiled by it at once, the
