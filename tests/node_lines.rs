@@ -157,23 +157,11 @@ fn compiled_frames_name_the_line_cpu_prof_names() {
     lines_match_cpu_prof("jit", |_| vec!["--no-turbo-inlining"]);
 }
 
-/// With Sparkplug alone (every function compiled by it at once, the
-/// optimizing compilers off; node 18 has no Maglev). Fails today: about
-/// 0.8 of `hot`'s samples are on its definition line, likely those whose
-/// CPU is in a frameless builtin Sparkplug code calls (`Mod_Baseline`, …):
-/// the kernel takes the caller's frame for the builtin's and records it as
-/// a JavaScript builtin, without the return address into `hot`.
-#[test]
-#[ignore = "a frameless builtin called from Sparkplug code hides the caller's pc"]
-fn baseline_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("sparkplug", |version| {
-        let mut flags = vec!["--always-sparkplug", "--no-opt"];
-        if !version.starts_with("18.") {
-            flags.push("--no-maglev");
-        }
-        flags
-    });
-}
+// Not tested: Sparkplug frames (`--always-sparkplug --no-opt`). About 0.8
+// of `hot`'s samples there stay on its definition line, likely those whose
+// CPU is in a frameless builtin Sparkplug code calls (`Mod_Baseline`, …):
+// the kernel takes the caller's frame for the builtin's. A test of them
+// belongs here once that is mended (issue 29).
 
 /// Profiles the program under each node with its `flags`; fails on any
 /// version that went wrong.
