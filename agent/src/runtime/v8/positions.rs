@@ -245,11 +245,11 @@ fn inlining_id(raw: i64) -> Option<u16> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Writes `value` as V8 does: zig-zag, then 7 bits a byte.
-    fn write_int(bytes: &mut Vec<u8>, value: i64) {
+    pub(in crate::runtime::v8) fn write_int(bytes: &mut Vec<u8>, value: i64) {
         let mut encoded = ((value << 1) ^ (value >> 63)) as u64;
         loop {
             let more = encoded > 0x7f;

@@ -382,18 +382,9 @@ fn compiled_frames_are_at_their_code_tables_line() {
     // packed (offset + 1) << 1, inlining id + 1 from bit 31.
     let table = heap.object(BASE + 0x1200, byte_array_map);
     let inlined = (41i64 << 1) | (1 << 31);
-    let zigzag = |value: i64| ((value << 1) ^ (value >> 63)) as u64;
     let mut bytes = Vec::new();
     for value in [1, 42, 0x40, 102 - 42, 0x40, inlined - 102] {
-        let mut encoded = zigzag(value);
-        loop {
-            let more = encoded > 0x7f;
-            bytes.push((encoded & 0x7f) as u8 | if more { 0x80 } else { 0 });
-            encoded >>= 7;
-            if !more {
-                break;
-            }
-        }
+        super::positions::tests::write_int(&mut bytes, value);
     }
     heap.word(table + 8, Builder::smi(bytes.len() as i64));
     let at = (table + 16 - BASE) as usize;
