@@ -271,6 +271,46 @@ fn the_sampler_imports_nothing_from_unwind() {
 }
 
 #[test]
+fn a_stack_copy_waits_in_a_batch_at_its_samples_size() {
+    use hostprof_common::StackSample;
+    // SAFETY: all-zero is a valid `StackSample` (integers only).
+    let mut raw: Box<StackSample> = Box::new(unsafe { std::mem::zeroed() });
+    raw.sample.tid = 7;
+    raw.sample.kernel_stack_len = 1;
+    raw.sample.kernel_stack[0] = 0xffff_ffff_8100_0000;
+    // As the kernel writes them: the user frames right after the kernel's.
+    raw.sample.user_stack_len = 3;
+    raw.sample.kernel_stack[1..4].copy_from_slice(&[0x401000, 0x402000, 0x403000]);
+    raw.stack_len = 4096;
+    // SAFETY: plain old data, read as bytes.
+    let record = unsafe {
+        std::slice::from_raw_parts(
+            (&*raw as *const StackSample).cast::<u8>(),
+            std::mem::size_of::<StackSample>(),
+        )
+    };
+    // SAFETY: as above.
+    let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
+    let mut batch = Records::default();
+    assert!(batch.push(record, &mut scratch));
+    assert!(batch.push(&compact_record(&[1], &[2]), &mut scratch));
+    // The copy's stack and its sample's unused frame slots are not kept.
+    assert!(batch.byte_len() < 1024, "{} bytes", batch.byte_len());
+    let mut seen = Vec::new();
+    batch.for_each(|sample| {
+        let user = &sample.user_stack[..sample.user_stack_len as usize];
+        let kernel = &sample.kernel_stack[..sample.kernel_stack_len as usize];
+        seen.push((sample.tid, kernel.to_vec(), user.to_vec()));
+    });
+    assert_eq!(
+        seen[0],
+        (7, vec![0xffff_ffff_8100_0000], vec![0x401000, 0x402000, 0x403000])
+    );
+    assert_eq!(seen[1].1, [1]);
+    assert_eq!(seen.len(), 2);
+}
+
+#[test]
 fn an_early_copy_is_what_the_whole_stack_copy_says() {
     use hostprof_common::StackSample;
     // SAFETY: all-zero is a valid `StackSample` (integers only).
