@@ -304,7 +304,11 @@ fn a_stack_copy_waits_in_a_batch_at_its_samples_size() {
     });
     assert_eq!(
         seen[0],
-        (7, vec![0xffff_ffff_8100_0000], vec![0x401000, 0x402000, 0x403000])
+        (
+            7,
+            vec![0xffff_ffff_8100_0000],
+            vec![0x401000, 0x402000, 0x403000]
+        )
     );
     assert_eq!(seen[1].1, [1]);
     assert_eq!(seen.len(), 2);
