@@ -20,13 +20,18 @@
 //! cut), key, value`; the sample's [`crate::trace::Link`] then has zero
 //! ids and `attrs_len` bytes of them.
 
-/// One registered Go process (24 bytes).
+/// One registered Go process (32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Process {
-    /// Where `g` is: its address minus the thread pointer (Go's own TLS
-    /// slot at `fs - 8` without cgo, the executable's `runtime.tlsg`
-    /// with it: the same on x86_64).
+    /// [`G_IN_TLS`]: `g` is at `thread pointer + tls_offset` (x86_64: Go's
+    /// own TLS slot at `fs - 8` without cgo, the executable's
+    /// `runtime.tlsg` with it; arm64 with cgo: `runtime.tls_g`).
+    /// [`G_IN_REGISTER`]: in the thread's user register
+    /// [`G_REGISTER_AT`] (arm64 without cgo, where Go keeps `g` in R28
+    /// and never in TLS); `tls_offset` is then unused.
+    pub g_in: u32,
+    pub _pad: u32,
     pub tls_offset: i64,
     /// `offsetof(runtime.g, m)`.
     pub m: u32,
@@ -37,6 +42,15 @@ pub struct Process {
     /// [`LAYOUT_MAP`] or [`LAYOUT_SLICE`].
     pub layout: u32,
 }
+
+const _: () = assert!(core::mem::size_of::<Process>() == 32);
+
+/// [`Process::g_in`]: `g` in the thread's TLS.
+pub const G_IN_TLS: u32 = 0;
+/// [`Process::g_in`]: `g` in a register (arm64's R28).
+pub const G_IN_REGISTER: u32 = 1;
+/// Where arm64's R28 is in the kernel's `struct pt_regs` (`regs[28]`).
+pub const G_REGISTER_AT: usize = 28 * 8;
 
 /// `labels` points at a `map[string]string` (Go 1.9 to 1.23).
 pub const LAYOUT_MAP: u32 = 1;

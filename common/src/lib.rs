@@ -445,7 +445,7 @@ mod user {
     const _: () = assert!(core::mem::size_of::<super::trace::Process>() == 16);
     // SAFETY: integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::golang::Process {}
-    const _: () = assert!(core::mem::size_of::<super::golang::Process>() == 24);
+    const _: () = assert!(core::mem::size_of::<super::golang::Process>() == 32);
     // SAFETY: an array of integers.
     unsafe impl aya::Pod for super::RowChunk {}
 

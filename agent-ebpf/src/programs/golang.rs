@@ -44,22 +44,15 @@ struct Labels {
 /// to set on the sample (`SAMPLE_FLAG_TRACE | SAMPLE_FLAG_GO_LABELS`, or
 /// 0). Counts every outcome.
 #[inline(always)]
-pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32 {
+pub(super) fn read_labels<K: Kernel>(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32 {
     let Some(process) = (unsafe { GO_PROCS.get(&tgid) }) else {
         return 0;
     };
-    let offset = super::trace::task_tp_offset();
-    if offset == 0 {
-        return 0;
-    }
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let Ok(thread_pointer) =
-        (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) })
-    else {
+    let Some(g) = g_of::<K>(process) else {
         bump(Counter::GoReadFault);
         return 0;
     };
-    let Some(labels) = labels_of(process, thread_pointer) else {
+    let Some(labels) = labels_of(process, g) else {
         return 0;
     };
     let mut state = Labels {
@@ -166,15 +159,39 @@ pub(super) fn read_labels(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32
     SAMPLE_FLAG_TRACE | SAMPLE_FLAG_GO_LABELS
 }
 
-/// `curg.labels` of the thread whose thread pointer is `thread_pointer`,
-/// when it runs a user goroutine with labels; counts why not otherwise.
+/// The current thread's `g`: read at its thread pointer's offset, or
+/// from its saved user registers (arm64 without cgo); `None` when a
+/// read failed.
 #[inline(always)]
-fn labels_of(process: &go::Process, thread_pointer: u64) -> Option<u64> {
-    let g = read_user::<u64>(thread_pointer.wrapping_add(process.tls_offset as u64));
-    let Some(g) = g else {
-        bump(Counter::GoReadFault);
+fn g_of<K: Kernel>(process: &go::Process) -> Option<u64> {
+    if process.g_in == go::G_IN_REGISTER {
+        // Only arm64 keeps `g` in a register the agent registers.
+        if !cfg!(bpf_target_arch = "aarch64") {
+            return None;
+        }
+        let regs = K::user_regs();
+        if regs.is_null() {
+            return None;
+        }
+        return unsafe {
+            bpf_probe_read_kernel(regs.wrapping_add(go::G_REGISTER_AT).cast::<u64>())
+        }
+        .ok();
+    }
+    let offset = super::trace::task_tp_offset();
+    if offset == 0 {
         return None;
-    };
+    }
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let thread_pointer =
+        unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) }.ok()?;
+    read_user::<u64>(thread_pointer.wrapping_add(process.tls_offset as u64))
+}
+
+/// `curg.labels` of the thread whose goroutine is `g`, when it runs a
+/// user goroutine with labels; counts why not otherwise.
+#[inline(always)]
+fn labels_of(process: &go::Process, g: u64) -> Option<u64> {
     // A thread that has not run Go code yet (a C thread of a cgo
     // program), or is leaving.
     if g == 0 {

@@ -101,7 +101,7 @@ impl Kernel for Modern {
 
     #[inline(always)]
     fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32 {
-        super::golang::read_labels(tgid, link, attrs)
+        super::golang::read_labels::<Self>(tgid, link, attrs)
     }
 
     /// Mappings: the CPU's last mapping, checked with two reads, else

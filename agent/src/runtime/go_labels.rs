@@ -42,8 +42,8 @@ const MAX_FILES: usize = 4096;
 const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The TLS variable Go keeps `g` in when it uses the system's TLS (cgo,
-/// external linking).
-const TLS_G: &str = "runtime.tlsg";
+/// external linking): x86_64's and arm64's names.
+const TLS_G: [&str; 2] = ["runtime.tlsg", "runtime.tls_g"];
 
 /// A Go binary's release, `(1, minor)`, from its `.go.buildinfo` header:
 /// 16 bytes of magic, pointer size and flags, then, with flag 2 (Go 1.18
@@ -92,17 +92,25 @@ pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
     Some((48, curg, labels, layout))
 }
 
-/// Where `g` is, from the thread pointer, on x86_64: without cgo Go sets
-/// `fs` itself, to 8 bytes past its own TLS slot (`runtime.settls`), and
-/// the binary has no TLS segment; with cgo `g` is `runtime.tlsg`, in the
-/// executable's static TLS, placed as the loader places it (a stripped
-/// binary: only when the segment holds just that 8-byte variable).
-pub fn g_offset(file: &object::File, data: &[u8]) -> Option<i64> {
+/// Where a thread's `g` is: `(go::G_IN_TLS, offset from the thread
+/// pointer)` or `(go::G_IN_REGISTER, 0)`.
+///
+/// - x86_64 without cgo: Go sets `fs` itself, to 8 bytes past its own TLS
+///   slot (`runtime.settls`), and the binary has no TLS segment.
+/// - arm64 without cgo: `g` lives in R28 alone (Go's code never moves it
+///   elsewhere), and the binary has no TLS segment.
+/// - Both with cgo: `g` is also stored in `runtime.tlsg` (arm64:
+///   `runtime.tls_g`) at every switch, in the executable's static TLS,
+///   placed as the loader places it; read there, since C code called
+///   through cgo may use R28 for itself. A stripped binary: only when
+///   the segment holds just that 8-byte variable.
+pub fn g_location(file: &object::File, data: &[u8]) -> Option<(u32, i64)> {
     use object::read::elf::{ElfFile64, ProgramHeader};
-    if !cfg!(target_arch = "x86_64") {
-        // arm64 keeps `g` in a register (R28), not in TLS.
-        return None;
-    }
+    let variant = match file.architecture() {
+        object::Architecture::X86_64 => TlsVariant::Below,
+        object::Architecture::Aarch64 => TlsVariant::Above,
+        _ => return None,
+    };
     let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
     let endian = elf.endian();
     let Some(tls) = elf
@@ -110,23 +118,27 @@ pub fn g_offset(file: &object::File, data: &[u8]) -> Option<i64> {
         .iter()
         .find(|header| header.p_type(endian) == object::elf::PT_TLS)
     else {
-        return Some(-8);
+        return Some(match variant {
+            TlsVariant::Below => (go::G_IN_TLS, -8),
+            TlsVariant::Above => (go::G_IN_REGISTER, 0),
+        });
     };
-    let symbol = file
-        .symbols()
-        .find(|symbol| symbol.kind() == SymbolKind::Tls && symbol.name() == Ok(TLS_G));
+    let symbol = file.symbols().find(|symbol| {
+        symbol.kind() == SymbolKind::Tls && symbol.name().is_ok_and(|name| TLS_G.contains(&name))
+    });
     let offset = match symbol {
         Some(symbol) => symbol.address(),
         None if tls.p_memsz(endian) == 8 => 0,
         None => return None,
     };
-    TlsSymbol {
+    let offset = TlsSymbol {
         segment_address: tls.p_vaddr(endian),
         segment_size: tls.p_memsz(endian),
         segment_align: tls.p_align(endian),
         offset,
     }
-    .thread_pointer_offset(TlsVariant::Below)
+    .thread_pointer_offset(variant)?;
+    Some((go::G_IN_TLS, offset))
 }
 
 /// What a Go executable needs registered; `Err` says why a Go binary is
@@ -147,14 +159,16 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
             version.1
         ));
     };
-    let Some(tls_offset) = g_offset(&file, data) else {
+    let Some((g_in, tls_offset)) = g_location(&file, data) else {
         return Err(
-            "where it keeps the current goroutine is not known (x86_64 only; with \
-                    cgo, a stripped binary whose TLS holds more than Go's)"
+            "where it keeps the current goroutine is not known (x86_64 and arm64 only; \
+                    with cgo, a stripped binary whose TLS holds more than Go's)"
                 .into(),
         );
     };
     Ok(Some(Process {
+        g_in,
+        _pad: 0,
         tls_offset,
         m,
         curg,
@@ -222,11 +236,18 @@ impl Runtime for GoLabels {
         };
         if let Some(process) = found {
             self.processes.register(pid, process);
-            tracing::debug!(
-                "pid {pid}: Go process, g at {:+}, labels at {}",
-                process.tls_offset,
-                process.labels
-            );
+            if process.g_in == go::G_IN_REGISTER {
+                tracing::debug!(
+                    "pid {pid}: Go process, g in a register, labels at {}",
+                    process.labels
+                );
+            } else {
+                tracing::debug!(
+                    "pid {pid}: Go process, g at {:+}, labels at {}",
+                    process.tls_offset,
+                    process.labels
+                );
+            }
         }
         self.processes.set(pid, Ok(found.is_some()));
         false

@@ -189,13 +189,8 @@ impl Walks {
             );
         }
         // Go's pprof labels: the modern variant's read, on the kernels whose
-        // verifiers were seen to accept it; x86_64 only, where the agent
-        // finds `g` (`runtime::go_labels`), so arm64's verifier is spared it.
-        let go_labels = u32::from(
-            variant == Variant::Modern
-                && verified_since(GO_LABELS_SINCE)
-                && cfg!(target_arch = "x86_64"),
-        );
+        // verifiers were seen to accept it (x86_64 and arm64).
+        let go_labels = u32::from(variant == Variant::Modern && verified_since(GO_LABELS_SINCE));
         if go_labels == 0 {
             tracing::info!(
                 "no Go pprof labels on this kernel (they need Linux {}.{} or later)",

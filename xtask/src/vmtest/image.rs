@@ -62,6 +62,7 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
         )?;
     }
     install_thread_context(&bin, arch, &programs)?;
+    install_go(&bin, arch, dir)?;
     if arch == Arch::host() {
         install_python(&tree, arch)?;
         install_node(&tree, arch)?;
@@ -88,6 +89,37 @@ fn install_thread_context(bin: &Path, arch: Arch, programs: &Path) -> Result<()>
     )?;
     for script in ["otlp_samples.awk", "thread_links.awk"] {
         fs::copy(programs.join(script), bin.join(script))?;
+    }
+    Ok(())
+}
+
+/// The Go program of tests/go_labels.rs for the guest's arch, built by
+/// Debian's Go (`setup` installs it) without cgo (`/bin/go_labels`: on
+/// arm64 the agent reads `g` from R28) and with cgo, linked statically
+/// (`/bin/go_labels_cgo`: `g` in the executable's TLS).
+fn install_go(bin: &Path, arch: Arch, dir: &Path) -> Result<()> {
+    let goarch = match arch {
+        Arch::X86_64 => "amd64",
+        Arch::Aarch64 => "arm64",
+    };
+    for (name, cgo) in [("go_labels", false), ("go_labels_cgo", true)] {
+        let mut build = Command::new("/usr/bin/go");
+        build
+            .args(["build", "-o"])
+            .arg(bin.join(name))
+            .current_dir(root().join("tests/programs/go_labels"))
+            .env("GOARCH", goarch)
+            .env("CGO_ENABLED", if cgo { "1" } else { "0" })
+            .env("GOCACHE", dir.join("go-cache"))
+            .env("GOPATH", dir.join("go-path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local");
+        if cgo {
+            build
+                .env("CC", arch.cc())
+                .args(["-ldflags", "-linkmode external -extldflags -static"]);
+        }
+        run_cmd(build.arg("."))?;
     }
     Ok(())
 }

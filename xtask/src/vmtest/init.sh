@@ -216,6 +216,22 @@ fi
 
 kill $spin
 
+# 7b. Go's pprof labels, read in the kernel from the thread's goroutine:
+# tests/go_labels.rs's program, built for this arch without cgo (arm64:
+# `g` in R28) and with cgo, static (`g` in the executable's TLS), until it
+# has run 1.5 s of CPU. record's line counts the samples with labels,
+# without, and the failed reads (judge.rs: on from Linux 6.1).
+for prog in go_labels go_labels_cgo; do
+    rm -f /tmp/go.stop
+    /bin/$prog /tmp/go.stop 600 >/dev/null &
+    go=$!
+    record_cpu $go 150 /tmp/$prog.folded /tmp/$prog.err -F 199
+    kill $go
+    show $prog /tmp/$prog.err
+    labels=$(plain /tmp/$prog.err | sed -n 's/.*Go labels: \([0-9]*\) samples with .*, \([0-9]*\) without, \([0-9]*\) reads failed.*/labeled=\1 unlabeled=\2 failed=\3/p')
+    say check=$prog exit=$rc ${labels:-labeled=0 unlabeled=0 failed=0} $(count /tmp/$prog.folded . samples) detail="$(detail /tmp/$prog.err 'Go labels')"
+done
+
 # 8. The OpenTelemetry thread context (OTEP 4947): the writer of
 # tests/thread_context.rs (static-PIE, its variable in static TLS), 3
 # threads switching spans every few milliseconds for 4 s, recorded from

@@ -62,6 +62,8 @@ const CHECKS: &[(&str, &str)] = &[
     ("error-line", "error line"),
     ("python", "python"),
     ("node", "node"),
+    ("go_labels", "go labels"),
+    ("go_labels_cgo", "go labels cgo"),
     ("thread-context", "thread context"),
     ("memory", "memory"),
 ];
@@ -87,6 +89,18 @@ const MIN_LINKED_SHARE: f64 = 0.25;
 
 /// The share of the writer's samples whose context read may fail.
 const MAX_FAILED_READ_SHARE: f64 = 0.01;
+
+/// The share of the Go program's samples that must carry its goroutine's
+/// labels: 5 of its 6 units of work run under labels; its runtime's
+/// threads (sysmon, the collector's workers) have none.
+const MIN_GO_LABELED_SHARE: f64 = 0.5;
+
+/// The share of the Go program's samples whose label read may fail.
+const MAX_GO_FAILED_SHARE: f64 = 0.05;
+
+/// The oldest kernel whose verifier accepts the read of Go's labels (the
+/// agent's `GO_LABELS_SINCE`): from it on, the read must be on and work.
+const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 
 /// The first kernel with the modern variant (`bpf_loop`): the guest checks
 /// JavaScript frames only before it, where the legacy variant walks V8.
@@ -271,6 +285,41 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 ),
             )
         }
+        "go_labels" | "go_labels_cgo" => {
+            let samples = check.number("samples");
+            let labeled = check.number("labeled");
+            let failed = check.number("failed");
+            let share = labeled as f64 / samples.max(1) as f64;
+            let failed_share = failed as f64 / samples.max(1) as f64;
+            let expected = *kernel >= GO_LABELS_SINCE;
+            let passed = exit == "0"
+                && samples >= MIN_SAMPLES
+                && if expected {
+                    share >= MIN_GO_LABELED_SHARE && failed_share <= MAX_GO_FAILED_SHARE
+                } else {
+                    labeled + failed == 0
+                };
+            verdict(
+                passed,
+                if expected {
+                    format!("{short} {share:.3} of {samples}")
+                } else {
+                    format!("{short} off")
+                },
+                format!(
+                    "{name}: exit {exit}, {samples} samples, {labeled} with labels, {failed} \
+                     reads failed (want {}): {detail}",
+                    if expected {
+                        format!(
+                            ">= {MIN_GO_LABELED_SHARE} labeled, <= {MAX_GO_FAILED_SHARE} failed, \
+                             of >= {MIN_SAMPLES}"
+                        )
+                    } else {
+                        "none: off before Linux 6.1".to_string()
+                    }
+                ),
+            )
+        }
         "node" => {
             if check.number("modern") > 0 {
                 // The guest runs the check only where the legacy variant
@@ -421,6 +470,8 @@ mod tests {
         "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
         "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
         "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
+        "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
+        "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
         "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
          unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
         "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
@@ -497,45 +548,61 @@ mod tests {
             ),
             (
                 8,
+                "check=go_labels exit=0 labeled=100 unlabeled=210 failed=1 samples=311 detail=x",
+            ),
+            (
+                8,
+                "check=go_labels exit=0 labeled=250 unlabeled=30 failed=31 samples=311 detail=x",
+            ),
+            (
+                9,
+                "check=go_labels_cgo exit=0 labeled=90 unlabeled=0 failed=0 samples=90 detail=x",
+            ),
+            (
+                9,
+                "check=go_labels_cgo exit=1 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
+            ),
+            (
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
                  foreign=1 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
                  foreign=0 unknown=1 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
                  foreign=0 unknown=0 outside=1 outside_us=40 outside_side=after threads=3 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=100 good=100 \
                  foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=90 linked=40 good=40 \
                  foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
                  foreign=0 unknown=0 outside=0 threads=2 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
                  foreign=0 unknown=0 outside=0 threads=3 failed_reads=11 stack_faults=11 detail=x",
             ),
             (
-                8,
+                10,
                 "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
             ),
             (
-                9,
+                11,
                 "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
             ),
         ] {
@@ -552,6 +619,8 @@ mod tests {
         let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
         let mut lines = PASSING.to_vec();
         lines[0] = &old_boot;
+        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+        lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
         assert_eq!(
             failed(&judge(&boot(&lines))),
             ["python off FAIL"],
@@ -565,6 +634,26 @@ mod tests {
     }
 
     #[test]
+    fn go_labels_are_wanted_from_linux_6_1_and_absent_before() {
+        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+        let mut lines = PASSING.to_vec();
+        lines[0] = &old_boot;
+        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
+        assert_eq!(
+            failed(&judge(&boot(&lines))),
+            ["go labels off FAIL", "go labels cgo off FAIL"],
+            "5.10: the read must be off"
+        );
+        let mut lines = PASSING.to_vec();
+        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+        assert_eq!(
+            failed(&judge(&boot(&lines))),
+            ["go labels 0.000 of 311 FAIL"],
+            "6.1: the read must be on"
+        );
+    }
+
+    #[test]
     fn javascript_frames_are_checked_in_the_guest_only_before_linux_5_17() {
         let mut lines = PASSING.to_vec();
         lines[7] = "check=node exit=0 modern=1";
@@ -572,6 +661,8 @@ mod tests {
         let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
         lines[0] = &old_boot;
         lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
+        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+        lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
         assert_eq!(
             failed(&judge(&boot(&lines))),
             ["node n/a FAIL"],
@@ -582,7 +673,7 @@ mod tests {
     #[test]
     fn missing_results_fail() {
         let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 7);
+        assert_eq!(failed(&verdicts).len(), 9);
         assert!(verdicts[2].long.contains("no result"));
         let verdicts = judge(&boot(&[]));
         assert_eq!(failed(&verdicts), ["boot FAIL"]);
