@@ -92,9 +92,10 @@ const MAX_FAILED_READ_SHARE: f64 = 0.01;
 /// JavaScript frames only before it, where the legacy variant walks V8.
 const LEGACY_BEFORE: (u32, u32) = (5, 17);
 
-/// The oldest kernel whose verifier accepts the Python walk (the agent's
-/// `PYTHON_WALK_SINCE`): from it on, the walk must be on and work.
-const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
+/// The oldest kernel whose verifier accepts the Python walk (a
+/// tail-called program on both variants): from it on, the walk must be on
+/// and work; that is every kernel the agent runs on.
+const PYTHON_WALK_SINCE: (u32, u32) = (5, 10);
 
 pub fn judge(boot: &Boot) -> Vec<Verdict> {
     let checks: HashMap<String, Check> = boot
