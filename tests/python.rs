@@ -317,11 +317,33 @@ fn a_thread_older_than_200_others_keeps_its_python_frames() {
             .unwrap_or(0);
         assert!(threads > 200, "{}: {threads} threads", interpreter.name);
         let name = interpreter.name;
-        let (total, share, log) = busy_share(program, &[]);
+        let (total, share, log) = busy_share(program, &[], None);
         eprintln!("{name}: {share:.3} of {total} samples under busy;spin");
         if total < 100 || share < 0.95 {
             failures.push(format!(
                 "{name}: {share:.3} of {total} samples under busy;spin (want >= 0.95 of >= 100)\n{log}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The legacy variant (Linux 5.10 to 5.16, forced here) walks the
+/// interpreter frames too, in its tail-called runs of a few steps each:
+/// python_threads.py's busy thread under every CPython at hand, found
+/// through the thread map as above, its frames as deep as the program's.
+#[test]
+fn python_frames_on_the_legacy_variant() {
+    let Some(_guard) = require_ebpf() else { return };
+    let mut failures = Vec::new();
+    for interpreter in interpreters("python_threads.py") {
+        let name = interpreter.name;
+        let (total, share, log) = busy_share(Program::start(&interpreter), &[], Some("legacy"));
+        eprintln!("{name}, legacy: {share:.3} of {total} samples under busy;spin");
+        if total < 100 || share < 0.95 {
+            failures.push(format!(
+                "{name}, legacy: {share:.3} of {total} samples under busy;spin \
+                 (want >= 0.95 of >= 100)\n{log}"
             ));
         }
     }
@@ -345,27 +367,31 @@ fn samples_with_a_stack_copy_keep_their_python_frames() {
         command: vec![python.display().to_string()],
         program: program_source("python_threads.py"),
     });
-    let (total, share, log) = busy_share(program, &["--stack-copy", "4096"]);
+    let (total, share, log) = busy_share(program, &["--stack-copy", "4096"], None);
     assert!(
         total >= 100 && share >= 0.95,
         "{share:.3} of {total} samples under busy;spin (want >= 0.95 of >= 100)\n{log}"
     );
 }
 
-/// Records python_threads.py's `program` with `args` until its busy thread
-/// ran [`BUSY_CPU_SECONDS`]: the samples, the share of them under
+/// Records python_threads.py's `program` with `args` (and the eBPF
+/// `variant` forced, if any) until its busy thread ran
+/// [`BUSY_CPU_SECONDS`]: the samples, the share of them under
 /// `busy;spin`, and hostprof's stderr.
-fn busy_share(program: Program, args: &[&str]) -> (u64, f64, String) {
+fn busy_share(program: Program, args: &[&str], variant: Option<&str>) -> (u64, f64, String) {
     let pid = program.pid;
     let folded = work_dir().join(format!("python-threads-{pid}.folded"));
-    let (mut recording, mut log) = running::start_recording(
-        hostprof()
-            .args(["record", "--frequency", "199", "--pid"])
-            .arg(pid.to_string())
-            .args(args)
-            .arg("--output")
-            .arg(&folded),
-    );
+    let mut record = hostprof();
+    record
+        .args(["record", "--frequency", "199", "--pid"])
+        .arg(pid.to_string())
+        .args(args)
+        .arg("--output")
+        .arg(&folded);
+    if let Some(variant) = variant {
+        record.env(hostprof::sampler::VARIANT_ENV, variant);
+    }
+    let (mut recording, mut log) = running::start_recording(&mut record);
     // Some(false): the program exited first.
     let enough = running::wait_for_cpu(pid, BUSY_CPU_SECONDS, std::time::Duration::from_secs(120));
     let status = running::interrupt(&mut recording);

@@ -101,13 +101,14 @@ pub const MAP_UNWIND_STATE: &str = "UNWIND_STATE";
 pub const PROGRAM_SAMPLE_LEGACY: &str = "sample_legacy";
 /// [`PROGRAM_OFF_CPU_SWITCH`] for the same older kernels.
 pub const PROGRAM_OFF_CPU_SWITCH_LEGACY: &str = "off_cpu_legacy";
-/// Program arrays of the legacy programs' tail calls, one per program type
-/// (a program array serves one type): a legacy program walks a few frames
-/// per run and tail-calls the next run, because the verifier of those
-/// kernels accepts no loop over a whole stack in one program.
-pub const MAP_LEGACY_SAMPLE_TAILS: &str = "LEGACY_SAMPLE_TAILS";
+/// Program arrays of the programs' tail calls, one per program type (a
+/// program array serves one type). The legacy programs walk a few frames
+/// per run and tail-call the next run, because the verifier of those
+/// kernels accepts no loop over a whole stack in one program; both
+/// variants jump to CPython's walk ([`TAIL_PYTHON`]), a program of its own.
+pub const MAP_SAMPLE_TAILS: &str = "SAMPLE_TAILS";
 /// The off-CPU tracepoint's tail calls (raw tracepoints).
-pub const MAP_LEGACY_OFF_CPU_TAILS: &str = "LEGACY_OFFCPU_TAILS";
+pub const MAP_OFF_CPU_TAILS: &str = "OFF_CPU_TAILS";
 /// Index, in each tails map, of the unwinder that walks a few frames and
 /// calls itself.
 pub const LEGACY_TAIL_UNWIND: u32 = 0;
@@ -120,51 +121,44 @@ pub const LEGACY_TAIL_EMIT: u32 = 1;
 pub const LEGACY_TAIL_V8: u32 = 2;
 /// Index, in each tails map, of HotSpot's walk (as V8's).
 pub const LEGACY_TAIL_HOTSPOT: u32 = 3;
+/// Index, in each tails map, of CPython's walk (both variants): the
+/// sampler jumps there once a Python process's record is filled, and that
+/// program walks the interpreter frames and writes the record, so the walk
+/// costs the sampler's verification nothing. The legacy one walks a few
+/// frames per run and calls itself.
+pub const TAIL_PYTHON: u32 = 4;
 /// Slots of each tails map.
-pub const LEGACY_TAIL_SLOTS: u32 = 4;
-/// (tails map, index, program) of every tail-called program; the first
-/// [`LEGACY_TAIL_PERF_EVENT`] are perf_event programs, the others raw
-/// tracepoints.
+pub const TAIL_SLOTS: u32 = 5;
+/// (tails map, index, program) of every tail-called program of the legacy
+/// unwind; the first [`LEGACY_TAIL_PERF_EVENT`] are perf_event programs,
+/// the others raw tracepoints.
 pub const LEGACY_TAIL_PROGRAMS: [(&str, u32, &str); 8] = [
+    (MAP_SAMPLE_TAILS, LEGACY_TAIL_UNWIND, "sample_legacy_unwind"),
+    (MAP_SAMPLE_TAILS, LEGACY_TAIL_EMIT, "sample_legacy_emit"),
+    (MAP_SAMPLE_TAILS, LEGACY_TAIL_V8, "sample_legacy_v8"),
+    (MAP_SAMPLE_TAILS, LEGACY_TAIL_HOTSPOT, "sample_legacy_java"),
     (
-        MAP_LEGACY_SAMPLE_TAILS,
-        LEGACY_TAIL_UNWIND,
-        "sample_legacy_unwind",
-    ),
-    (
-        MAP_LEGACY_SAMPLE_TAILS,
-        LEGACY_TAIL_EMIT,
-        "sample_legacy_emit",
-    ),
-    (MAP_LEGACY_SAMPLE_TAILS, LEGACY_TAIL_V8, "sample_legacy_v8"),
-    (
-        MAP_LEGACY_SAMPLE_TAILS,
-        LEGACY_TAIL_HOTSPOT,
-        "sample_legacy_java",
-    ),
-    (
-        MAP_LEGACY_OFF_CPU_TAILS,
+        MAP_OFF_CPU_TAILS,
         LEGACY_TAIL_UNWIND,
         "off_cpu_legacy_unwind",
     ),
+    (MAP_OFF_CPU_TAILS, LEGACY_TAIL_EMIT, "off_cpu_legacy_emit"),
+    (MAP_OFF_CPU_TAILS, LEGACY_TAIL_V8, "off_cpu_legacy_v8"),
     (
-        MAP_LEGACY_OFF_CPU_TAILS,
-        LEGACY_TAIL_EMIT,
-        "off_cpu_legacy_emit",
-    ),
-    (
-        MAP_LEGACY_OFF_CPU_TAILS,
-        LEGACY_TAIL_V8,
-        "off_cpu_legacy_v8",
-    ),
-    (
-        MAP_LEGACY_OFF_CPU_TAILS,
+        MAP_OFF_CPU_TAILS,
         LEGACY_TAIL_HOTSPOT,
         "off_cpu_legacy_java",
     ),
 ];
 /// The first four of [`LEGACY_TAIL_PROGRAMS`] are perf_event programs.
 pub const LEGACY_TAIL_PERF_EVENT: usize = 4;
+/// (tails map, modern program, legacy program) of CPython's walks, at
+/// [`TAIL_PYTHON`]: the CPU sampler's (perf_event), then the off-CPU
+/// tracepoint's.
+pub const PYTHON_TAIL_PROGRAMS: [(&str, &str, &str); 2] = [
+    (MAP_SAMPLE_TAILS, "sample_python", "sample_legacy_python"),
+    (MAP_OFF_CPU_TAILS, "off_cpu_python", "off_cpu_legacy_python"),
+];
 /// Global `u32`: byte offset of `stack` (the kernel stack's base) in
 /// `task_struct`, from BTF; only the legacy programs read it.
 pub const GLOBAL_TASK_STACK_OFFSET: &str = "TASK_STACK_OFFSET";
@@ -295,9 +289,9 @@ pub const GLOBAL_STACK_COPY_BYTES: &str = "STACK_COPY_BYTES";
 /// turns that off.
 /// Ignored when [`GLOBAL_STACK_COPY_BYTES`] copies every sample anyway.
 pub const GLOBAL_EARLY_COPY_BYTES: &str = "EARLY_COPY_BYTES";
-/// Global (u32, set at load): 1 walks CPython's interpreter frames of the
-/// registered Python processes; 0 leaves the walk out of the program (the
-/// verifier prunes it), for kernels whose verifier rejects it.
+/// Global (u32, set at load): 1 jumps to CPython's walk
+/// ([`TAIL_PYTHON`]) for the registered Python processes; 0 leaves the
+/// jump out of the programs (the verifier prunes it).
 pub const GLOBAL_PYTHON_WALK: &str = "PYTHON_WALK";
 /// Global (u32, set at load): 1 walks the frames of JIT runtimes (HotSpot's
 /// Java frames, V8's JavaScript frames) of the registered processes; 0

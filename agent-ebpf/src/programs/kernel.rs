@@ -32,9 +32,6 @@ pub(super) trait Kernel {
         dst: *mut u64,
         runtime: *mut hostprof_common::runtime::Stack,
     ) -> Option<(u32, u32)>;
-    /// The current thread's interpreter frames (CPU samples of Python
-    /// processes; see `python`) into `dst`.
-    fn python(tgid: u32, dst: *mut hostprof_common::python::Stack);
     /// The current goroutine's pprof labels (see `golang`): the flags to
     /// set on the sample.
     fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32;
@@ -92,11 +89,6 @@ impl Kernel for Modern {
             )
         };
         Some(finish_unwind(state, dst, runtime))
-    }
-
-    #[inline(always)]
-    fn python(tgid: u32, dst: *mut hostprof_common::python::Stack) {
-        super::python::walk(tgid, unsafe { &mut *dst });
     }
 
     #[inline(always)]
@@ -223,13 +215,6 @@ impl Kernel for Legacy {
         state.reason = IDLE;
         Some(unwound)
     }
-
-    /// No interpreter frames before 5.17: Linux 5.10's verifier rejects
-    /// the walk in `sample_legacy` (to be split into a tail call of its own).
-    /// `dst` is left as the record's fill left it: empty, or the JIT
-    /// runtime frames (V8's) the unwind found.
-    #[inline(always)]
-    fn python(_tgid: u32, _dst: *mut hostprof_common::python::Stack) {}
 
     /// None: the read loops with `bpf_loop` (5.17), which these kernels
     /// lack; Go samples there carry no labels.

@@ -16,23 +16,6 @@ use hostprof_common::runtime::tag;
 /// handed over (the process has no tables: frame pointers serve).
 pub(super) const IDLE: u32 = u32::MAX - 1;
 
-/// The tail-call targets of the legacy sampler
-/// (`hostprof_common::LEGACY_TAIL_PROGRAMS`): unwinders that walk
-/// [`LEGACY_FRAMES_PER_CALL`] frames and call themselves, and the
-/// programs that then write the record. Tail calls, not a loop, because
-/// the verifiers of those kernels walk every path of a loop: a whole
-/// stack in one program is more than they accept, and so is the record's
-/// code after every way an unwind can end.
-#[map(name = "LEGACY_SAMPLE_TAILS")]
-pub(super) static LEGACY_SAMPLE_TAILS: ProgramArray =
-    ProgramArray::with_max_entries(hostprof_common::LEGACY_TAIL_SLOTS, 0);
-
-/// The same for the off-CPU tracepoint (a program array serves one
-/// program type).
-#[map(name = "LEGACY_OFFCPU_TAILS")]
-pub(super) static LEGACY_OFFCPU_TAILS: ProgramArray =
-    ProgramArray::with_max_entries(hostprof_common::LEGACY_TAIL_SLOTS, 0);
-
 /// Frames one legacy unwinder run walks.
 pub(super) const LEGACY_FRAMES_PER_CALL: usize = 3;
 /// Unwinder runs per stack after the first: the kernel allows 32 tail calls

@@ -12,7 +12,7 @@
 //!   callbacks;
 //! - `legacy`: the legacy variant's chain of tail calls (the unwinder's
 //!   runs, V8's walk, the record's writer);
-//! - `python`: CPython's interpreter frames;
+//! - `python`: CPython's interpreter frames, a tail-called program's walk;
 //! - `trace`: the OpenTelemetry thread context of the sampled thread;
 //! - `golang`: the pprof labels of the goroutine the sampled thread runs;
 //! - `hotspot`: HotSpot's Java frames, stepped by the unwinder in the code
@@ -170,6 +170,22 @@ static ROW_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(unwind::ROW_H
 #[map(name = "MAPPING_HINTS")]
 static MAPPING_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
+/// The tail-call targets of the CPU sampler (`hostprof_common::TAIL_PYTHON`,
+/// `hostprof_common::LEGACY_TAIL_PROGRAMS`): CPython's walk (both
+/// variants), and the legacy unwinders that walk
+/// `legacy::LEGACY_FRAMES_PER_CALL` frames and call themselves, and the
+/// programs that then write the record. Tail calls, not a loop, because
+/// the verifiers of those kernels walk every path of a loop: a whole
+/// stack in one program is more than they accept, and so is the record's
+/// code after every way an unwind can end.
+#[map(name = "SAMPLE_TAILS")]
+static SAMPLE_TAILS: ProgramArray = ProgramArray::with_max_entries(hostprof_common::TAIL_SLOTS, 0);
+
+/// The same for the off-CPU tracepoint (a program array serves one
+/// program type).
+#[map(name = "OFF_CPU_TAILS")]
+static OFF_CPU_TAILS: ProgramArray = ProgramArray::with_max_entries(hostprof_common::TAIL_SLOTS, 0);
+
 #[map(name = "UNWIND_STATE")]
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(2, 0);
 
@@ -309,8 +325,8 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
                 }
             }
         };
-        // Interpreter frames: added by the callers (`sample::emit_cpu_sample`,
-        // the off-CPU writer), once each, after this.
+        // Interpreter frames: added after this by CPython's walk, a program
+        // the callers jump to (`python::jump`).
         (*sample).kernel_stack_len = kernel_len;
         (*sample).user_stack_len = user_len;
         // The thread's trace context: CPU, off-CPU and early-copy records

@@ -1,12 +1,14 @@
 //! `off_cpu_switch`: where and why threads leave the CPU, emitted when they
-//! come back (and, legacy, its tail-called unwinder, V8 and HotSpot walks
-//! and writer).
+//! come back; the tail-called CPython walk that keeps a Python process's
+//! record (both variants); and, legacy, the tail-called unwinder, V8 and
+//! HotSpot walks and writer.
 use super::*;
 
 use super::{
     kernel::Legacy,
     kernel::Modern,
-    legacy::{LEGACY_OFFCPU_TAILS, legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
+    legacy::{legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
+    python,
 };
 
 pub(super) const TASK_DEAD: u32 = 0x80;
@@ -46,7 +48,7 @@ pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
         (*scratch).thread_state = state;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    legacy_start(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU, tgid);
+    legacy_start(&ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU, tgid);
     off_cpu_record::<Legacy>(&ctx, now, state);
     0
 }
@@ -54,21 +56,21 @@ pub fn off_cpu_legacy(ctx: RawTracePointContext) -> i32 {
 /// The unwinder of `off_cpu_legacy`.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy_unwind(ctx: RawTracePointContext) -> i32 {
-    legacy_continue(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    legacy_continue(&ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU);
     0
 }
 
 /// V8's walk for `off_cpu_legacy`'s unwinder.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy_v8(ctx: RawTracePointContext) -> i32 {
-    legacy_v8(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    legacy_v8(&ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU);
     0
 }
 
 /// HotSpot's walk for `off_cpu_legacy`'s unwinder.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn off_cpu_legacy_java(ctx: RawTracePointContext) -> i32 {
-    legacy_hotspot(&ctx, &LEGACY_OFFCPU_TAILS, SLOT_OFF_CPU);
+    legacy_hotspot(&ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU);
     0
 }
 
@@ -81,6 +83,35 @@ pub fn off_cpu_legacy_emit(ctx: RawTracePointContext) -> i32 {
     let (now, state) = unsafe { ((*scratch).ktime_ns, (*scratch).thread_state) };
     off_cpu_record::<Legacy>(&ctx, now, state);
     0
+}
+
+/// CPython's walk for `off_cpu_switch` (`hostprof_common::TAIL_PYTHON`),
+/// then the record is kept: the Python function a thread waits in
+/// (`time.sleep`, a lock, a socket). `prev` is the current task here, its
+/// memory readable.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_python(ctx: RawTracePointContext) -> i32 {
+    python_off_cpu::<Modern>(&ctx);
+    0
+}
+
+/// CPython's walk for `off_cpu_legacy`: a few steps a run, then the record.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_legacy_python(ctx: RawTracePointContext) -> i32 {
+    python_off_cpu::<Legacy>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn python_off_cpu<K: Kernel>(ctx: &RawTracePointContext) {
+    let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: the per-CPU record the tracepoint filled before jumping here.
+    python::walk::<K, _>(ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU, unsafe {
+        &mut (*scratch).runtime
+    });
+    keep_off_cpu(scratch, bpf_get_current_pid_tgid() as u32);
 }
 
 /// `next` comes back: emit its record if it was away long enough.
@@ -147,14 +178,15 @@ pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, st
     let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    unsafe {
-        fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state);
-        // The Python function a thread waits in (`time.sleep`, a lock, a
-        // socket): `prev` is the current task here, its memory readable.
-        if read_volatile(&PYTHON_WALK) != 0 {
-            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
-        }
-    };
+    unsafe { fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+    // A Python process's record is kept by CPython's walk.
+    python::jump(ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU, (pid_tgid >> 32) as u32);
+    keep_off_cpu(scratch, tid);
+}
+
+/// Keeps the filled record `scratch` of thread `tid` until it comes back.
+#[inline(always)]
+fn keep_off_cpu(scratch: *mut Sample, tid: u32) {
     if OFF_CPU_START.insert(&tid, unsafe { &*scratch }, 0).is_err() {
         bump(Counter::OffCpuMapFull);
     }

@@ -1,12 +1,14 @@
 //! `sample_cpu`: one record per cpu-clock event of a wanted process, with
-//! both stacks (and, legacy, its tail-called unwinder, V8 and HotSpot
-//! walks and writer).
+//! both stacks; the tail-called CPython walk that writes a Python
+//! process's record (both variants); and, legacy, the tail-called
+//! unwinder, V8 and HotSpot walks and writer.
 use super::*;
 
 use super::{
     kernel::Legacy,
     kernel::Modern,
-    legacy::{LEGACY_SAMPLE_TAILS, legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
+    legacy::{legacy_continue, legacy_hotspot, legacy_start, legacy_v8},
+    python,
 };
 
 #[perf_event]
@@ -20,7 +22,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
 pub fn sample_legacy(ctx: PerfEventContext) -> u32 {
     if let Some(pid_tgid) = sample_wanted() {
         let tgid = (pid_tgid >> 32) as u32;
-        legacy_start(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU, tgid);
+        legacy_start(&ctx, &SAMPLE_TAILS, SLOT_CPU, tgid);
         emit_cpu_sample::<Legacy>(&ctx, pid_tgid);
     }
     0
@@ -29,21 +31,21 @@ pub fn sample_legacy(ctx: PerfEventContext) -> u32 {
 /// The unwinder of `sample_legacy`.
 #[perf_event]
 pub fn sample_legacy_unwind(ctx: PerfEventContext) -> u32 {
-    legacy_continue(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
+    legacy_continue(&ctx, &SAMPLE_TAILS, SLOT_CPU);
     0
 }
 
 /// V8's walk for `sample_legacy`'s unwinder.
 #[perf_event]
 pub fn sample_legacy_v8(ctx: PerfEventContext) -> u32 {
-    legacy_v8(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
+    legacy_v8(&ctx, &SAMPLE_TAILS, SLOT_CPU);
     0
 }
 
 /// HotSpot's walk for `sample_legacy`'s unwinder.
 #[perf_event]
 pub fn sample_legacy_java(ctx: PerfEventContext) -> u32 {
-    legacy_hotspot(&ctx, &LEGACY_SAMPLE_TAILS, SLOT_CPU);
+    legacy_hotspot(&ctx, &SAMPLE_TAILS, SLOT_CPU);
     0
 }
 
@@ -54,6 +56,34 @@ pub fn sample_legacy_emit(ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// CPython's walk for `sample_cpu` (`hostprof_common::TAIL_PYTHON`),
+/// then the record.
+#[perf_event]
+pub fn sample_python(ctx: PerfEventContext) -> u32 {
+    python_sample::<Modern>(&ctx);
+    0
+}
+
+/// CPython's walk for `sample_legacy`: a few steps a run, then the record.
+#[perf_event]
+pub fn sample_legacy_python(ctx: PerfEventContext) -> u32 {
+    python_sample::<Legacy>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn python_sample<K: Kernel>(ctx: &PerfEventContext) {
+    let Some(scratch) = SAMPLE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: the per-CPU record the sampler filled before jumping here.
+    python::walk::<K, _>(ctx, &SAMPLE_TAILS, SLOT_CPU, unsafe {
+        &mut (*scratch).runtime
+    });
+    send_cpu_sample::<K>(scratch, bpf_get_current_pid_tgid());
+}
+
+/// The current task when its process is to be sampled: the sample
 /// counts it either way.
 #[inline(always)]
 pub(super) fn sample_wanted() -> Option<u64> {
@@ -98,15 +128,18 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
             0,
         )
     };
-    // Interpreter frames before the stack copy is decided: a sample taken
-    // before its process's unwind tables load (copied, unwound later on the
-    // host) keeps them too. One call: a copy of the walk on each path took
-    // the program past the verifier's million instructions.
-    unsafe {
-        if read_volatile(&PYTHON_WALK) != 0 {
-            K::python((pid_tgid >> 32) as u32, &raw mut (*scratch).runtime);
-        }
-    };
+    // A Python process's record goes on in CPython's walk, which then
+    // writes it as below: its interpreter frames are in before the stack
+    // copy is decided, so a sample taken before its process's unwind
+    // tables load (copied, unwound later on the host) keeps them too.
+    python::jump(ctx, &SAMPLE_TAILS, SLOT_CPU, (pid_tgid >> 32) as u32);
+    send_cpu_sample::<K>(scratch, pid_tgid);
+}
+
+/// Writes the filled record `scratch` to the ring, with a copy of the top
+/// of the stack when that is wanted.
+#[inline(always)]
+fn send_cpu_sample<K: Kernel>(scratch: *mut Sample, pid_tgid: u64) {
     let mut copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
     // A process without tables in the kernel yet: copy the top of its stack
     // for the agent to unwind once they are loaded.

@@ -129,17 +129,21 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// The oldest kernels whose verifiers were seen to accept the Python walk
-/// and the early-copy path in `sample_cpu` (`cargo xtask vmtest`). Older
-/// kernels go without; the verifier prunes a path whose load-time global
-/// is 0. The Python walk: 6.1 (x86_64 and arm64), 6.12 and 6.18 accept it
-/// since its reads are zeroed first (6.1 had rejected a stale pointer LLVM
-/// left in a failed read's place); `cargo xtask vmtest` checks its frames
-/// on x86_64. The
-/// early-copy path: 6.1 accepts it since `sample_cpu` fills its record
-/// once (it gave up, E2BIG, when the unwinder was inlined twice); the
-/// legacy programs (before 5.17) have none.
-pub(super) const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
+/// The oldest kernels whose verifiers were seen to accept the JIT
+/// runtimes' walks in the modern `sample_cpu` and its early-copy path
+/// (`cargo xtask vmtest`). Older kernels go without; the verifier prunes
+/// a path whose load-time global is 0. The early-copy path: 6.1 accepts
+/// it since `sample_cpu` fills its record once (it gave up, E2BIG, when
+/// the unwinder was inlined twice); the legacy programs (before 5.17) have
+/// none. CPython's walk is a tail-called program of its own on both
+/// variants (checked on 5.10, 6.1 and 6.12 by `cargo xtask vmtest`), so
+/// it needs no such bound on x86_64.
+pub(super) const RUNTIME_WALK_SINCE: (u32, u32) = (6, 1);
+/// arm64's JIT takes a tail call from a program with bpf-to-bpf calls
+/// (the modern `sample_cpu`'s `bpf_loop` callbacks) since Linux 6.0; the
+/// arm64 guest of `cargo xtask vmtest` (6.1) loads it, but has no CPython
+/// to check the walk's frames with.
+pub(super) const ARM64_PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 pub(super) const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
 /// The Go labels' read (`bpf_loop` over a label map's slots, writes at
 /// variable offsets into the attribute room): 6.1, 6.12 and 6.18 accept
@@ -164,28 +168,32 @@ pub(super) struct Walks {
 impl Walks {
     /// For `variant` on the running kernel; says once what is left out.
     pub(super) fn verified(variant: Variant) -> Walks {
-        // The interpreter walk passes the verifiers of the kernels it was
-        // checked on (cargo xtask vmtest): older kernels sample without
-        // Python frames.
-        let python = u32::from(verified_since(PYTHON_WALK_SINCE));
+        // CPython's walk, a program the sampler jumps to: every kernel on
+        // x86_64; arm64's modern variant needs its JIT to take the jump
+        // from a program with `bpf_loop` callbacks.
+        let python = u32::from(
+            cfg!(target_arch = "x86_64")
+                || variant == Variant::Legacy
+                || verified_since(ARM64_PYTHON_WALK_SINCE),
+        );
         if python == 0 {
             tracing::info!(
                 "no Python frames on this kernel (they need Linux {}.{} or later)",
-                PYTHON_WALK_SINCE.0,
-                PYTHON_WALK_SINCE.1
+                ARM64_PYTHON_WALK_SINCE.0,
+                ARM64_PYTHON_WALK_SINCE.1
             );
         }
-        // The JIT runtimes' walks: modern, the same `bpf_loop` callbacks
-        // as Python's, on the same kernels; legacy, V8's and HotSpot's are
-        // tail-called programs of their own (checked on 5.10 by cargo
-        // xtask vmtest).
-        let runtime = u32::from(variant == Variant::Legacy || python != 0);
+        // The JIT runtimes' walks: modern, `bpf_loop` callbacks in the
+        // native unwinder's, on the kernels they were checked on; legacy,
+        // V8's and HotSpot's are tail-called programs of their own
+        // (checked on 5.10 by cargo xtask vmtest).
+        let runtime = u32::from(variant == Variant::Legacy || verified_since(RUNTIME_WALK_SINCE));
         if runtime == 0 {
             tracing::info!(
                 "no Java or JavaScript frames on this kernel with the modern eBPF variant \
                  (they need Linux {}.{} or later)",
-                PYTHON_WALK_SINCE.0,
-                PYTHON_WALK_SINCE.1
+                RUNTIME_WALK_SINCE.0,
+                RUNTIME_WALK_SINCE.1
             );
         }
         // Go's pprof labels: the modern variant's read, on the kernels whose

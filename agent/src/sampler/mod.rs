@@ -158,6 +158,8 @@ pub struct Sampler {
     /// The kernel walks JIT runtimes' frames on this kernel (V8's; HotSpot's
     /// too on the modern variant).
     runtime_walks: bool,
+    /// CPython's walk is on: its programs go into the tails maps.
+    python_walk: bool,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -320,6 +322,7 @@ impl Sampler {
             off_cpu: false,
             map_memory,
             runtime_walks: runtime_walk != 0,
+            python_walk: python_walk != 0,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -425,6 +428,7 @@ impl Sampler {
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[hostprof_common::LEGACY_TAIL_PERF_EVENT..],
             )?;
         }
+        self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[1]);
         let name = self.variant.off_cpu_program();
         self.raw_tracepoint(name)?
             .load()
@@ -441,7 +445,7 @@ impl Sampler {
             .map_err(SamplerError::load_program)
     }
 
-    /// Loads legacy tail-call programs, each into its tails map, before the
+    /// Loads tail-call programs, each into its tails map, before the
     /// program that calls them is loaded.
     fn load_legacy_tails(
         &mut self,
@@ -467,7 +471,27 @@ impl Sampler {
         Ok(())
     }
 
-    /// Puts a loaded legacy tail-call program at `index` of the tails map `map`.
+    /// Loads the variant's CPython walk of `walk` (a
+    /// [`hostprof_common::PYTHON_TAIL_PROGRAMS`] entry) into its tails map,
+    /// when the walk is on. A walk the verifier rejects leaves the slot
+    /// empty: the jump to it fails, and samples go without Python frames.
+    fn load_python_walk(&mut self, walk: &(&'static str, &'static str, &'static str)) {
+        if !self.python_walk {
+            return;
+        }
+        let (map, modern, legacy) = *walk;
+        let name = match self.variant {
+            Variant::Modern => modern,
+            Variant::Legacy => legacy,
+        };
+        if let Err(err) = self.load_legacy_tails(&[(map, hostprof_common::TAIL_PYTHON, name)]) {
+            tracing::warn!(
+                "no Python frames on this kernel (the walk's program {name} did not load: {err})"
+            );
+        }
+    }
+
+    /// Puts a loaded tail-call program at `index` of the tails map `map`.
     fn set_legacy_unwinder(
         &mut self,
         map: &'static str,
@@ -532,6 +556,7 @@ impl Sampler {
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
             )?;
         }
+        self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[0]);
         let name = self.variant.sample_program();
         self.program()?
             .load()

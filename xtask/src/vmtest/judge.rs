@@ -106,9 +106,10 @@ const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 /// JavaScript frames only before it, where the legacy variant walks V8.
 const LEGACY_BEFORE: (u32, u32) = (5, 17);
 
-/// The oldest kernel whose verifier accepts the Python walk (the agent's
-/// `PYTHON_WALK_SINCE`): from it on, the walk must be on and work.
-const PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
+/// The oldest kernel whose verifier accepts the Python walk (a
+/// tail-called program on both variants): from it on, the walk must be on
+/// and work; that is every kernel the agent runs on.
+const PYTHON_WALK_SINCE: (u32, u32) = (5, 10);
 
 pub fn judge(boot: &Boot) -> Vec<Verdict> {
     let checks: HashMap<String, Check> = boot
@@ -615,19 +616,22 @@ mod tests {
     }
 
     #[test]
-    fn python_frames_are_wanted_from_linux_6_1_and_absent_before() {
+    fn python_frames_are_wanted_from_linux_5_10() {
         let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
         let mut lines = PASSING.to_vec();
         lines[0] = &old_boot;
         lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
         lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
-        assert_eq!(
-            failed(&judge(&boot(&lines))),
-            ["python off FAIL"],
-            "5.10: the walk must be off"
+        assert!(
+            failed(&judge(&boot(&lines))).is_empty(),
+            "5.10: the legacy walk"
         );
         lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
-        assert!(failed(&judge(&boot(&lines))).is_empty());
+        assert_eq!(
+            failed(&judge(&boot(&lines))),
+            ["python 0.000 of 790 FAIL"],
+            "5.10: the walk must be on"
+        );
         lines[6] = "check=python exit=0 absent=1";
         lines[7] = "check=node exit=0 absent=1";
         assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
@@ -638,7 +642,6 @@ mod tests {
         let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
         let mut lines = PASSING.to_vec();
         lines[0] = &old_boot;
-        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
         assert_eq!(
             failed(&judge(&boot(&lines))),
             ["go labels off FAIL", "go labels cgo off FAIL"],
@@ -660,7 +663,6 @@ mod tests {
         assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
         let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
         lines[0] = &old_boot;
-        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
         lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
         lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
         assert_eq!(
