@@ -433,7 +433,7 @@ mod user {
     unsafe impl aya::Pod for super::hotspot::Process {}
     // SAFETY: as above, integers only, no padding (asserted below).
     unsafe impl aya::Pod for super::v8::Process {}
-    const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 168);
+    const _: () = assert!(core::mem::size_of::<super::v8::Process>() == 176);
     // SAFETY: two integers, no padding (asserted below).
     unsafe impl aya::Pod for super::trace::Process {}
     const _: () = assert!(core::mem::size_of::<super::trace::Process>() == 16);

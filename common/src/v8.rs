@@ -65,6 +65,10 @@ pub struct Process {
     pub type_function_last: u32,
     /// Instance type of `SharedFunctionInfo`.
     pub type_shared_info: u32,
+    /// The slot of an interpreted or Sparkplug frame's `BytecodeArray`.
+    pub slot_bytecode_array: u32,
+    /// Instance type of `BytecodeArray`.
+    pub type_bytecode_array: u32,
     pub _pad: u32,
 }
 
@@ -81,6 +85,10 @@ pub mod kind {
     /// A JavaScript builtin (`Array.prototype.sort`, …), run in the
     /// embedded builtins: `instr` is the pc.
     pub const BUILTIN: u8 = 3;
+    /// Stopped in a builtin without a frame of its own that compiled
+    /// code (Sparkplug's) called: `code` is the `JSFunction`, `instr` the
+    /// return address into its code (a caller's pc, not the leaf's).
+    pub const COMPILED_CALL: u8 = 4;
 }
 
 /// Why a V8 step stopped the walk (counted per reason; the native

@@ -83,6 +83,37 @@ fn in_builtins(process: &v8::Process, pc: u64) -> bool {
     found
 }
 
+/// Where the frame's own code called the builtin the thread stopped in,
+/// when that builtin has no frame of its own (Sparkplug calls such
+/// builtins for its arithmetic, comparisons and checks: most of its
+/// time). The frame pointer is still the caller's, so without this the
+/// frame would carry the builtin's pc and the host could not say which
+/// line of the caller ran. Only a frame holding a bytecode array
+/// qualifies (Sparkplug's; an interpreted one was told apart before by
+/// its bytecode offset): a JavaScript builtin's own frame
+/// (`Array.prototype.sort`) holds none. Only at the leaf: past it, where
+/// the builtin keeps the return address is unknown.
+#[inline(always)]
+fn frameless_call(process: &v8::Process, regs: &Regs, slot: &impl Fn(u32) -> u64) -> Option<u64> {
+    if regs.interrupted == 0 {
+        return None;
+    }
+    let bytecode = heap_object(slot(process.slot_bytecode_array))?;
+    if instance_type(process, bytecode)? != process.type_bytecode_array {
+        return None;
+    }
+    // Nothing pushed yet: the return address is at the stack pointer
+    // (x86_64), or still in the link register (aarch64).
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    let call = read_user::<u64>(regs.sp)?;
+    #[cfg(bpf_target_arch = "aarch64")]
+    let call = unwind::strip_pointer_auth(ARCH, regs.lr);
+    // A call from generated code, not from a builtin. A value the builtin
+    // pushed since (setting up a frame of its own) passes here, but the
+    // host finds it outside the function's code: its definition line.
+    (call != 0 && !in_builtins(process, call)).then_some(call)
+}
+
 #[inline(always)]
 fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
     use v8::reason::*;
@@ -113,6 +144,9 @@ fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
             // integer (in the upper half); a JavaScript builtin does not.
             if offset & 1 == 0 {
                 (kind::INTERPRETED, shared, offset >> 32)
+            } else if let Some(call) = frameless_call(process, &regs, &slot) {
+                let function = slot(process.slot_function) & !3;
+                (kind::COMPILED_CALL, function, call)
             } else {
                 (kind::BUILTIN, shared, regs.pc)
             }

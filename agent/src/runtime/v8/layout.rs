@@ -16,6 +16,7 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_off_fp_context_or_frame_type",
     "v8dbg_off_fp_function",
     "v8dbg_off_fp_bytecode_offset",
+    "v8dbg_off_fp_bytecode_array",
     "v8dbg_class_HeapObject__map__Map",
     "v8dbg_class_Map__instance_type__uint16_t",
     "v8dbg_class_JSFunction__shared__SharedFunctionInfo",
@@ -91,6 +92,7 @@ pub struct Layout {
     pub fp_marker: i64,
     pub fp_function: i64,
     pub fp_bytecode_offset: i64,
+    pub fp_bytecode_array: i64,
     pub map: u64,
     pub instance_type: u64,
     pub function_shared: u64,
@@ -289,6 +291,7 @@ impl Layout {
             fp_marker: need("v8dbg_off_fp_context_or_frame_type")?,
             fp_function: need("v8dbg_off_fp_function")?,
             fp_bytecode_offset: need("v8dbg_off_fp_bytecode_offset")?,
+            fp_bytecode_array: need("v8dbg_off_fp_bytecode_array")?,
             // The map is every heap object's first field.
             map: offset(
                 value("v8dbg_class_HeapObject__map__Map").unwrap_or(0),
@@ -381,7 +384,7 @@ impl Layout {
     }
 
     /// The frame slots' word indices in the kernel's window.
-    fn slots(&self) -> Result<(u32, u32, u32), V8Error> {
+    fn slots(&self) -> Result<[u32; 4], V8Error> {
         let slot = |offset: i64, what: &'static str| -> Result<u32, V8Error> {
             let from_low = offset + v8::WINDOW_LOW as i64;
             if offset < 0 && from_low >= 0 && from_low % 8 == 0 {
@@ -390,16 +393,22 @@ impl Layout {
                 Err(V8Error::Implausible(what))
             }
         };
-        Ok((
+        Ok([
             slot(self.fp_marker, "frame marker slot")?,
             slot(self.fp_function, "frame function slot")?,
             slot(self.fp_bytecode_offset, "frame bytecode offset slot")?,
-        ))
+            slot(self.fp_bytecode_array, "frame bytecode array slot")?,
+        ])
     }
 
     /// The kernel's record of a process with this layout and `blobs`.
     pub fn kernel_process(&self, blobs: &[(u64, u64)]) -> v8::Process {
-        let (slot_marker, slot_function, slot_bytecode_offset) = self.slots().unwrap_or_default();
+        let [
+            slot_marker,
+            slot_function,
+            slot_bytecode_offset,
+            slot_bytecode_array,
+        ] = self.slots().unwrap_or_default();
         let mut ranges = [v8::Range::default(); v8::MAX_BLOBS];
         for (slot, &(low, high)) in ranges.iter_mut().zip(blobs) {
             *slot = v8::Range { low, high };
@@ -415,6 +424,8 @@ impl Layout {
             type_function_first: self.type_function,
             type_function_last: self.type_function + v8::FUNCTION_TYPES - 1,
             type_shared_info: self.type_shared_info,
+            slot_bytecode_array,
+            type_bytecode_array: self.type_bytecode_array,
             _pad: 0,
         }
     }

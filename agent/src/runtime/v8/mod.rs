@@ -373,7 +373,8 @@ impl Runtime for V8 {
             let address = recorded.code & tag::ADDRESS_MASK;
             let kind = tag::of(recorded.code) & !tag::RUNTIME_MASK;
             // A compiled frame is its `JSFunction`; others their shared info.
-            let shared = if kind == v8::kind::COMPILED {
+            let compiled = kind == v8::kind::COMPILED || kind == v8::kind::COMPILED_CALL;
+            let shared = if compiled {
                 node.shared_of(&memory, address)
             } else {
                 Some(address)
@@ -387,8 +388,17 @@ impl Runtime for V8 {
                 (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => node
                     .running_line(&memory, shared, named.script, recorded.instr)
                     .unwrap_or(start),
-                (Some(named), Some(shared)) if kind == v8::kind::COMPILED => node
-                    .compiled_line(&memory, address, shared, named.script, recorded.instr, leaf)
+                // Stopped in a frameless builtin: `instr` is the return
+                // address into the frame's code, looked up as a caller's.
+                (Some(named), Some(shared)) if compiled => node
+                    .compiled_line(
+                        &memory,
+                        address,
+                        shared,
+                        named.script,
+                        recorded.instr,
+                        leaf && kind == v8::kind::COMPILED,
+                    )
                     .unwrap_or(start),
                 _ => start,
             };

@@ -17,6 +17,7 @@ fn layout() -> Layout {
         fp_marker: -8,
         fp_function: -16,
         fp_bytecode_offset: -40,
+        fp_bytecode_array: -32,
         map: 0,
         instance_type: 12,
         function_shared: 24,
