@@ -269,18 +269,17 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 };
             verdict(
                 passed,
-                if expected {
-                    format!("{short} {share:.3} of {samples}")
-                } else {
-                    format!("{short} off")
-                },
+                share_or_off(short, expected, share, samples),
                 format!(
                     "{name}: exit {exit}, {samples} samples, {share:.3} with run;stage;hot_path as \
                      Python frames (want {}), walk {}: {detail}",
                     if expected {
                         format!(">= {MIN_PYTHON_SHARE} of >= {MIN_SAMPLES}")
                     } else {
-                        "none: walk off before Linux 6.1".to_string()
+                        format!(
+                            "none: walk off before Linux {}.{}",
+                            PYTHON_WALK_SINCE.0, PYTHON_WALK_SINCE.1
+                        )
                     },
                     if walk_off { "off" } else { "on" }
                 ),
@@ -302,11 +301,7 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                 };
             verdict(
                 passed,
-                if expected {
-                    format!("{short} {share:.3} of {samples}")
-                } else {
-                    format!("{short} off")
-                },
+                share_or_off(short, expected, share, samples),
                 format!(
                     "{name}: exit {exit}, {samples} samples, {labeled} with labels, {failed} \
                      reads failed (want {}): {detail}",
@@ -316,7 +311,10 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
                              of >= {MIN_SAMPLES}"
                         )
                     } else {
-                        "none: off before Linux 6.1".to_string()
+                        format!(
+                            "none: off before Linux {}.{}",
+                            GO_LABELS_SINCE.0, GO_LABELS_SINCE.1
+                        )
                     }
                 ),
             )
@@ -428,6 +426,16 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
             )
         }
         _ => unreachable!("CHECKS names {name}"),
+    }
+}
+
+/// A runtime check's summary: its share of samples where the kernel
+/// must do the work, `off` where it must not.
+fn share_or_off(short: &str, expected: bool, share: f64, samples: u64) -> String {
+    if expected {
+        format!("{short} {share:.3} of {samples}")
+    } else {
+        format!("{short} off")
     }
 }
 
