@@ -171,6 +171,20 @@ impl FileSource for ProcFiles {
     fn take_built(&mut self, key: &FileKey) -> Option<Result<(UnwindTable, bool), TableError>> {
         self.built.remove(key)
     }
+
+    fn still_mapped(&mut self, pid: u32, mappings: &[Mapping]) -> bool {
+        // Files only: anonymous code (a JIT's) comes and goes, and is not
+        // what an exec changes first.
+        let Some(now) = process_mappings(pid) else {
+            return false;
+        };
+        let at = |mapping: &Mapping| (mapping.start, mapping.dev, mapping.inode);
+        let now: std::collections::HashSet<_> = now.iter().map(at).collect();
+        mappings
+            .iter()
+            .filter(|mapping| mapping.inode != 0)
+            .all(|mapping| now.contains(&at(mapping)))
+    }
 }
 
 /// A copy of this process's vDSO image.
@@ -487,8 +501,8 @@ pub fn spawn_service(
                 if let Err(err) = loader.load_process(pid, &mappings, &mut files) {
                     tracing::debug!("pid {pid}: cannot load unwind tables: {err}");
                 }
-                // An exec between reading the maps and writing them would
-                // leave the old image's mappings: check once more.
+                // An exec while the tables were built: the loader wrote
+                // nothing (`FileSource::still_mapped`); the new image now.
                 if pid != std::process::id()
                     && let Some(again) = process_mappings(pid)
                     && !loader.recently_loaded(pid, &again)

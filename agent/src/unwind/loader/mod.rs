@@ -22,6 +22,7 @@ use std::{
 
 use crate::model::{CodeRange, Mapping};
 mod pieces;
+mod source;
 mod stats;
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
@@ -30,7 +31,8 @@ use hostprof_common::{
         RUNTIME_TABLE,
     },
 };
-use pieces::runtime_pieces;
+use pieces::{fitting, runtime_pieces};
+pub use source::{FileKey, FileSource};
 use stats::{CACHED_UNREAD, FILES_READ, PROCESS_LOADS, PROCESSES_DEGRADED, READ_FOR_CACHED};
 pub use stats::{LoaderStats, capacity_totals, file_totals};
 
@@ -47,38 +49,6 @@ pub trait TableMaps {
     /// `crate::sampler`).
     fn process_capacity(&self) -> usize {
         MAX_UNWIND_PROCESSES as usize
-    }
-}
-
-/// Which file a table belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FileKey {
-    /// [`crate::files::content_id`] of the bytes the table was built from.
-    Content(Arc<str>),
-    Inode {
-        dev: u64,
-        inode: u64,
-        size: u64,
-    },
-    Vdso,
-}
-
-/// Where the bytes of a mapped file come from.
-pub trait FileSource {
-    /// The file's identity and contents; `None` when it cannot be read
-    /// (anonymous memory, gone, not an ELF file).
-    fn open(&mut self, pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)>;
-
-    /// The identity `open` gave this very file before, if it is known
-    /// without reading the file again (unchanged since); `None`: call `open`.
-    fn identify(&mut self, _pid: u32, _mapping: &Mapping) -> Option<FileKey> {
-        None
-    }
-
-    /// The table of the file `open` just gave as `key`, if it was built
-    /// already (true: taken from the disk cache), or why it has none.
-    fn take_built(&mut self, _key: &FileKey) -> Option<Result<(UnwindTable, bool), TableError>> {
-        None
     }
 }
 
@@ -294,6 +264,15 @@ impl<M: TableMaps> TableLoader<M> {
             self.stats.backoff_skips += 1;
             return Ok(());
         }
+        if mappings.is_empty() {
+            // Read in the middle of an exec: the old image gone, the new
+            // one not mapped yet. Written, the empty list would stop every
+            // sample of the new image at its first frame ("no mapping")
+            // until the next load; without it the kernel copies their
+            // stacks for the host to unwind, and the exec's event asks
+            // again.
+            return Ok(());
+        }
         if !self.processes.contains_key(&pid) && self.processes.len() >= self.process_capacity {
             // The kernel's map is full: frame pointers for this one.
             self.degrade(pid);
@@ -305,23 +284,9 @@ impl<M: TableMaps> TableLoader<M> {
         let mut keys = Vec::new();
         let runtime_code = self.runtime_code.get(&pid).cloned().unwrap_or_default();
         let pieces = runtime_pieces(mappings, &runtime_code);
-        let mut sorted: Vec<&(Mapping, Option<u8>)> = pieces.iter().collect();
-        let truncated = sorted.len() > MAX_PROCESS_MAPPINGS;
-        if truncated {
-            // File-backed code and a runtime's code first: other anonymous
-            // code (JIT without a walker) has no table anyway. The rest's
-            // addresses read as "no mapping"; their samples asking again
-            // wait out a backoff.
-            sorted.sort_by_key(|(mapping, runtime)| {
-                (
-                    mapping.inode == 0 && &*mapping.path != "[vdso]" && runtime.is_none(),
-                    mapping.start,
-                )
-            });
-            self.stats.mappings_dropped += (sorted.len() - MAX_PROCESS_MAPPINGS) as u64;
-            sorted.truncate(MAX_PROCESS_MAPPINGS);
-        }
-        sorted.sort_by_key(|(mapping, _)| mapping.start);
+        let (sorted, dropped) = fitting(&pieces, MAX_PROCESS_MAPPINGS);
+        let truncated = dropped > 0;
+        self.stats.mappings_dropped += dropped as u64;
         for (slot, (mapping, runtime)) in sorted.into_iter().enumerate() {
             let runtime = *runtime;
             let mut entry = ExecMapping {
@@ -366,6 +331,15 @@ impl<M: TableMaps> TableLoader<M> {
             }
             entries.mappings[slot] = entry;
             entries.len = slot as u32 + 1;
+        }
+        if !files.still_mapped(pid, mappings) {
+            // It exec'd while its tables were built: the old image's
+            // mappings, written now, would stop the new image's samples at
+            // their first frame until the next load (the caller's).
+            for key in keys {
+                self.release(&key);
+            }
+            return Ok(());
         }
         let digest = self.digest(pid, mappings);
         let previous = self.processes.insert(pid, (keys, digest, Instant::now()));

@@ -1,5 +1,5 @@
 //! A process's mappings as the kernel sees them: cut where a language
-//! runtime's code lies (see [`CodeRange`]).
+//! runtime's code lies (see [`CodeRange`]), and those its map has room for.
 use crate::model::{CodeRange, Mapping};
 
 /// `mappings` cut where `code` says (each piece: the mapping, or part of
@@ -47,4 +47,28 @@ pub(super) fn runtime_pieces(
         }
     }
     pieces
+}
+
+/// The `pieces` the kernel keeps, by address, when it holds at most `max`
+/// of a process's, and how many are left out: file-backed code and a
+/// runtime's code first, since other anonymous code (JIT without a walker)
+/// has no table anyway. The rest's addresses read as "no mapping"; their
+/// samples asking again wait out a backoff.
+pub(super) fn fitting(
+    pieces: &[(Mapping, Option<u8>)],
+    max: usize,
+) -> (Vec<&(Mapping, Option<u8>)>, usize) {
+    let mut sorted: Vec<&(Mapping, Option<u8>)> = pieces.iter().collect();
+    let dropped = sorted.len().saturating_sub(max);
+    if dropped > 0 {
+        sorted.sort_by_key(|(mapping, runtime)| {
+            (
+                mapping.inode == 0 && &*mapping.path != "[vdso]" && runtime.is_none(),
+                mapping.start,
+            )
+        });
+        sorted.truncate(max);
+    }
+    sorted.sort_by_key(|(mapping, _)| mapping.start);
+    (sorted, dropped)
 }

@@ -528,3 +528,51 @@ fn a_large_file_does_not_hold_up_a_small_programs_table() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn maps_read_in_the_middle_of_an_exec_are_not_written() {
+    // Between the old image's end and the new one's mapping, the maps
+    // hold no code: an empty list in the kernel would stop the new image's
+    // samples at their first frame until the next load.
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 16);
+    loader.load_process(1, &[], &mut NoFiles).unwrap();
+    assert!(!loader.recently_loaded(1, &[]), "the next ask loads again");
+    assert_eq!(loader.stats().loads, 0);
+    drop(loader);
+    assert!(
+        maps.processes.is_empty(),
+        "the kernel still copies its stacks"
+    );
+    let mut loader = TableLoader::new(&mut maps, 16);
+    let file = mapping(10, 0x10000);
+    loader
+        .load_process(1, std::slice::from_ref(&file), &mut NoFiles)
+        .unwrap();
+    drop(loader);
+    assert_eq!(maps.processes[&1].len, 1);
+}
+
+/// A process that exec'd while its tables were built.
+struct Replaced;
+
+impl FileSource for Replaced {
+    fn open(&mut self, _pid: u32, _mapping: &Mapping) -> Option<(FileKey, FileData)> {
+        None
+    }
+
+    fn still_mapped(&mut self, _pid: u32, _mappings: &[Mapping]) -> bool {
+        false
+    }
+}
+
+#[test]
+fn the_old_images_mappings_are_not_written_after_an_exec() {
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 16);
+    let old = [mapping(10, 0x10000)];
+    loader.load_process(1, &old, &mut Replaced).unwrap();
+    assert!(!loader.recently_loaded(1, &old), "the new image loads at once");
+    drop(loader);
+    assert!(maps.processes.is_empty(), "the kernel still copies its stacks");
+}
