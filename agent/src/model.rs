@@ -150,18 +150,26 @@ pub struct Frame {
 impl Frame {
     /// `[module+0xOFFSET]`: how a frame without a name is shown.
     pub fn unsymbolized_label(&self) -> String {
-        match (&self.mapping, self.kind) {
+        let mut label = String::new();
+        self.write_unsymbolized_label(&mut label);
+        label
+    }
+
+    /// Appends [`Frame::unsymbolized_label`] to `out`.
+    pub fn write_unsymbolized_label(&self, out: &mut String) {
+        use std::fmt::Write;
+        let _ = match (&self.mapping, self.kind) {
             (Some(mapping), _) => {
                 // "[vdso]" reads better as "[vdso+0x10]" than "[[vdso]+0x10]".
                 let name = mapping
                     .file_name()
                     .trim_start_matches('[')
                     .trim_end_matches(']');
-                format!("[{name}+{:#x}]", self.file_offset)
+                write!(out, "[{name}+{:#x}]", self.file_offset)
             }
-            (None, FrameKind::Kernel) => format!("[kernel+{:#x}]", self.address),
-            (None, _) => format!("[unknown+{:#x}]", self.address),
-        }
+            (None, FrameKind::Kernel) => write!(out, "[kernel+{:#x}]", self.address),
+            (None, _) => write!(out, "[unknown+{:#x}]", self.address),
+        };
     }
 }
 

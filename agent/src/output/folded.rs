@@ -2,12 +2,18 @@
 //! distinct stack (the input of flamegraph.pl and inferno).
 use std::{collections::HashMap, io};
 
-use crate::{model::ResolvedSample, output::Sink};
+use crate::{
+    model::ResolvedSample,
+    output::{Sink, StackLabels},
+};
 
 /// Counts of distinct folded stacks.
 #[derive(Debug, Default)]
 pub struct FoldedStacks {
     counts: HashMap<String, u64>,
+    /// The stack being folded: buffers kept from sample to sample.
+    labels: StackLabels,
+    line: String,
     /// `None`: values count CPU samples. `Some(period)`: values are
     /// microseconds, CPU samples weighing one sampling period each, so CPU
     /// and off-CPU stacks share one unit.
@@ -23,25 +29,32 @@ impl FoldedStacks {
     /// Values are microseconds (for profiles with off-CPU stacks).
     pub fn in_microseconds(cpu_period_ns: u64) -> Self {
         FoldedStacks {
-            counts: HashMap::new(),
             cpu_period_ns: Some(cpu_period_ns),
+            ..Self::default()
         }
     }
 
     /// The folded line (without count) of one sample; off-CPU stacks start
     /// with their state (`[off-cpu: interruptible]`) after the comm.
     pub fn fold(sample: &ResolvedSample) -> String {
-        let mut line = sanitize(&sample.thread_name);
+        let mut line = String::new();
+        Self::fold_into(&mut StackLabels::default(), sample, &mut line);
+        line
+    }
+
+    /// [`FoldedStacks::fold`] into `line`, naming with `labels`.
+    fn fold_into(labels: &mut StackLabels, sample: &ResolvedSample, line: &mut String) {
+        line.clear();
+        push_sanitized(line, &sample.thread_name);
         if let Some(off_cpu) = &sample.off_cpu {
             line.push_str(";[off-cpu: ");
             line.push_str(off_cpu.state.name());
             line.push(']');
         }
-        for label in super::stack_labels(sample) {
+        for label in labels.name(sample).iter() {
             line.push(';');
-            line.push_str(&sanitize(&label));
+            push_sanitized(line, label);
         }
-        line
     }
 
     /// Writes the stacks sorted, so equal profiles give equal files.
@@ -66,15 +79,31 @@ impl Sink for FoldedStacks {
             (Some(_), Some(off_cpu)) => off_cpu.blocked_ns / 1000,
             (Some(period_ns), None) => period_ns / 1000,
         };
-        let total = self.counts.entry(Self::fold(sample)).or_default();
-        *total = total.saturating_add(value.saturating_mul(count));
+        Self::fold_into(&mut self.labels, sample, &mut self.line);
+        let add = value.saturating_mul(count);
+        // Looked up by reference: a stack seen before costs no allocation.
+        match self.counts.get_mut(self.line.as_str()) {
+            Some(total) => *total = total.saturating_add(add),
+            None => {
+                self.counts.insert(self.line.clone(), add);
+            }
+        }
     }
 }
 
-/// `;` separates frames and the last space separates the count: neither may
-/// appear inside a name (C++ and Rust names have spaces, comm can have both).
-fn sanitize(name: &str) -> String {
-    name.replace(';', ":").replace(['\n', '\r'], " ")
+/// Appends `name` to `line`. `;` separates frames and the last space
+/// separates the count: neither may appear inside a name (C++ and Rust
+/// names have spaces, comm can have both).
+fn push_sanitized(line: &mut String, name: &str) {
+    if !name.contains([';', '\n', '\r']) {
+        line.push_str(name);
+        return;
+    }
+    line.extend(name.chars().map(|c| match c {
+        ';' => ':',
+        '\n' | '\r' => ' ',
+        c => c,
+    }));
 }
 
 #[cfg(test)]

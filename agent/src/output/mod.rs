@@ -12,6 +12,7 @@
 mod file;
 mod flamegraph;
 mod folded;
+mod labels;
 pub mod otlp_json;
 mod pprof;
 mod summary;
@@ -19,6 +20,7 @@ mod summary;
 pub use file::{OutputFormat, ProfileFile, write_output};
 pub use flamegraph::write_flamegraph;
 pub use folded::FoldedStacks;
+pub use labels::{StackLabels, frame_labels};
 pub use pprof::PprofProfile;
 pub use summary::Summary;
 
@@ -27,10 +29,7 @@ use std::{
     time::Instant,
 };
 
-use crate::{
-    input::Counted,
-    model::{Frame, FrameKind, ResolvedSample},
-};
+use crate::{input::Counted, model::ResolvedSample};
 
 /// What every consumer of resolved samples implements.
 pub trait Sink: Send {
@@ -90,41 +89,6 @@ pub fn drain(batches: Receiver<Vec<ResolvedSample>>, sinks: &mut [&mut dyn Sink]
             sink.tick(now);
         }
     }
-}
-
-/// Names for one frame, outermost inlined function first: `name` for user code,
-/// `name_[k]` for kernel code, `[module+0xOFFSET]` when unsymbolized.
-pub fn frame_labels(frame: &Frame) -> impl Iterator<Item = String> + '_ {
-    let unsymbolized = frame.lines.is_empty().then(|| frame.unsymbolized_label());
-    let named = frame.lines.iter().rev().map(move |line| match frame.kind {
-        FrameKind::Kernel => format!("{}_[k]", line.function),
-        FrameKind::Python => python_label(line),
-        FrameKind::Java | FrameKind::JavaScript => java_label(line),
-        _ => line.function.to_string(),
-    });
-    unsymbolized.into_iter().chain(named)
-}
-
-/// `qualname (file:line)`, as py-spy shows Python frames.
-fn python_label(line: &crate::model::Line) -> String {
-    let file = line.file.as_deref().unwrap_or("?");
-    format!("{} ({file}:{})", line.function, line.line)
-}
-
-/// `Class.method (File.java:line)`, as a Java stack trace shows a frame
-/// (JavaScript: `function (/app/file.js:line)`, as Node's do); without a
-/// line `(File.java)`, without a file (a stub, a builtin) the name alone.
-fn java_label(line: &crate::model::Line) -> String {
-    match line.file.as_deref() {
-        Some(file) if line.line != 0 => format!("{} ({file}:{})", line.function, line.line),
-        Some(file) => format!("{} ({file})", line.function),
-        None => line.function.to_string(),
-    }
-}
-
-/// Every frame label of a sample, root first.
-pub fn stack_labels(sample: &ResolvedSample) -> Vec<String> {
-    sample.frames.iter().rev().flat_map(frame_labels).collect()
 }
 
 #[cfg(test)]

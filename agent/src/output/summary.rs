@@ -5,7 +5,10 @@ use std::{
     fmt::Write as _,
 };
 
-use crate::{model::ResolvedSample, output::Sink};
+use crate::{
+    model::ResolvedSample,
+    output::{Sink, StackLabels},
+};
 
 /// Per-function sample counts.
 #[derive(Debug, Default)]
@@ -20,6 +23,8 @@ pub struct Summary {
     off_cpu_ns: u64,
     /// Off-CPU nanoseconds per function anywhere on the blocked stack.
     off_cpu_total_ns: HashMap<String, u64>,
+    /// The sample being counted, named (a buffer kept between samples).
+    labels: StackLabels,
 }
 
 impl Summary {
@@ -98,30 +103,92 @@ impl Sink for Summary {
             return;
         }
         self.processes.insert(sample.process.pid);
-        let mut labels = super::stack_labels(sample);
+        let labels = self.labels.name(sample);
+        // Recursion must not count a function twice in one sample.
+        let mut distinct: Vec<&str> = labels.iter().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
         if let Some(off_cpu) = &sample.off_cpu {
             let blocked = off_cpu.blocked_ns.saturating_mul(count);
             self.off_cpu_events = self.off_cpu_events.saturating_add(count);
             self.off_cpu_ns = self.off_cpu_ns.saturating_add(blocked);
-            labels.sort_unstable();
-            labels.dedup();
-            for label in labels {
-                let total = self.off_cpu_total_ns.entry(label).or_default();
-                *total = total.saturating_add(blocked);
+            for label in distinct {
+                add(&mut self.off_cpu_total_ns, label, blocked);
             }
             return;
         }
         self.samples = self.samples.saturating_add(count);
-        if let Some(leaf) = labels.last() {
-            let total = self.self_counts.entry(leaf.clone()).or_default();
-            *total = total.saturating_add(count);
+        if let Some(leaf) = labels.leaf() {
+            add(&mut self.self_counts, leaf, count);
         }
-        // Recursion must not count a function twice in one sample.
-        labels.sort_unstable();
-        labels.dedup();
-        for label in labels {
-            let total = self.total_counts.entry(label).or_default();
-            *total = total.saturating_add(count);
+        for label in distinct {
+            add(&mut self.total_counts, label, count);
         }
+    }
+}
+
+/// Adds `value` to `label`'s total; only a label seen for the first time
+/// is copied.
+fn add(totals: &mut HashMap<String, u64>, label: &str, value: u64) {
+    match totals.get_mut(label) {
+        Some(total) => *total = total.saturating_add(value),
+        None => {
+            totals.insert(label.to_owned(), value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{Frame, FrameKind, Line, ProcessInfo};
+
+    fn sample(leaf_first: &[&str]) -> ResolvedSample {
+        let frame = |name: &&str| Frame {
+            kind: FrameKind::Native,
+            address: 0x1000,
+            mapping: None,
+            file_offset: 0,
+            lines: vec![Line::named((*name).into(), (*name).into())],
+        };
+        ResolvedSample {
+            process: Arc::new(ProcessInfo {
+                pid: 1,
+                comm: "app".into(),
+                exe_path: "/bin/app".into(),
+                container_id: None,
+                pod_uid: None,
+                service: None,
+                thread_keys: None,
+            }),
+            tid: 1,
+            thread_name: "app".into(),
+            cpu: 0,
+            time_unix_nano: 0,
+            frames: leaf_first.iter().map(frame).collect(),
+            off_cpu: None,
+            trace: None,
+            attributes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_function_counts_once_per_sample_and_the_leaf_is_the_innermost() {
+        let deep = sample(&["work", "recurse", "recurse", "main"]);
+        let shallow = sample(&["main"]);
+        let mut summary = Summary::new();
+        // The shorter stack after the longer one: nothing of the first
+        // naming is left over in the second.
+        for sample in [&deep, &shallow, &deep] {
+            summary.push(sample);
+        }
+        assert_eq!(summary.samples(), 3);
+        assert!((summary.self_share("work") - 2.0 / 3.0).abs() < 1e-9);
+        assert!((summary.self_share("main") - 1.0 / 3.0).abs() < 1e-9);
+        assert!((summary.total_share("recurse") - 2.0 / 3.0).abs() < 1e-9);
+        assert!((summary.total_share("main") - 1.0).abs() < 1e-9);
+        assert_eq!(summary.self_share("recurse"), 0.0);
     }
 }

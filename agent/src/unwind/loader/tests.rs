@@ -572,7 +572,13 @@ fn the_old_images_mappings_are_not_written_after_an_exec() {
     let mut loader = TableLoader::new(&mut maps, 16);
     let old = [mapping(10, 0x10000)];
     loader.load_process(1, &old, &mut Replaced).unwrap();
-    assert!(!loader.recently_loaded(1, &old), "the new image loads at once");
+    assert!(
+        !loader.recently_loaded(1, &old),
+        "the new image loads at once"
+    );
     drop(loader);
-    assert!(maps.processes.is_empty(), "the kernel still copies its stacks");
+    assert!(
+        maps.processes.is_empty(),
+        "the kernel still copies its stacks"
+    );
 }
