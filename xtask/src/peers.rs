@@ -85,22 +85,74 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
 }
 
 /// `cargo xtask bench --only dwarf`: the table's DWARF rows alone, long
-/// and short, a minute or two where the whole peer table takes several.
+/// and short, in [`DWARF_ROUNDS`] rounds that take turns between the
+/// profilers, so a busy spell of the host falls on all of them; each figure
+/// is the median of the rounds, with its range. (One round's CPU per sample
+/// swung by half between runs minutes apart: no goal can be read from one.)
 pub fn run_dwarf(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
     let workload = compile(dir, seconds)?;
     let probee = has_probee();
-    let mut peers = Vec::new();
-    for peer in [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee] {
-        if peer != Dwarf::Probee || probee {
-            peers.push(dwarf_run(peer, hostprof, dir, &workload, seconds)?);
-        }
-    }
     if !probee {
         println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
     }
-    print_table(&peers);
-    split(hostprof, dir, &workload, &peers, seconds, probee)
+    let kinds: Vec<Dwarf> = [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee]
+        .into_iter()
+        .filter(|&peer| peer != Dwarf::Probee || probee)
+        .collect();
+    // Per profiler: its long runs and the per-sample split of each round.
+    let mut long: Vec<Vec<Peer>> = kinds.iter().map(|_| Vec::new()).collect();
+    let mut per_1k: Vec<Vec<f64>> = kinds.iter().map(|_| Vec::new()).collect();
+    for round in 1..=DWARF_ROUNDS {
+        println!("round {round} of {DWARF_ROUNDS}");
+        for (at, &peer) in kinds.iter().enumerate() {
+            let run = dwarf_run(peer, hostprof, dir, &workload, seconds)?;
+            let short = dwarf_run(peer, hostprof, dir, &workload, SHORT_SECONDS)?;
+            if let Some((_, cost)) = split_cost(&run, &short) {
+                per_1k[at].push(cost);
+            }
+            long[at].push(run);
+        }
+    }
+    let medians: Vec<Peer> = long
+        .into_iter()
+        .map(|mut runs| {
+            runs.sort_by(|a, b| a.cpu_ms_per_1k().total_cmp(&b.cpu_ms_per_1k()));
+            runs.swap_remove(runs.len() / 2)
+        })
+        .collect();
+    println!("\nthe round with the median CPU of each profiler:");
+    print_table(&medians);
+    println!(
+        "\nCPU per 1000 workload samples beyond the fixed part (long run minus short run), by round"
+    );
+    println!(
+        "{:<34} {:>8} {:>16} {:>22}",
+        "profiler", "median", "range", "hostprof median ratio"
+    );
+    let median = |costs: &mut Vec<f64>| {
+        costs.sort_by(f64::total_cmp);
+        costs.get(costs.len() / 2).copied()
+    };
+    let ours = per_1k.first_mut().and_then(median);
+    for (peer, costs) in medians.iter().zip(per_1k.iter_mut()) {
+        let Some(mid) = median(costs) else {
+            println!("{:<34} {:>8}", peer.name, "n/a");
+            continue;
+        };
+        let range = format!("{:.1}-{:.1}", costs[0], costs[costs.len() - 1]);
+        let ratio = match ours {
+            Some(ours) if mid > 0.0 && !peer.name.starts_with("hostprof") => {
+                format!("{:.2}", ours / mid)
+            }
+            _ => String::new(),
+        };
+        println!("{:<34} {mid:>8.1} {range:>16} {ratio:>22}", peer.name);
+    }
+    Ok(())
 }
+
+/// Rounds of `--only dwarf`.
+const DWARF_ROUNDS: usize = 3;
 
 /// Builds the workload and says what the runs are.
 fn compile(dir: &Path, seconds: u64) -> Result<PathBuf> {
