@@ -59,7 +59,7 @@ impl Target {
             address,
             mapping: Some(mapping),
             file_offset,
-            lines: Vec::new(),
+            lines: hostprof::model::no_lines(),
         };
         symbolizer.symbolize(self.pid(), &mut frame, false);
         frame

@@ -131,6 +131,13 @@ impl Line {
     }
 }
 
+/// The lines of a frame not (yet) named: one shared empty slice, so an
+/// unnamed frame allocates nothing.
+pub fn no_lines() -> Arc<[Line]> {
+    static EMPTY: std::sync::OnceLock<Arc<[Line]>> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from(Vec::new())).clone()
+}
+
 /// One frame of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Frame {
@@ -143,8 +150,9 @@ pub struct Frame {
     /// module, or the kernel image); meaningful when `mapping` is set.
     pub file_offset: u64,
     /// Source functions at this address, innermost first; empty when the frame
-    /// could not be symbolized.
-    pub lines: Vec<Line>,
+    /// could not be symbolized. Shared with the symbolizer's cache: a frame
+    /// named before costs a reference count, not a copy of its names.
+    pub lines: Arc<[Line]>,
 }
 
 impl Frame {

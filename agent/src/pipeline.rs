@@ -370,36 +370,24 @@ impl Attributor {
             address,
             mapping: None,
             file_offset: 0,
-            lines: Vec::new(),
+            lines: crate::model::no_lines(),
         }));
-        for &address in user {
-            // A runtime frame's place: the runtime names it below.
-            if address & FRAME_MARK == FRAME_MARK {
-                frames.push(Frame {
-                    kind: FrameKind::Native,
-                    address,
-                    mapping: None,
-                    file_offset: 0,
-                    lines: Vec::new(),
-                });
-                continue;
-            }
-            let (mapping, file_offset) =
-                match self
-                    .procs
-                    .mapping_of(sample.tgid, &comm, sample.ktime_ns, address)
-                {
-                    Some((mapping, offset)) => (Some(mapping), offset),
-                    None => (None, 0),
-                };
-            frames.push(Frame {
-                kind: FrameKind::Native,
-                address,
-                mapping,
-                file_offset,
-                lines: Vec::new(),
-            });
-        }
+        // A runtime frame's place (`FRAME_MARK`) stays unmapped: the
+        // runtime names it below.
+        frames.extend(user.iter().map(|&address| Frame {
+            kind: FrameKind::Native,
+            address,
+            mapping: None,
+            file_offset: 0,
+            lines: crate::model::no_lines(),
+        }));
+        self.procs.map_frames(
+            sample.tgid,
+            &comm,
+            sample.ktime_ns,
+            &mut frames[kernel.len()..],
+            |frame| frame.address & FRAME_MARK != FRAME_MARK,
+        );
         // CPU and off-CPU samples alike: a thread waiting in `time.sleep`
         // or on a lock shows the Python function that waits.
         self.add_runtime_frames(sample, &comm, &mut frames);
@@ -484,10 +472,10 @@ impl Attributor {
         // A runtime frame none of them could name (its runtime forgotten).
         for frame in frames.iter_mut() {
             if frame.kind == FrameKind::Native && frame.address & FRAME_MARK == FRAME_MARK {
-                frame.lines = vec![Line::named(
+                frame.lines = Arc::new([Line::named(
                     UNNAMED_RUNTIME_FRAME.into(),
                     UNNAMED_RUNTIME_FRAME.into(),
-                )];
+                )]);
             }
         }
     }

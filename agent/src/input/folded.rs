@@ -113,7 +113,7 @@ fn frame(name: &str) -> Frame {
         address: 0,
         mapping: None,
         file_offset: 0,
-        lines: Vec::new(),
+        lines: crate::model::no_lines(),
     };
     if let Some((module, offset)) = unsymbolized(name) {
         match module {
@@ -146,7 +146,7 @@ fn frame(name: &str) -> Frame {
         None => name,
     };
     let function: Arc<str> = function.into();
-    frame.lines.push(Line::named(function.clone(), function));
+    frame.lines = Arc::new([Line::named(function.clone(), function)]);
     frame
 }
 

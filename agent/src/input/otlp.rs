@@ -243,7 +243,7 @@ impl<'a> Tables<'a> {
             address: location.address,
             mapping,
             file_offset,
-            lines,
+            lines: lines.into(),
         };
         self.frames.insert(index, frame.clone());
         Ok(frame)

@@ -157,7 +157,7 @@ impl<'a> Tables<'a> {
             address: location.address,
             mapping,
             file_offset,
-            lines,
+            lines: lines.into(),
         };
         self.frame_cache.insert(id, frame.clone());
         Ok(frame)

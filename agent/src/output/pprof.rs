@@ -123,7 +123,7 @@ impl PprofProfile {
     fn location(&mut self, frame: &Frame) -> u64 {
         let mapping_id = frame.mapping.as_ref().map_or(0, |m| self.mapping(m));
         let mut lines = Vec::with_capacity(frame.lines.len());
-        for line in &frame.lines {
+        for line in frame.lines.iter() {
             let name = match frame.kind {
                 crate::model::FrameKind::Kernel => format!("{} [k]", line.function),
                 _ => line.function.to_string(),

@@ -151,7 +151,7 @@ mod tests {
             address: 0x1000,
             mapping: None,
             file_offset: 0,
-            lines: vec![Line::named((*name).into(), (*name).into())],
+            lines: vec![Line::named((*name).into(), (*name).into())].into(),
         };
         ResolvedSample {
             process: Arc::new(ProcessInfo {

@@ -34,7 +34,7 @@ use hostprof_common::{PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENT_FORK
 use identity::Identity;
 pub use maps::{ExecutableMaps, MapsError, parse_maps};
 
-use crate::model::{Mapping, ProcessInfo};
+use crate::model::{Frame, Mapping, ProcessInfo};
 use thread_attrs::KeyMap;
 
 /// Re-read a process's maps at most this often when addresses miss; the
@@ -292,6 +292,41 @@ impl ProcessTable {
             ..fresh
         };
         hit
+    }
+
+    /// Fills in the mapping and file offset of `frames`' user addresses (as
+    /// [`ProcessTable::mapping_of`], those `wanted` only), with the
+    /// process looked up once per sample rather than once per frame.
+    pub fn map_frames(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        ktime_ns: u64,
+        frames: &mut [Frame],
+        wanted: impl Fn(&Frame) -> bool,
+    ) {
+        // Misses (dlopen, JIT) go the slow way, which may read /proc again.
+        let mut missed = Vec::new();
+        let (process, _) = self.image(pid, comm, ktime_ns);
+        for (at, frame) in frames.iter_mut().enumerate() {
+            if !wanted(frame) {
+                continue;
+            }
+            match process.maps.find(frame.address) {
+                Some((mapping, offset)) => {
+                    frame.mapping = Some(mapping);
+                    frame.file_offset = offset;
+                }
+                None => missed.push(at),
+            }
+        }
+        for at in missed {
+            let frame = &mut frames[at];
+            if let Some((mapping, offset)) = self.mapping_of(pid, comm, ktime_ns, frame.address) {
+                frame.mapping = Some(mapping);
+                frame.file_offset = offset;
+            }
+        }
     }
 
     /// The executable mappings of `pid`'s image at kernel time `ktime_ns`

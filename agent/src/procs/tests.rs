@@ -35,6 +35,36 @@ fn reads_our_own_process() {
 }
 
 #[test]
+fn a_samples_frames_are_mapped_with_one_lookup_of_their_process() {
+    let mut table = ProcessTable::new();
+    let pid = std::process::id();
+    let here = a_samples_frames_are_mapped_with_one_lookup_of_their_process as *const () as u64;
+    let libc = libc::getpid as *const () as u64;
+    let frame = |address| Frame {
+        kind: crate::model::FrameKind::Native,
+        address,
+        mapping: None,
+        file_offset: 0,
+        lines: crate::model::no_lines(),
+    };
+    let mut frames = [frame(here), frame(here | 1 << 63), frame(0x10), frame(libc)];
+    table.map_frames(pid, "ignored", 0, &mut frames, |frame| {
+        frame.address >> 63 == 0
+    });
+    let exe = std::env::current_exe().unwrap();
+    let (mapped, offset) = table.mapping_of(pid, "ignored", 0, here).unwrap();
+    assert_eq!(
+        std::path::Path::new(&*frames[0].mapping.as_ref().unwrap().path),
+        exe
+    );
+    assert_eq!(frames[0].mapping, Some(mapped));
+    assert_eq!(frames[0].file_offset, offset);
+    assert!(frames[1].mapping.is_none(), "not wanted: left alone");
+    assert!(frames[2].mapping.is_none(), "no mapping holds it");
+    assert!(frames[3].mapping.as_ref().unwrap().path.contains("libc"));
+}
+
+#[test]
 fn an_exited_process_keeps_its_comm() {
     let mut table = ProcessTable::new();
     let info = table.info(GONE, "gone", 0);

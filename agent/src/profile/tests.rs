@@ -49,7 +49,7 @@ fn frames() -> Vec<Frame> {
             address: 0xffff_ffff_8100_0000,
             mapping: None,
             file_offset: 0,
-            lines: vec![Line::named("do_syscall_64".into(), "do_syscall_64".into())],
+            lines: vec![Line::named("do_syscall_64".into(), "do_syscall_64".into())].into(),
         },
         Frame {
             kind: FrameKind::Native,
@@ -57,14 +57,14 @@ fn frames() -> Vec<Frame> {
             mapping: Some(mapping.clone()),
             file_offset: 0x234,
             // `inner` inlined into `outer`.
-            lines: vec![line("inner", 10), line("outer", 20)],
+            lines: vec![line("inner", 10), line("outer", 20)].into(),
         },
         Frame {
             kind: FrameKind::Native,
             address: 0x2000,
             mapping: Some(mapping),
             file_offset: 0x1000,
-            lines: Vec::new(),
+            lines: crate::model::no_lines(),
         },
     ]
 }

@@ -259,14 +259,14 @@ impl Python {
                     address: 0,
                     mapping: None,
                     file_offset: 0,
-                    lines: vec![Line {
+                    lines: Arc::new([Line {
                         function: code.qualname.clone(),
                         system_name: code.qualname.clone(),
                         file: Some(code.filename.clone()),
                         line,
                         column: 0,
                         start_line: code.first_line,
-                    }],
+                    }]),
                 });
             }
             if raw.code & FRAME_ENTRY != 0 {
@@ -591,7 +591,7 @@ mod tests {
             address,
             mapping: None,
             file_offset: 0,
-            lines: Vec::new(),
+            lines: crate::model::no_lines(),
         }
     }
 
@@ -602,7 +602,7 @@ mod tests {
             address: 0,
             mapping: None,
             file_offset: 0,
-            lines: vec![Line::named(name.clone(), name)],
+            lines: vec![Line::named(name.clone(), name)].into(),
         }
     }
 

@@ -133,7 +133,7 @@ fn java_frame(recorded: runtime::Frame, named: &[JavaFrame]) -> Frame {
         address: recorded.code & tag::ADDRESS_MASK,
         mapping: None,
         file_offset: recorded.instr,
-        lines,
+        lines: lines.into(),
     }
 }
 

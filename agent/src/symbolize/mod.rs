@@ -294,23 +294,22 @@ impl Symbolizer {
     /// function would be named after the next one.
     pub fn symbolize(&self, pid: u32, frame: &mut Frame, return_address: bool) {
         let back = u64::from(return_address);
-        let Some(mapping) = &frame.mapping else {
-            if frame.kind == FrameKind::Kernel {
-                frame
-                    .lines
-                    .extend(self.kernel_symbol(frame.address.saturating_sub(back)));
+        if frame.kind == FrameKind::Kernel {
+            let lines: Vec<Line> = self
+                .kernel_symbol(frame.address.saturating_sub(back))
+                .into_iter()
+                .collect();
+            if !lines.is_empty() {
+                frame.lines = lines.into();
             }
             return;
-        };
-        if frame.kind == FrameKind::Kernel {
-            frame
-                .lines
-                .extend(self.kernel_symbol(frame.address.saturating_sub(back)));
-            return;
         }
+        let Some(mapping) = &frame.mapping else {
+            return;
+        };
         if let Some(vdso) = self.vdso_for(mapping) {
             let offset = frame.file_offset.saturating_sub(back);
-            frame.lines.extend(vdso.lookup_offset(offset));
+            frame.lines = vdso.lookup_offset(offset).into();
             return;
         }
         if mapping.inode == 0 {
@@ -318,7 +317,7 @@ impl Symbolizer {
             if mapping.path.is_empty()
                 && let Some(name) = self.jit_symbol(pid, frame.address.saturating_sub(back))
             {
-                frame.lines.push(Line::named(name.clone(), name));
+                frame.lines = Arc::new([Line::named(name.clone(), name)]);
             }
             return;
         }
@@ -332,13 +331,13 @@ impl Symbolizer {
         let key = (loaded.serial, offset);
         let hit = self.lock().results.get(&key);
         if let Some(lines) = hit {
-            frame.lines.extend(lines.iter().cloned());
+            frame.lines = lines;
             return;
         }
         let lines: Arc<[Line]> = loaded.module.lookup_offset(offset).into();
         let weight = lines.iter().map(line_size).sum::<usize>() + 64;
         self.lock().results.insert(key, lines.clone(), weight);
-        frame.lines.extend(lines.iter().cloned());
+        frame.lines = lines;
     }
 
     /// Build ids of the file behind `mapping` (for OTLP mapping attributes);

@@ -17,7 +17,7 @@ fn frame_at(address: u64) -> Frame {
         address,
         mapping: Some(mapping),
         file_offset,
-        lines: Vec::new(),
+        lines: crate::model::no_lines(),
     }
 }
 
@@ -95,7 +95,7 @@ fn perf_map_names_anonymous_code() {
         address: 0x7f0000001080,
         mapping: Some(mapping),
         file_offset: 0x1080,
-        lines: Vec::new(),
+        lines: crate::model::no_lines(),
     };
     Symbolizer::new().symbolize(pid, &mut frame, false);
     std::fs::remove_file(&path).unwrap();

@@ -51,7 +51,7 @@ fn sample(process: &Arc<ProcessInfo>, tid: u32, names: &[&str]) -> ResolvedSampl
                 address: 0x1234,
                 mapping: Some(app.clone()),
                 file_offset: 0x234,
-                lines: vec![Line::named((*name).into(), (*name).into())],
+                lines: vec![Line::named((*name).into(), (*name).into())].into(),
             })
             .collect(),
         off_cpu: None,

@@ -578,6 +578,6 @@ fn javascript_frame(
         address: recorded.code & tag::ADDRESS_MASK,
         mapping: None,
         file_offset: recorded.instr,
-        lines: vec![line],
+        lines: Arc::new([line]),
     }
 }
