@@ -240,6 +240,9 @@ pub struct Symbolizer {
     /// same image into every process of our ABI, so it names theirs.
     vdso: std::sync::OnceLock<Option<(Arc<Module>, u64)>>,
     state: Mutex<State>,
+    /// Raised whenever names given before may have changed (a debug file
+    /// arrived): see [`Symbolizer::generation`].
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Symbolizer {
@@ -282,7 +285,16 @@ impl Symbolizer {
                 awaiting_debuginfo: HashMap::new(),
                 roots: HashMap::new(),
             }),
+            generation: Default::default(),
         }
+    }
+
+    /// A number that changes when names given before may no longer be the
+    /// ones [`Symbolizer::symbolize`] would give (a debug file arrived from
+    /// debuginfod): whoever keeps names starts over then.
+    pub fn generation(&self) -> u64 {
+        self.take_debuginfod_arrivals();
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Fills `frame.lines` for a kernel or user frame; leaves them empty when
@@ -439,6 +451,8 @@ impl Symbolizer {
                 state.modules.remove(&identity);
             }
         }
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn module_for(&self, pid: u32, mapping: &Mapping) -> Option<Loaded> {

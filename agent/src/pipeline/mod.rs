@@ -5,7 +5,6 @@
 //! The kernel already walked the stacks (frame pointers), so "unwind" here is
 //! turning each instruction pointer into a [`Frame`] with its mapping.
 use std::{
-    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -16,16 +15,16 @@ use std::{
 
 use hostprof_common::{Sample, runtime::FRAME_MARK};
 
+mod naming;
+pub use naming::Naming;
+
 use crate::{
     sampler::{EarlyCopy, Records},
     unwind::early::EarlyStacks,
 };
 
 use crate::{
-    model::{
-        Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ResolvedSample, ThreadState,
-        TraceLink,
-    },
+    model::{Frame, FrameKind, Line, OffCpu, ProcessInfo, ResolvedSample, ThreadState, TraceLink},
     procs::{EventSource, ProcessTable, thread_attrs},
     runtime::Runtime,
     symbolize::Symbolizer,
@@ -171,7 +170,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("hostprof-symbols".into())
         .spawn(move || {
-            let mut enricher = MappingEnricher::default();
+            let mut naming = Naming::default();
             for (attributed_at, mut batch) in attributed_rx {
                 for sample in &mut batch {
                     // Behind (a first look at huge binaries, a CPU-starved
@@ -184,9 +183,9 @@ pub fn spawn(
                         symbols_state
                             .unsymbolized_samples
                             .fetch_add(1, Ordering::Relaxed);
-                        enrich_from_cache(&symbolizer, &mut enricher, sample);
+                        naming.enrich_from_cache(&symbolizer, sample);
                     } else {
-                        symbolize_sample(&symbolizer, &mut enricher, sample);
+                        naming.symbolize_sample(&symbolizer, sample);
                     }
                 }
                 let (modules, results) = symbolizer.cache_usage();
@@ -492,116 +491,6 @@ fn sweep_interval() -> Duration {
         .ok()
         .and_then(|ms| ms.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis)
-}
-
-/// Names every frame of an attributed sample and gives its mappings their
-/// build ids.
-pub fn symbolize_sample(
-    symbolizer: &Symbolizer,
-    enricher: &mut MappingEnricher,
-    sample: &mut ResolvedSample,
-) {
-    let pid = sample.process.pid;
-    let mut previous_kind = None;
-    for frame in &mut sample.frames {
-        // The first frame of each stack (kernel, then user) is where the CPU
-        // was; every other one is a return address.
-        let leaf = previous_kind != Some(frame.kind == FrameKind::Kernel);
-        previous_kind = Some(frame.kind == FrameKind::Kernel);
-        symbolizer.symbolize(pid, frame, !leaf);
-        if let Some(mapping) = &frame.mapping {
-            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping, Load::IfNeeded));
-        }
-    }
-    if sample.off_cpu.is_some() {
-        strip_tracing_frames(&mut sample.frames);
-    }
-}
-
-/// Build ids for the sample's mappings from what is already loaded, no names.
-fn enrich_from_cache(
-    symbolizer: &Symbolizer,
-    enricher: &mut MappingEnricher,
-    sample: &mut ResolvedSample,
-) {
-    let pid = sample.process.pid;
-    for frame in &mut sample.frames {
-        if let Some(mapping) = &frame.mapping {
-            frame.mapping = Some(enricher.enrich(symbolizer, pid, mapping, Load::Never));
-        }
-    }
-}
-
-/// Off-CPU stacks are captured from inside the sched_switch tracepoint: the
-/// frames above `__schedule` (tracepoint glue and our BPF program, whose
-/// name the symbolizer may not know) are ours, not the thread's.
-fn strip_tracing_frames(frames: &mut Vec<Frame>) {
-    const SEARCH: usize = 8;
-    let scheduler = frames.iter().take(SEARCH).position(|frame| {
-        frame.kind == FrameKind::Kernel
-            && frame
-                .lines
-                .first()
-                .is_some_and(|line| &*line.function == "__schedule")
-    });
-    if let Some(at) = scheduler {
-        frames.drain(..at);
-    }
-}
-
-/// Whether finding a mapping's build ids may load its file.
-#[derive(Clone, Copy)]
-enum Load {
-    IfNeeded,
-    /// Behind or stopping: only what the symbolizer already holds.
-    Never,
-}
-
-/// Gives mappings their build ids once per mapping, not once per frame.
-#[derive(Default)]
-pub struct MappingEnricher {
-    /// Keyed by the original's address; the original is kept alive in the
-    /// value so the address cannot be reused for another mapping.
-    enriched: HashMap<usize, (Arc<Mapping>, Arc<Mapping>)>,
-}
-
-impl MappingEnricher {
-    /// Entries kept before starting over (processes come and go).
-    const MAX_ENTRIES: usize = 16_384;
-
-    fn enrich(
-        &mut self,
-        symbolizer: &Symbolizer,
-        pid: u32,
-        mapping: &Arc<Mapping>,
-        load: Load,
-    ) -> Arc<Mapping> {
-        let key = Arc::as_ptr(mapping) as usize;
-        if let Some((_, enriched)) = self.enriched.get(&key) {
-            return enriched.clone();
-        }
-        let build_ids = match load {
-            Load::IfNeeded => symbolizer.build_ids(pid, mapping),
-            // Not loaded yet: leave the entry for a later full look.
-            Load::Never => match symbolizer.cached_build_ids(mapping) {
-                Some(build_ids) => Some(build_ids),
-                None => return mapping.clone(),
-            },
-        };
-        if self.enriched.len() >= Self::MAX_ENTRIES {
-            self.enriched.clear();
-        }
-        let enriched = match build_ids {
-            Some(build_ids) => Arc::new(Mapping {
-                build_ids,
-                ..(**mapping).clone()
-            }),
-            None => mapping.clone(),
-        };
-        self.enriched
-            .insert(key, (mapping.clone(), enriched.clone()));
-        enriched
-    }
 }
 
 /// The NUL-padded kernel comm as text.
