@@ -143,23 +143,10 @@ fn cyclic_frames_and_huge_code_objects_are_bounded_and_left_unnamed() {
     let Some(_guard) = require_ebpf() else { return };
     let log = record_native_only("cyclic");
     // The kernel walked the cycle to its bound (128 frames), every time.
-    let line = log
-        .lines()
-        .find(|line| line.starts_with("hostprof: Python stacks:"))
-        .unwrap_or_else(|| panic!("no Python line:\n{log}"));
-    let count = |label: &str| -> u64 {
-        line.split(label)
-            .nth(1)
-            .and_then(|rest| {
-                rest.split(|c: char| !c.is_ascii_digit())
-                    .find(|s| !s.is_empty())
-            })
-            .and_then(|digits| digits.parse().ok())
-            .unwrap_or_else(|| panic!("no `{label}` in {line}"))
-    };
+    let count = python_line_counter(&log);
     let walked = count("Python stacks: ");
-    assert!(walked >= 100, "{line}");
-    assert_eq!(count("depth limit "), walked, "{line}");
+    assert!(walked >= 100, "{log}");
+    assert_eq!(count("depth limit "), walked, "{log}");
     // Its code object was refused (once: the refusal is cached with it).
     assert!(
         log.contains("processes not walked (offsets), 1 code objects left out (too long 1"),
@@ -172,4 +159,36 @@ fn cyclic_frames_and_huge_code_objects_are_bounded_and_left_unnamed() {
         .and_then(|rest| rest.split(' ').next()?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no memory line:\n{log}"));
     assert!(rss < 200.0, "peak RSS {rss} MiB\n{log}");
+}
+
+/// A program that maps an interpreter it never started (perf links
+/// libpython): its walks find no thread, and are not read faults, the
+/// count meant for memory that moved or a bad offset.
+#[test]
+fn an_interpreter_never_started_has_no_thread_rather_than_a_read_fault() {
+    let Some(_guard) = require_ebpf() else { return };
+    let log = record_native_only("idle");
+    let count = python_line_counter(&log);
+    let walked = count("Python stacks: ");
+    assert!(walked >= 100, "{log}");
+    assert_eq!(count("no thread "), walked, "{log}");
+    assert_eq!(count("read fault "), 0, "{log}");
+}
+
+/// Reads the number after `label` on record's `Python stacks:` line.
+fn python_line_counter(log: &str) -> impl Fn(&str) -> u64 + '_ {
+    let line = log
+        .lines()
+        .find(|line| line.starts_with("hostprof: Python stacks:"))
+        .unwrap_or_else(|| panic!("no Python line:\n{log}"));
+    move |label: &str| -> u64 {
+        line.split(label)
+            .nth(1)
+            .and_then(|rest| {
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .find(|s| !s.is_empty())
+            })
+            .and_then(|digits| digits.parse().ok())
+            .unwrap_or_else(|| panic!("no `{label}` in {line}"))
+    }
 }

@@ -41,7 +41,9 @@ pub mod reason {
     pub const NONE: u32 = 0;
     /// Reached the thread's first frame.
     pub const COMPLETE: u32 = 1;
-    /// The thread has no thread state (not (yet) known to the interpreter).
+    /// The thread has no thread state (not (yet) known to the interpreter),
+    /// or the process no interpreter (it links libpython without starting
+    /// it, as perf does).
     pub const NO_THREAD: u32 = 2;
     /// Reading the process's memory failed.
     pub const READ_FAULT: u32 = 3;

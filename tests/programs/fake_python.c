@@ -8,6 +8,9 @@
  *   fake_python cyclic    offsets in range, but the thread's frames form a
  *                         cycle and their code objects hold strings and a
  *                         line table that claim 2^40 bytes
+ *   fake_python idle      as cyclic, but no interpreter (interpreters.head
+ *                         0): a program that links libpython and never
+ *                         starts it, as perf does
  *
  * Prints "ready" once its structures are in place. */
 #define _GNU_SOURCE
@@ -89,6 +92,8 @@ int main(int argc, char **argv) {
         huge_str[2] = 1ull << 40;
         huge_str[4] = (1u << 5) | (1u << 6) | (1u << 2);
         huge_bytes[2] = 1ull << 40;
+        if (strcmp(mode, "idle") == 0)
+            _PyRuntime[0x1000 / 8] = 0;
     }
     printf("ready\n");
     fflush(stdout);

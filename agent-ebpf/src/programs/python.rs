@@ -214,9 +214,8 @@ fn walk_legacy<C: EbpfContext>(
     finish(stack, reason);
 }
 
-/// Starts a legacy walk: from the thread map's state for the thread when
-/// it still is the thread's (as `thread_state`), else at the head of the
-/// interpreter's thread states, to search.
+/// Starts a legacy walk where [`search_start`] says: at the thread's
+/// frames, or at the thread states to search.
 #[inline(always)]
 fn legacy_begin(tgid: u32, process: &py::Process, walk: &mut LegacyWalk) -> u32 {
     use py::reason::*;
@@ -225,31 +224,22 @@ fn legacy_begin(tgid: u32, process: &py::Process, walk: &mut LegacyWalk) -> u32 
     };
     walk.tid = tid;
     walk.steps = 0;
-    let key = py::ThreadKey { tgid, tid };
-    if let Some(&cached) = unsafe { PYTHON_THREADS.get(&key) }
-        && thread_id(process, cached) == Some(u64::from(tid))
-    {
-        bump(Counter::PythonThreadCached);
-        return match first_frame(process, cached) {
+    match search_start(tgid, process, tid) {
+        Ok(Start::Cached(state)) => match first_frame(process, state) {
             Ok(frame) => {
                 walk.cursor = frame;
                 walk.stage = FRAMES;
                 STEPPING
             }
             Err(reason) => reason,
-        };
+        },
+        Ok(Start::Head(thread)) => {
+            walk.cursor = thread;
+            walk.stage = THREADS;
+            STEPPING
+        }
+        Err(reason) => reason,
     }
-    let Some(interpreter) =
-        read_user::<u64>(process.runtime + u64::from(process.interpreters_head))
-    else {
-        return READ_FAULT;
-    };
-    let Some(thread) = read_user::<u64>(interpreter + u64::from(process.threads_head)) else {
-        return READ_FAULT;
-    };
-    walk.cursor = thread;
-    walk.stage = THREADS;
-    STEPPING
 }
 
 /// One step of a legacy walk: a thread state of the search, or a frame.
@@ -297,24 +287,48 @@ fn legacy_step(process: &py::Process, walk: &mut LegacyWalk, stack: &mut py::Sta
 /// thread's state.
 const FOUND: u32 = u32::MAX;
 
-/// The sampled thread's `PyThreadState`: the agent's entry for it when that
-/// state still belongs to the thread (states are freed with their thread,
-/// and the agent's map lags), else the newest thread states' search.
-/// `Err`: the reason the search gave up.
+/// Where the search for the sampled thread's state starts.
+enum Start {
+    /// The agent's entry for the thread, still the thread's (states are
+    /// freed with their thread, and the agent's map lags).
+    Cached(u64),
+    /// The head of the interpreter's thread states, to search from.
+    Head(u64),
+}
+
+/// Where the sampled thread's state is found: [`Start`]. `Err`: why not
+/// (`NO_THREAD` for an interpreter never started: a program that links
+/// libpython without running it, such as perf, has no interpreter, which
+/// is not a read fault).
 #[inline(always)]
-fn thread_state(tgid: u32, process: &py::Process, tid: u32) -> Result<u64, u32> {
+fn search_start(tgid: u32, process: &py::Process, tid: u32) -> Result<Start, u32> {
     use py::reason::*;
     let key = py::ThreadKey { tgid, tid };
     if let Some(&cached) = unsafe { PYTHON_THREADS.get(&key) }
         && thread_id(process, cached) == Some(u64::from(tid))
     {
         bump(Counter::PythonThreadCached);
-        return Ok(cached);
+        return Ok(Start::Cached(cached));
     }
     let interpreter = read_user::<u64>(process.runtime + u64::from(process.interpreters_head))
         .ok_or(READ_FAULT)?;
+    if interpreter == 0 {
+        return Err(NO_THREAD);
+    }
     let thread =
         read_user::<u64>(interpreter + u64::from(process.threads_head)).ok_or(READ_FAULT)?;
+    Ok(Start::Head(thread))
+}
+
+/// The sampled thread's `PyThreadState`: see [`search_start`], then the
+/// newest thread states' search. `Err`: the reason the search gave up.
+#[inline(always)]
+fn thread_state(tgid: u32, process: &py::Process, tid: u32) -> Result<u64, u32> {
+    use py::reason::*;
+    let thread = match search_start(tgid, process, tid)? {
+        Start::Cached(state) => return Ok(state),
+        Start::Head(thread) => thread,
+    };
     let mut search = ThreadSearch {
         process,
         thread,

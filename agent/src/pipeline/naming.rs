@@ -245,7 +245,10 @@ mod tests {
                 .is_some_and(|name| name.ends_with("a_function_to_name")),
             "{named:?}"
         );
-        assert_ne!(named[1], named[0], "a return address is looked up a byte back");
+        assert_ne!(
+            named[1], named[0],
+            "a return address is looked up a byte back"
+        );
         assert!(!naming.named.is_empty(), "the frames were remembered");
         let mut again = sample_at(&mut table, &[start, start]);
         naming.symbolize_sample(&symbolizer, &mut again);
