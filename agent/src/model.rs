@@ -349,6 +349,33 @@ pub struct ResolvedSample {
     pub attributes: Vec<(Arc<str>, Arc<str>)>,
 }
 
+#[cfg(test)]
+impl ResolvedSample {
+    /// A CPU sample of a process `app` (pid and thread 1) stopped in
+    /// `frames`, leaf first: for tests.
+    pub fn of_app(frames: Vec<Frame>) -> Self {
+        ResolvedSample {
+            process: Arc::new(ProcessInfo {
+                pid: 1,
+                comm: "app".into(),
+                exe_path: "/bin/app".into(),
+                container_id: None,
+                pod_uid: None,
+                service: None,
+                thread_keys: None,
+            }),
+            tid: 1,
+            thread_name: "app".into(),
+            cpu: 0,
+            time_unix_nano: 0,
+            frames,
+            off_cpu: None,
+            trace: None,
+            attributes: Vec::new(),
+        }
+    }
+}
+
 /// A W3C trace id and span id (OTLP `Link`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TraceLink {

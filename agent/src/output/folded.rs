@@ -111,7 +111,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{Frame, FrameKind, Line, Mapping, OffCpu, ProcessInfo, ThreadState};
+    use crate::model::{Frame, FrameKind, Line, Mapping, OffCpu, ThreadState};
 
     fn frame(kind: FrameKind, names: &[&str]) -> Frame {
         Frame {
@@ -141,29 +141,14 @@ mod tests {
         unnamed.mapping = Some(mapping);
         unnamed.file_offset = 0x42;
         let sample = ResolvedSample {
-            process: Arc::new(ProcessInfo {
-                pid: 1,
-                comm: "app".into(),
-                exe_path: "/bin/app".into(),
-                container_id: None,
-                pod_uid: None,
-                service: None,
-                thread_keys: None,
-            }),
-            tid: 1,
             thread_name: "app;worker".into(),
-            cpu: 0,
-            time_unix_nano: 0,
-            frames: vec![
+            ..ResolvedSample::of_app(vec![
                 frame(FrameKind::Kernel, &["do_sys_poll"]),
                 // Inlined: `inner` was inlined into `outer`; innermost first.
                 frame(FrameKind::Native, &["inner", "outer"]),
                 unnamed,
                 frame(FrameKind::Native, &["main"]),
-            ],
-            off_cpu: None,
-            trace: None,
-            attributes: Vec::new(),
+            ])
         };
         assert_eq!(
             FoldedStacks::fold(&sample),

@@ -140,10 +140,8 @@ fn add(totals: &mut HashMap<String, u64>, label: &str, value: u64) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::model::{Frame, FrameKind, Line, ProcessInfo};
+    use crate::model::{Frame, FrameKind, Line};
 
     fn sample(leaf_first: &[&str]) -> ResolvedSample {
         let frame = |name: &&str| Frame {
@@ -153,25 +151,7 @@ mod tests {
             file_offset: 0,
             lines: vec![Line::named((*name).into(), (*name).into())].into(),
         };
-        ResolvedSample {
-            process: Arc::new(ProcessInfo {
-                pid: 1,
-                comm: "app".into(),
-                exe_path: "/bin/app".into(),
-                container_id: None,
-                pod_uid: None,
-                service: None,
-                thread_keys: None,
-            }),
-            tid: 1,
-            thread_name: "app".into(),
-            cpu: 0,
-            time_unix_nano: 0,
-            frames: leaf_first.iter().map(frame).collect(),
-            off_cpu: None,
-            trace: None,
-            attributes: Vec::new(),
-        }
+        ResolvedSample::of_app(leaf_first.iter().map(frame).collect())
     }
 
     #[test]

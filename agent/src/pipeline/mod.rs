@@ -131,21 +131,15 @@ pub fn spawn(
                 let attributed = attributor.attribute_batch(&batch.unwrap_or_default(), ended);
                 if let Some((_, early)) = &attributor.early {
                     let figures = early.stats();
-                    state
-                        .early_unwound
-                        .store(figures.unwound, Ordering::Relaxed);
-                    state
-                        .early_complete
-                        .store(figures.complete, Ordering::Relaxed);
-                    state
-                        .early_timed_out
-                        .store(figures.timed_out, Ordering::Relaxed);
-                    state
-                        .early_dropped
-                        .store(figures.dropped, Ordering::Relaxed);
-                    state
-                        .early_orphaned
-                        .store(figures.orphaned, Ordering::Relaxed);
+                    for (to, figure) in [
+                        (&state.early_unwound, figures.unwound),
+                        (&state.early_complete, figures.complete),
+                        (&state.early_timed_out, figures.timed_out),
+                        (&state.early_dropped, figures.dropped),
+                        (&state.early_orphaned, figures.orphaned),
+                    ] {
+                        to.store(figure, Ordering::Relaxed);
+                    }
                 }
                 if attributed.is_empty() {
                     if ended {

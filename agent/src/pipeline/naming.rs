@@ -208,13 +208,7 @@ mod tests {
         ResolvedSample {
             process: table.info(pid, "test", 0),
             tid: pid,
-            thread_name: "test".into(),
-            cpu: 0,
-            time_unix_nano: 0,
-            frames,
-            off_cpu: None,
-            trace: None,
-            attributes: Vec::new(),
+            ..ResolvedSample::of_app(frames)
         }
     }
 
