@@ -53,15 +53,26 @@ const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub len: u32,
-    pub _pad: u32,
+    /// [`COPY_UNMAPPED`], or 0.
+    pub flags: u32,
     pub mappings: [ExecMapping; MAX_PROCESS_MAPPINGS],
 }
+
+/// [`ProcessMappings::flags`]: a sample whose walk reaches an address in
+/// none of the process's mappings takes a copy of its stack, as a sample of
+/// a process without mappings does, for the agent to walk again once the
+/// mapping is loaded. Just after an exec the loader can only write the
+/// executable and the loader's mappings (the libraries come a millisecond
+/// later), and a library `dlopen`ed since is in no mapping until the next
+/// load: those samples would otherwise stop there. Not set for the agent's
+/// own process, whose executable is left out on purpose.
+pub const COPY_UNMAPPED: u32 = 1;
 
 impl Default for ProcessMappings {
     fn default() -> Self {
         ProcessMappings {
             len: 0,
-            _pad: 0,
+            flags: 0,
             mappings: [ExecMapping::default(); MAX_PROCESS_MAPPINGS],
         }
     }

@@ -141,16 +141,23 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
 #[inline(always)]
 fn send_cpu_sample<K: Kernel>(scratch: *mut Sample, pid_tgid: u64) {
     let mut copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
-    // A process without tables in the kernel yet: copy the top of its stack
-    // for the agent to unwind once they are loaded.
+    // A process without tables in the kernel yet, or one whose walk reached
+    // an address its loaded mappings do not hold yet (`COPY_UNMAPPED`):
+    // copy the top of its stack for the agent to unwind once they are.
     if copy == 0 {
         let early = unsafe { read_volatile(&EARLY_COPY_BYTES) };
         let tgid = (pid_tgid >> 32) as u32;
-        if early != 0
-            && unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF
-            && unsafe { PROCESS_MAPPINGS.get(&tgid) }.is_none()
-        {
-            copy = early;
+        if early != 0 && unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF {
+            let wanted = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
+                None => true,
+                Some(process) => {
+                    let why = (unsafe { (*scratch).flags } >> SAMPLE_UNWIND_SHIFT) & 0xff;
+                    process.flags & unwind::COPY_UNMAPPED != 0 && why == unwind::reason::NO_MAPPING
+                }
+            };
+            if wanted {
+                copy = early;
+            }
         }
     }
     if copy != 0 {

@@ -187,11 +187,14 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
         // both sinks.
         if let Some(mut copy) = super::decode_early_copy(&record) {
             stats.stack_copies += 1;
-            let why = (copy.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+            // Held for the tables the sample wanted (its process, or the
+            // mapping its walk reached): not our own, whose executable's
+            // are left out on purpose (with `--stack-copy` every sample
+            // has a copy).
             let early = copies
                 .early
                 .as_ref()
-                .filter(|_| why == hostprof_unwind::reason::UNKNOWN_PROCESS);
+                .filter(|_| super::needs_tables(copy.flags) && scratch.tgid != std::process::id());
             if let Some(all) = &copies.all
                 && let Some(sample) = super::decode_sample(&record)
             {

@@ -88,6 +88,29 @@ pub type ChunkReader = Box<dyn Fn(u32) -> Option<RowChunk> + Send + Sync>;
 pub struct Mirror {
     chunks: Option<ChunkReader>,
     processes: HashMap<u32, ProcessMappings>,
+    /// Raised at every write of a process's mappings: a held sample that
+    /// reached an unmapped address is walked again only after one.
+    writes: HashMap<u32, u64>,
+    next_write: u64,
+}
+
+impl Mirror {
+    /// Takes in what the loader wrote for `tgid`.
+    fn set(&mut self, tgid: u32, mappings: &ProcessMappings) {
+        self.processes.insert(tgid, *mappings);
+        self.next_write += 1;
+        self.writes.insert(tgid, self.next_write);
+    }
+
+    fn remove(&mut self, tgid: u32) {
+        self.processes.remove(&tgid);
+        self.writes.remove(&tgid);
+    }
+
+    /// The last write of `tgid`'s mappings.
+    fn written(&self, tgid: u32) -> u64 {
+        self.writes.get(&tgid).copied().unwrap_or(0)
+    }
 }
 
 impl Mirror {
@@ -95,7 +118,7 @@ impl Mirror {
     pub fn reading(chunks: ChunkReader) -> SharedMirror {
         Arc::new(RwLock::new(Mirror {
             chunks: Some(chunks),
-            processes: HashMap::new(),
+            ..Mirror::default()
         }))
     }
 }
@@ -121,13 +144,13 @@ impl<M: TableMaps> TableMaps for Mirrored<M> {
     fn set_process(&mut self, tgid: u32, mappings: &ProcessMappings) -> Result<(), UnwindError> {
         self.inner.set_process(tgid, mappings)?;
         let mut mirror = self.mirror.write().unwrap_or_else(|e| e.into_inner());
-        mirror.processes.insert(tgid, *mappings);
+        mirror.set(tgid, mappings);
         Ok(())
     }
 
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError> {
         let mut mirror = self.mirror.write().unwrap_or_else(|e| e.into_inner());
-        mirror.processes.remove(&tgid);
+        mirror.remove(tgid);
         drop(mirror);
         self.inner.remove_process(tgid)
     }
@@ -254,6 +277,9 @@ struct Held {
     regs: [u64; 4],
     stack: PackedStack,
     since: Instant,
+    /// For a sample whose kernel walk reached an unmapped address: the
+    /// write of its process's mappings it was last walked again with.
+    tried: Option<u64>,
 }
 
 impl Held {
@@ -348,6 +374,7 @@ impl EarlyStacks {
             regs,
             stack,
             since: Instant::now(),
+            tried: None,
         };
         self.held_bytes += held.cost();
         self.held.push_back(held);
@@ -367,41 +394,54 @@ impl EarlyStacks {
         let mut out = Vec::new();
         let mirror = self.mirror.read().unwrap_or_else(|e| e.into_inner());
         let mut waiting = VecDeque::with_capacity(self.held.len());
-        for held in self.held.drain(..) {
+        for mut held in self.held.drain(..) {
             // Mappings loaded for an earlier image of the pid (the kernel
             // forgot them at the exec, the mirror may not have yet) do not
             // hold the sample's pc: wait for the new ones. Only a sample
             // that leaves is decoded (4 KiB): this runs at every batch over
             // every held sample, thousands while a busy host's tables come.
+            let tgid = record_tgid(&held.record);
             let current = mirror
                 .processes
-                .get(&record_tgid(&held.record))
+                .get(&tgid)
                 .filter(|mappings| maps_pc(mappings, held.regs[0]));
-            let timed_out = current.is_none() && (flush || held.since.elapsed() >= MAX_WAIT);
-            if current.is_none() && !timed_out {
+            let timed_out = flush || held.since.elapsed() >= MAX_WAIT;
+            // A walk that reached an unmapped address is tried again after
+            // each write of the process's mappings, until one gets past it.
+            let unmapped = record_reason(&held.record) == unwind::reason::NO_MAPPING;
+            let written = mirror.written(tgid);
+            let nothing_new = unmapped && held.tried == Some(written);
+            if (current.is_none() || nothing_new) && !timed_out {
+                waiting.push_back(held);
+                continue;
+            }
+            let Some(sample) = crate::sampler::decode_sample(&held.record) else {
+                self.held_bytes -= held.cost();
+                self.stats.dropped += 1;
+                continue;
+            };
+            let sample = match current {
+                Some(mappings) => unwound(&mirror, mappings, sample, &held),
+                None => {
+                    self.held_bytes -= held.cost();
+                    self.stats.timed_out += 1;
+                    // Its frame-pointer stack, as the kernel found it.
+                    out.push(sample);
+                    continue;
+                }
+            };
+            let why = (sample.flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+            if unmapped && why == unwind::reason::NO_MAPPING && !timed_out {
+                held.tried = Some(written);
                 waiting.push_back(held);
                 continue;
             }
             self.held_bytes -= held.cost();
-            let Some(sample) = crate::sampler::decode_sample(&held.record) else {
-                self.stats.dropped += 1;
-                continue;
-            };
-            match current {
-                Some(mappings) => {
-                    self.stats.unwound += 1;
-                    let sample = unwound(&mirror, mappings, sample, &held);
-                    if (sample.flags >> SAMPLE_UNWIND_SHIFT) & 0xff == unwind::reason::COMPLETE {
-                        self.stats.complete += 1;
-                    }
-                    out.push(sample);
-                }
-                None => {
-                    self.stats.timed_out += 1;
-                    // Its frame-pointer stack, as the kernel found it.
-                    out.push(sample);
-                }
+            self.stats.unwound += 1;
+            if why == unwind::reason::COMPLETE {
+                self.stats.complete += 1;
             }
+            out.push(sample);
         }
         self.held = waiting;
         if self.held.is_empty() {
@@ -423,8 +463,16 @@ impl EarlyStacks {
 
 /// The process of a record [`pack_sample`] made (its first field).
 fn record_tgid(record: &[u8]) -> u32 {
-    const TGID: usize = std::mem::offset_of!(Sample, tgid);
-    record.get(TGID..TGID + 4).map_or(0, |bytes| {
+    record_u32(record, std::mem::offset_of!(Sample, tgid))
+}
+
+/// Why the kernel's walk of a record [`pack_sample`] made stopped.
+fn record_reason(record: &[u8]) -> u32 {
+    (record_u32(record, std::mem::offset_of!(Sample, flags)) >> SAMPLE_UNWIND_SHIFT) & 0xff
+}
+
+fn record_u32(record: &[u8], at: usize) -> u32 {
+    record.get(at..at + 4).map_or(0, |bytes| {
         u32::from_ne_bytes(bytes.try_into().expect("4 bytes"))
     })
 }

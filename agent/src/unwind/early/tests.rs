@@ -74,12 +74,17 @@ fn copy(sample: &Sample, stack: Vec<u8>) -> EarlyCopy {
 
 /// What the loader writes, late: the rows and the process's mapping.
 fn load_tables(mirror: &SharedMirror) {
+    load_tables_up_to(mirror, MAP_START + 0x10_0000);
+}
+
+/// [`load_tables`] with the mapping ending at `end`.
+fn load_tables_up_to(mirror: &SharedMirror, end: u64) {
     let mut mirror = mirror.write().unwrap();
     let rows = rows();
     let mut mappings = ProcessMappings::default();
     mappings.mappings[0] = ExecMapping {
         start: MAP_START,
-        end: MAP_START + 0x10_0000,
+        end,
         bias: BIAS,
         table_start: 0,
         table_len: rows.len() as u32,
@@ -90,7 +95,7 @@ fn load_tables(mirror: &SharedMirror) {
     let mut chunk = RowChunk([0; ROW_CHUNK]);
     chunk.0[..words.len()].copy_from_slice(&words);
     mirror.chunks = Some(Box::new(move |index| (index == 0).then_some(chunk)));
-    mirror.processes.insert(42, mappings);
+    mirror.set(42, &mappings);
 }
 
 #[test]
@@ -115,6 +120,49 @@ fn a_deep_early_stack_is_unwound_to_start_when_its_tables_come_late() {
     assert_eq!(unwound.kernel_stack[..2], sample.kernel_stack[..2]);
     let stats = early.stats();
     assert_eq!((stats.unwound, stats.complete, stats.dropped), (1, 1, 0));
+    assert_eq!(early.bytes(), 0, "everything freed");
+}
+
+#[test]
+fn a_walk_that_reached_an_unmapped_address_goes_on_once_it_is_mapped() {
+    // Loaded while `_start`'s code was not mapped yet (it is past the
+    // mapping's end): the kernel's walk stopped there, and so does the
+    // host's with the same mappings.
+    let mirror = SharedMirror::default();
+    load_tables_up_to(&mirror, MAP_START + 0x2000);
+    let mut early = EarlyStacks::new(mirror.clone());
+    let mut sample = early_sample(1);
+    sample.flags = reason::NO_MAPPING << SAMPLE_UNWIND_SHIFT;
+    early.add_copy(copy(&sample, deep_stack()));
+    assert!(early.hold(&sample));
+    assert!(early.ready(false).is_empty(), "no new mapping: it waits");
+    assert!(early.ready(false).is_empty(), "and is not walked again");
+    assert_eq!(early.len(), 1);
+    // The next load maps it: the walk reaches `_start`.
+    load_tables(&mirror);
+    let out = early.ready(false);
+    assert_eq!(out.len(), 1);
+    let why = (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+    assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
+    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
+    assert_eq!(early.bytes(), 0, "everything freed");
+
+    // One that never gets past it leaves at the end, walked as far as it goes.
+    let mirror = SharedMirror::default();
+    load_tables_up_to(&mirror, MAP_START + 0x2000);
+    let mut early = EarlyStacks::new(mirror.clone());
+    early.add_copy(copy(&sample, deep_stack()));
+    assert!(early.hold(&sample));
+    assert!(early.ready(false).is_empty());
+    let out = early.ready(true);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff,
+        reason::NO_MAPPING
+    );
+    // `_start`'s return address is found, but not walked from.
+    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
+    assert_eq!(out[0].user_stack[DEPTH as usize], BIAS + 0x3010);
     assert_eq!(early.bytes(), 0, "everything freed");
 }
 

@@ -27,8 +27,8 @@ mod stats;
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
-        ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings, ROW_CHUNK,
-        RUNTIME_TABLE,
+        COPY_UNMAPPED, ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings,
+        ROW_CHUNK, RUNTIME_TABLE,
     },
 };
 use pieces::{fitting, runtime_pieces};
@@ -331,6 +331,11 @@ impl<M: TableMaps> TableLoader<M> {
             }
             entries.mappings[slot] = entry;
             entries.len = slot as u32 + 1;
+        }
+        // Our own samples always miss our executable, left out on purpose;
+        // a truncated process's left-out code stays unmapped.
+        if !truncated && pid != std::process::id() {
+            entries.flags = COPY_UNMAPPED;
         }
         if !files.still_mapped(pid, mappings) {
             // It exec'd while its tables were built: the old image's
