@@ -64,8 +64,9 @@ pub struct ProcessMappings {
 /// mapping is loaded. Just after an exec the loader can only write the
 /// executable and the loader's mappings (the libraries come a millisecond
 /// later), and a library `dlopen`ed since is in no mapping until the next
-/// load: those samples would otherwise stop there. Not set for the agent's
-/// own process, whose executable is left out on purpose.
+/// load: those samples would otherwise stop there. Set for a process's
+/// first seconds only, and never for the agent's own process, whose
+/// executable is left out on purpose.
 pub const COPY_UNMAPPED: u32 = 1;
 
 impl Default for ProcessMappings {

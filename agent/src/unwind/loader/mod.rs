@@ -52,6 +52,12 @@ pub trait TableMaps {
     }
 }
 
+/// How long after a process's first load its samples that reach an
+/// unmapped address are copied for the host ([`COPY_UNMAPPED`]): its
+/// libraries are mapped in its first milliseconds, and loaded a few tens
+/// of milliseconds later, seconds on a saturated host.
+const YOUNG: Duration = Duration::from_secs(10);
+
 /// A process left to frame pointers for now.
 #[derive(Clone, Copy, Debug)]
 struct Backoff {
@@ -104,8 +110,9 @@ pub struct TableLoader<M: TableMaps> {
     idle_seq: u64,
     /// Idle tables kept at most ([`MAX_IDLE`]).
     max_idle: usize,
-    /// Per process: the files it uses, a digest of its mappings, when loaded.
-    processes: HashMap<u32, (Vec<FileKey>, u64, Instant)>,
+    /// Per process: the files it uses, a digest of its mappings, when
+    /// loaded last and first.
+    processes: HashMap<u32, (Vec<FileKey>, u64, Instant, Instant)>,
     /// Processes the kernel's map holds at most ([`TableMaps::process_capacity`]).
     process_capacity: usize,
     /// Processes waiting before their next load (see [`Backoff`]).
@@ -230,7 +237,7 @@ impl<M: TableMaps> TableLoader<M> {
     /// code) less than the reload interval ago (an exec or dlopen changes
     /// them, a runtime found since too: reload at once).
     pub fn recently_loaded(&self, pid: u32, mappings: &[Mapping]) -> bool {
-        self.processes.get(&pid).is_some_and(|(_, digest, at)| {
+        self.processes.get(&pid).is_some_and(|(_, digest, at, _)| {
             *digest == self.digest(pid, mappings) && at.elapsed() < MIN_RELOAD_INTERVAL
         })
     }
@@ -332,9 +339,16 @@ impl<M: TableMaps> TableLoader<M> {
             entries.mappings[slot] = entry;
             entries.len = slot as u32 + 1;
         }
-        // Our own samples always miss our executable, left out on purpose;
-        // a truncated process's left-out code stays unmapped.
-        if !truncated && pid != std::process::id() {
+        // A young process's libraries may still be mapping. Not for a
+        // process past that (a sample whose walk found a bad return
+        // address would be held for nothing), our own (whose samples
+        // always miss our executable, left out on purpose) or a truncated
+        // one (whose left-out code stays unmapped).
+        let first = self
+            .processes
+            .get(&pid)
+            .map_or_else(Instant::now, |(_, _, _, first)| *first);
+        if first.elapsed() < YOUNG && !truncated && pid != std::process::id() {
             entries.flags = COPY_UNMAPPED;
         }
         if !files.still_mapped(pid, mappings) {
@@ -347,8 +361,10 @@ impl<M: TableMaps> TableLoader<M> {
             return Ok(());
         }
         let digest = self.digest(pid, mappings);
-        let previous = self.processes.insert(pid, (keys, digest, Instant::now()));
-        if let Some((old_keys, _, _)) = previous {
+        let previous = self
+            .processes
+            .insert(pid, (keys, digest, Instant::now(), first));
+        if let Some((old_keys, _, _, _)) = previous {
             for key in old_keys {
                 self.release(&key);
             }
@@ -392,7 +408,7 @@ impl<M: TableMaps> TableLoader<M> {
 
     /// Drops a process's mappings from the kernel and its table references.
     fn unload(&mut self, pid: u32) {
-        if let Some((keys, _, _)) = self.processes.remove(&pid) {
+        if let Some((keys, _, _, _)) = self.processes.remove(&pid) {
             for key in keys {
                 self.release(&key);
             }

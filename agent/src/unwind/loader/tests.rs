@@ -582,3 +582,18 @@ fn the_old_images_mappings_are_not_written_after_an_exec() {
         "the kernel still copies its stacks"
     );
 }
+
+#[test]
+fn a_young_process_but_not_our_own_copies_samples_that_reach_unmapped_code() {
+    let mut maps = FakeMaps::default();
+    let mut loader = TableLoader::new(&mut maps, 16);
+    let ours = std::process::id();
+    for pid in [1, ours] {
+        loader
+            .load_process(pid, &[mapping(10, 0x10000)], &mut NoFiles)
+            .unwrap();
+    }
+    drop(loader);
+    assert_eq!(maps.processes[&1].flags, COPY_UNMAPPED);
+    assert_eq!(maps.processes[&ours].flags, 0, "our executable is left out");
+}
