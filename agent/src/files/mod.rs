@@ -40,7 +40,7 @@ pub use read::FileData;
 pub use root::Root;
 use rustix::fs::{FileType, Stat as RawStat};
 use sha2::{Digest, Sha256};
-pub use sparse::{DwarfLimit, Parts, SPARSE_FROM};
+pub use sparse::{DwarfLimit, DynamicImage, Parts, SPARSE_FROM};
 
 /// What a file is read for; each kind has its own size cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,6 +230,12 @@ impl OpenFile {
     /// still read once, for the content id); see [`Parts`].
     pub fn read_parts(self, parts: Parts) -> Result<FileData, FileError> {
         sparse::read_parts(self, parts)
+    }
+
+    /// Reads only an ELF file's [`Parts::Dynamic`], and no other byte:
+    /// no content id (see [`DynamicImage`]).
+    pub fn read_dynamic(self) -> Result<DynamicImage, FileError> {
+        sparse::read_dynamic(self)
     }
 }
 

@@ -24,7 +24,10 @@ use std::{ops::Range, os::unix::fs::FileExt, ptr::NonNull, sync::Arc};
 
 use object::{
     Endianness, Object, ObjectSection, SectionFlags,
-    elf::{SHF_ALLOC, SHT_DYNSYM, SHT_NOBITS, SHT_NOTE, SHT_STRTAB, SHT_SYMTAB},
+    elf::{
+        PT_INTERP, SHF_ALLOC, SHT_DYNSYM, SHT_NOBITS, SHT_NOTE, SHT_REL, SHT_RELA, SHT_STRTAB,
+        SHT_SYMTAB,
+    },
     read::{ReadCache, elf::ElfFile64},
 };
 use sha2::{Digest, Sha256};
@@ -61,6 +64,10 @@ pub enum Parts {
     /// (a Go binary's version, for its pprof labels); DWARF only if it
     /// may fit `dwarf`'s limit.
     Names { dwarf: DwarfLimit },
+    /// What the dynamic linker reads: the program headers and what they
+    /// point at (interpreter), the dynamic symbols, their names and the
+    /// dynamic relocations; plus the section headers and their names.
+    Dynamic,
 }
 
 /// DWARF the reader of names would refuse anyway is not read: when the
@@ -91,6 +98,11 @@ fn is_debug(name: &[u8]) -> bool {
 
 impl Parts {
     fn keeps(self, name: &[u8], sh_type: u32, flags: u64, dwarf_fits: bool) -> bool {
+        if let Parts::Dynamic = self {
+            // Loaded: not `.symtab`/`.strtab`, which may be megabytes.
+            return flags & u64::from(SHF_ALLOC) != 0
+                && matches!(sh_type, SHT_DYNSYM | SHT_STRTAB | SHT_REL | SHT_RELA);
+        }
         // String and symbol tables (section names among them) and notes
         // (build ids) serve every job and are small.
         if matches!(sh_type, SHT_STRTAB | SHT_SYMTAB | SHT_DYNSYM | SHT_NOTE) {
@@ -103,6 +115,7 @@ impl Parts {
                 flags & u64::from(SHF_ALLOC) == 0
                     || matches!(name, b".eh_frame" | b".gopclntab" | b".go.buildinfo")
             }
+            Parts::Dynamic => false,
         }
     }
 }
@@ -183,6 +196,61 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
     Ok(FileData::sparse(image, content, file.stat))
 }
 
+/// An ELF file's [`Parts::Dynamic`] in an image of the whole file, other
+/// bytes zero, and no content id: what a runtime probe reads to look up a
+/// symbol it keys by device and inode (a few KiB, where reading whole for
+/// the id would copy, and for a large file hash, every byte).
+#[derive(Debug)]
+pub struct DynamicImage(ZeroImage);
+
+impl std::ops::Deref for DynamicImage {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.as_ref()
+    }
+}
+
+/// Reads `file`'s [`Parts::Dynamic`]; refuses a file over its kind's cap,
+/// and one that is not a 64-bit ELF object or changed while read.
+pub(super) fn read_dynamic(file: OpenFile) -> Result<DynamicImage, FileError> {
+    let size = file.stat.size;
+    let limit = file.kind.max_bytes();
+    if size > limit {
+        return Err(super::refused(FileError::TooLarge {
+            path: file.path,
+            size,
+            limit,
+            kind: file.kind.name(),
+        }));
+    }
+    let read_error = |source| FileError::Read {
+        path: file.path.clone(),
+        source,
+    };
+    let (ranges, headers) = kept_ranges(&file, Parts::Dynamic).ok_or_else(|| {
+        read_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a 64-bit ELF object",
+        ))
+    })?;
+    let len =
+        usize::try_from(size).map_err(|_| read_error(std::io::ErrorKind::InvalidData.into()))?;
+    let mut image = ZeroImage::new(len).map_err(read_error)?;
+    for range in &ranges {
+        let at = range.start as usize..range.end as usize;
+        file.file
+            .read_exact_at(&mut image.as_mut()[at], range.start)
+            .map_err(read_error)?;
+    }
+    if Stat::now(&file.file) != Some(file.stat) || !headers_match(&image, &headers) {
+        return Err(read_error(std::io::Error::other(
+            "the file changed while it was read",
+        )));
+    }
+    Ok(DynamicImage(image))
+}
+
 /// Whether `image` holds `headers` (offset, bytes) where they were read.
 fn headers_match(image: &ZeroImage, headers: &[(u64, Vec<u8>)]) -> bool {
     headers.iter().all(|(at, bytes)| {
@@ -210,8 +278,6 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
         header.e_shentsize.get(endian),
     );
     let mut ranges = vec![
-        0..EDGE,
-        size.saturating_sub(EDGE)..size,
         elf_header.clone(),
         table(
             header.e_phoff.get(endian),
@@ -220,6 +286,9 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
         ),
         section_headers.clone(),
     ];
+    if !matches!(parts, Parts::Dynamic) {
+        ranges.extend([0..EDGE, size.saturating_sub(EDGE)..size]);
+    }
     let dwarf_fits = match parts {
         Parts::Names { dwarf } => {
             let needed = elf
@@ -229,7 +298,7 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
                 .fold(0u64, |sum, (_, len)| sum.saturating_add(len));
             needed.saturating_mul(2) <= dwarf.limit
         }
-        Parts::Unwind => false,
+        Parts::Unwind | Parts::Dynamic => false,
     };
     for section in elf.sections() {
         let sh_type = section.elf_section_header().sh_type.get(endian);
@@ -242,6 +311,26 @@ fn kept_ranges(file: &OpenFile, parts: Parts) -> Option<(Vec<Range<u64>>, Vec<(u
         let name = section.name_bytes().unwrap_or_default();
         if parts.keeps(name, sh_type, sh_flags, dwarf_fits)
             && let Some((offset, len)) = section.file_range()
+        {
+            ranges.push(offset..offset.saturating_add(len));
+        }
+    }
+    if let Parts::Dynamic = parts {
+        use object::read::elf::ProgramHeader;
+        ranges.extend(
+            elf.elf_program_headers()
+                .iter()
+                .filter(|header| header.p_type(endian) == PT_INTERP)
+                .map(|header| {
+                    let (offset, len) = header.file_range(endian);
+                    offset..offset.saturating_add(len)
+                }),
+        );
+        // Section names (`.go.buildinfo` tells a Go binary).
+        use object::read::elf::SectionHeader;
+        let index = object::SectionIndex(header.e_shstrndx.get(endian).into());
+        if let Ok(names) = elf.elf_section_table().section(index)
+            && let Some((offset, len)) = names.file_range(endian)
         {
             ranges.push(offset..offset.saturating_add(len));
         }

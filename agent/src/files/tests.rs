@@ -321,6 +321,53 @@ fn parts_keep_their_sections_and_the_whole_files_identity() {
     }
 }
 
+/// The dynamic linker's view of this test binary keeps its dynamic
+/// symbols, their names and relocations and its interpreter byte for byte,
+/// and reads nothing else; a file that is not ELF is refused.
+#[test]
+fn the_dynamic_view_reads_only_what_the_loader_reads() {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let exe = std::env::current_exe().unwrap();
+    let whole = std::fs::read(&exe).unwrap();
+    let object = object::File::parse(&whole[..]).unwrap();
+    let bytes_of = |data: &[u8], name: &str| {
+        let (offset, size) = object.section_by_name(name).unwrap().file_range().unwrap();
+        data[offset as usize..(offset + size) as usize].to_vec()
+    };
+    let view = open_host(exe.to_str().unwrap(), Kind::Binary)
+        .unwrap()
+        .read_dynamic()
+        .unwrap();
+    assert_eq!(view.len(), whole.len());
+    for name in [".dynsym", ".dynstr", ".rela.dyn", ".interp"] {
+        assert!(
+            bytes_of(&view, name) == bytes_of(&whole, name),
+            "{name} differs"
+        );
+    }
+    for name in [".symtab", ".strtab", ".text", ".eh_frame", ".debug_info"] {
+        assert!(
+            bytes_of(&view, name).iter().all(|byte| *byte == 0),
+            "{name} was read"
+        );
+    }
+    let parsed = object::File::parse(&*view).unwrap();
+    let names = |file: &object::File| -> Vec<String> {
+        file.dynamic_symbols()
+            .map(|symbol| symbol.name().unwrap().to_owned())
+            .collect()
+    };
+    assert!(!names(&object).is_empty());
+    assert_eq!(names(&parsed), names(&object));
+    assert!(parsed.section_by_name(".text").is_some(), "section names");
+
+    let scratch = Scratch::new("dynamic-view");
+    let text = scratch.path("root/tmp/text");
+    std::fs::write(&text, vec![b'x'; 4096]).unwrap();
+    let file = open_host(text.to_str().unwrap(), Kind::Binary).unwrap();
+    assert!(matches!(file.read_dynamic(), Err(FileError::Read { .. })));
+}
+
 /// A file read again unchanged is not hashed again, and keeps its id; once
 /// written (its ctime moves) it is hashed again and its id follows the
 /// bytes.

@@ -16,6 +16,13 @@ pub fn read(pid: u32, mapping: &Mapping) -> Result<files::FileData, files::FileE
     })
 }
 
+/// Reads the headers, dynamic symbols and dynamic relocations of the file
+/// `mapping` maps, and nothing else (see [`files::DynamicImage`]).
+pub fn read_dynamic(pid: u32, mapping: &Mapping) -> Result<files::DynamicImage, files::FileError> {
+    let range = MappedRange::from(mapping);
+    files::open_mapping(pid, &range, Kind::Binary).and_then(files::OpenFile::read_dynamic)
+}
+
 /// (file offset, file size, link-time address) of each segment of `file`.
 pub fn segments(file: &object::File) -> Vec<(u64, u64, u64)> {
     use object::{Object, ObjectSegment};

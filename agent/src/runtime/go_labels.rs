@@ -206,13 +206,19 @@ impl GoLabels {
         if let Some(known) = self.files.get(&key) {
             return Some(*known);
         }
-        let process = match super::elf::read(pid, mapping).map(|data| process_of(&data)) {
-            Ok(Ok(process)) => process,
-            Ok(Err(why)) => {
+        // Most executables are not Go, as their section names tell: only
+        // a Go binary is read whole (symbols, `.go.buildinfo`).
+        let is_go = super::elf::read_dynamic(pid, mapping).is_ok_and(|data| {
+            object::File::parse(&*data)
+                .is_ok_and(|file| file.section_by_name(".go.buildinfo").is_some())
+        });
+        let process = match is_go.then(|| super::elf::read(pid, mapping).map(|d| process_of(&d))) {
+            Some(Ok(Ok(process))) => process,
+            Some(Ok(Err(why))) => {
                 tracing::info!("pid {pid}: its goroutines' pprof labels are not read: {why}");
                 None
             }
-            Err(_) => None,
+            Some(Err(_)) | None => None,
         };
         if self.files.len() >= MAX_FILES {
             self.files.clear();

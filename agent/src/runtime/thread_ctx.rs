@@ -271,7 +271,7 @@ impl ThreadContext {
         let executable = match self.files.get(&key) {
             Some(&known) => known,
             None => {
-                let executable = super::elf::read(pid, mapping)
+                let executable = super::elf::read_dynamic(pid, mapping)
                     .map(|data| Executable::read(&data))
                     .unwrap_or_default();
                 if self.files.len() >= MAX_FILES {
@@ -361,7 +361,7 @@ fn read_library(pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
     if !tls_library::has_tls_segment(|buf, offset| file.read_at(buf, offset).is_ok()) {
         return None;
     }
-    let data = file.read().ok()?;
+    let data = file.read_dynamic().ok()?;
     tls_library::find(&data).map(Arc::new)
 }
 
