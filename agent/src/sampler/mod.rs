@@ -186,10 +186,17 @@ impl Sampler {
         };
         let filter_by_tgid = u8::from(options.pids.is_some());
         let follow = options.follow_children && options.pids.is_some();
+        // Read once: a few MB that sysfs hands out a page per read.
+        let kernel_btf = std::fs::read("/sys/kernel/btf/vmlinux");
+        let btf = || {
+            kernel_btf.as_deref().map_err(|err| {
+                SamplerError::no_btf(std::io::Error::new(err.kind(), err.to_string()))
+            })
+        };
         // Fork events need the child's tgid; without BTF only following
         // children fails, the agent then learns of new processes from
         // their execs and first samples.
-        let tgid_offset = match task_member_offset(&["tgid"]) {
+        let tgid_offset = match btf().and_then(|btf| task_member_offset(btf, &["tgid"])) {
             Ok(offset) => offset,
             Err(err) if follow => return Err(err),
             Err(err) => {
@@ -200,8 +207,8 @@ impl Sampler {
         let (state_offset, pid_offset) = match options.off_cpu {
             // `__state` since Linux 5.14, `state` before.
             Some(_) => (
-                task_member_offset(&["__state", "state"])?,
-                task_member_offset(&["pid"])?,
+                task_member_offset(btf()?, &["__state", "state"])?,
+                task_member_offset(btf()?, &["pid"])?,
             ),
             None => (0, 0),
         };
@@ -236,11 +243,11 @@ impl Sampler {
             _ => 0,
         };
         let (stack_offset, pt_regs_size) = if variant == Variant::Legacy && needs_regs {
-            let btf = read_btf()?;
+            let btf = btf()?;
             (
-                btf::member_offset(&btf, "task_struct", "stack")
+                btf::member_offset(btf, "task_struct", "stack")
                     .ok_or(SamplerError::MissingKernelType("task_struct.stack"))?,
-                btf::struct_size(&btf, "pt_regs")
+                btf::struct_size(btf, "pt_regs")
                     .ok_or(SamplerError::MissingKernelType("struct pt_regs"))?,
             )
         } else {
@@ -253,17 +260,16 @@ impl Sampler {
         } = kernel::Walks::verified(variant);
         // The OpenTelemetry thread context's thread pointer: without it
         // (no BTF, an unknown layout) samples carry no trace context.
-        let task_btf = read_btf().ok();
-        let tp_offset = task_btf
-            .as_deref()
+        let tp_offset = btf()
+            .ok()
             .and_then(btf::thread_pointer_offset)
             .unwrap_or_else(|| {
                 tracing::info!("no trace context on this kernel (no thread pointer in its BTF)");
                 0
             });
         // Tells an exiting thread's failed context reads from others.
-        let mm_offset = task_btf
-            .as_deref()
+        let mm_offset = btf()
+            .ok()
             .and_then(|btf| btf::member_offset(btf, "task_struct", "mm"))
             .unwrap_or(0);
         // No CO-RE: every kernel offset the programs use is a global set
@@ -696,19 +702,13 @@ pub struct ProgramStats {
     pub verified_instructions: Option<u32>,
 }
 
-/// The offset in the running kernel's `task_struct` of the first of `names`
-/// it has.
-fn task_member_offset(names: &[&'static str]) -> Result<u32, SamplerError> {
-    let btf = read_btf()?;
+/// The offset in the running kernel's `task_struct` (its BTF: `btf`) of the
+/// first of `names` it has.
+fn task_member_offset(btf: &[u8], names: &[&'static str]) -> Result<u32, SamplerError> {
     names
         .iter()
-        .find_map(|name| btf::member_offset(&btf, "task_struct", name))
+        .find_map(|name| btf::member_offset(btf, "task_struct", name))
         .ok_or(SamplerError::MissingKernelType(names[0]))
-}
-
-/// The running kernel's BTF.
-fn read_btf() -> Result<Vec<u8>, SamplerError> {
-    std::fs::read("/sys/kernel/btf/vmlinux").map_err(SamplerError::no_btf)
 }
 
 #[cfg(test)]
