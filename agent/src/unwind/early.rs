@@ -111,9 +111,7 @@ impl Mirror {
     fn written(&self, tgid: u32) -> u64 {
         self.writes.get(&tgid).copied().unwrap_or(0)
     }
-}
 
-impl Mirror {
     /// A mirror whose rows are read with `chunks`.
     pub fn reading(chunks: ChunkReader) -> SharedMirror {
         Arc::new(RwLock::new(Mirror {

@@ -268,7 +268,9 @@ fn record(
         tables: line("hostprof: unwind tables: "),
         files: line("hostprof: unwind files: "),
         stacks: line("hostprof: user stacks: "),
-        early: line("hostprof: early samples (before their tables were loaded): "),
+        early: line(
+            "hostprof: early samples (before their tables, or their library's, were loaded): ",
+        ),
         memory: line("hostprof: memory: "),
     })
 }

@@ -171,8 +171,8 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         let (unwound, timed_out, dropped, orphaned) = finished.early;
         let (copies, complete) = (finished.reader.early_copies, finished.early_complete);
         eprintln!(
-            "hostprof: early samples (before their tables were loaded): {unwound} unwound on the \
-             host from stack copies ({complete} complete), {timed_out} kept their frame-pointer \
+            "hostprof: early samples (before their tables, or their library's, were loaded): \
+             {unwound} unwound on the host from stack copies ({complete} complete), {timed_out} kept their frame-pointer \
              stacks (tables not in time), {dropped} copies dropped (queue full), {orphaned} \
              whose sample was lost, of {copies} copies; the copies were freed, never written"
         );
