@@ -100,7 +100,7 @@ fn early_stack_copies_never_reach_an_output() {
         ]));
         let stderr = String::from_utf8_lossy(&output.stderr);
         early += stderr
-            .split("tables were loaded): ")
+            .split("were loaded): ")
             .nth(1)
             .and_then(|rest| rest.split(' ').next())
             .and_then(|n| n.parse::<u64>().ok())
@@ -194,7 +194,7 @@ fn stacks_reach_main_from_a_new_processs_first_samples() {
         ]));
         let stderr = String::from_utf8_lossy(&output.stderr);
         early += stderr
-            .split("tables were loaded): ")
+            .split("were loaded): ")
             .nth(1)
             .and_then(|rest| rest.split(' ').next())
             .and_then(|n| n.parse::<u64>().ok())
