@@ -139,14 +139,8 @@ pub(super) fn read_parts(file: OpenFile, parts: Parts) -> Result<FileData, FileE
         usize::try_from(size).map_err(|_| read_error(std::io::ErrorKind::InvalidData.into()))?;
     let mut image = ZeroImage::new(len).map_err(read_error)?;
     if let Some(content) = super::memo::known(&file.stat) {
-        for range in &ranges {
-            let at = range.start as usize..range.end as usize;
-            file.file
-                .read_exact_at(&mut image.as_mut()[at], range.start)
-                .map_err(read_error)?;
-        }
         // Unchanged since it was hashed (ctime), and while it was read.
-        if Stat::now(&file.file) == Some(file.stat) && headers_match(&image, &headers) {
+        if read_ranges(&file, &ranges, &headers, &mut image).map_err(read_error)? {
             return Ok(FileData::sparse(image, content, file.stat));
         }
         image = ZeroImage::new(len).map_err(read_error)?;
@@ -211,19 +205,11 @@ impl std::ops::Deref for DynamicImage {
     }
 }
 
-/// Reads `file`'s [`Parts::Dynamic`]; refuses a file over its kind's cap,
-/// and one that is not a 64-bit ELF object or changed while read.
+/// Reads `file`'s [`Parts::Dynamic`] (its size within its kind's cap, as
+/// opening checked); refuses one that is not a well-formed 64-bit ELF
+/// object (whose tables lie within it) or that changed while read.
 pub(super) fn read_dynamic(file: OpenFile) -> Result<DynamicImage, FileError> {
     let size = file.stat.size;
-    let limit = file.kind.max_bytes();
-    if size > limit {
-        return Err(super::refused(FileError::TooLarge {
-            path: file.path,
-            size,
-            limit,
-            kind: file.kind.name(),
-        }));
-    }
     let read_error = |source| FileError::Read {
         path: file.path.clone(),
         source,
@@ -231,24 +217,35 @@ pub(super) fn read_dynamic(file: OpenFile) -> Result<DynamicImage, FileError> {
     let (ranges, headers) = kept_ranges(&file, Parts::Dynamic).ok_or_else(|| {
         read_error(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            "not a 64-bit ELF object",
+            "not a 64-bit ELF object, or a malformed one",
         ))
     })?;
     let len =
         usize::try_from(size).map_err(|_| read_error(std::io::ErrorKind::InvalidData.into()))?;
     let mut image = ZeroImage::new(len).map_err(read_error)?;
-    for range in &ranges {
-        let at = range.start as usize..range.end as usize;
-        file.file
-            .read_exact_at(&mut image.as_mut()[at], range.start)
-            .map_err(read_error)?;
-    }
-    if Stat::now(&file.file) != Some(file.stat) || !headers_match(&image, &headers) {
+    if !read_ranges(&file, &ranges, &headers, &mut image).map_err(read_error)? {
         return Err(read_error(std::io::Error::other(
             "the file changed while it was read",
         )));
     }
     Ok(DynamicImage(image))
+}
+
+/// Reads `ranges` of `file` into `image`, where they lie in the file;
+/// false when the file changed meanwhile (`fstat`, or the `headers` the
+/// ranges were chosen from).
+fn read_ranges(
+    file: &OpenFile,
+    ranges: &[Range<u64>],
+    headers: &[(u64, Vec<u8>)],
+    image: &mut ZeroImage,
+) -> std::io::Result<bool> {
+    for range in ranges {
+        let at = range.start as usize..range.end as usize;
+        file.file
+            .read_exact_at(&mut image.as_mut()[at], range.start)?;
+    }
+    Ok(Stat::now(&file.file) == Some(file.stat) && headers_match(image, headers))
 }
 
 /// Whether `image` holds `headers` (offset, bytes) where they were read.

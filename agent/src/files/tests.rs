@@ -368,6 +368,51 @@ fn the_dynamic_view_reads_only_what_the_loader_reads() {
     assert!(matches!(file.read_dynamic(), Err(FileError::Read { .. })));
 }
 
+/// A hostile ELF file read for its dynamic view: a `.dynsym` whose header
+/// claims far more bytes than the file has is refused before any of it is
+/// read; so is a file truncated after opening, never a fault.
+#[test]
+fn the_dynamic_view_of_a_hostile_file_is_bounded() {
+    use object::{Object, ObjectSection};
+    let scratch = Scratch::new("dynamic-hostile");
+    let mut bytes = std::fs::read("/usr/bin/true").unwrap();
+    let (header, offset, size) = {
+        let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(&bytes[..]).unwrap();
+        let dynsym = elf.section_by_name(".dynsym").unwrap();
+        let shoff = elf.elf_header().e_shoff.get(elf.endian()) as usize;
+        let (offset, size) = dynsym.file_range().unwrap();
+        (shoff + dynsym.index().0 * 64, offset, size)
+    };
+    // sh_size (little-endian, at 32 in an ELF64 section header).
+    bytes[header + 32..header + 40].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let path = scratch.path("root/tmp/hostile");
+    std::fs::write(&path, &bytes).unwrap();
+    let hostile = open_host(path.to_str().unwrap(), Kind::Binary).unwrap();
+    assert!(matches!(
+        hostile.read_dynamic(),
+        Err(FileError::Read { .. })
+    ));
+    // The same file with its true size reads, `.dynsym` and all.
+    bytes[header + 32..header + 40].copy_from_slice(&size.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let view = open_host(path.to_str().unwrap(), Kind::Binary)
+        .unwrap()
+        .read_dynamic()
+        .unwrap();
+    assert_eq!(view.len(), bytes.len());
+    let at = offset as usize..(offset + size) as usize;
+    assert!(view[at.clone()] == bytes[at]);
+
+    let file = open_host(path.to_str().unwrap(), Kind::Binary).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    assert!(matches!(file.read_dynamic(), Err(FileError::Read { .. })));
+}
+
 /// A file read again unchanged is not hashed again, and keeps its id; once
 /// written (its ctime moves) it is hashed again and its id follows the
 /// bytes.
