@@ -106,7 +106,7 @@ pub(in crate::cli) fn unwind_report(
              line {}, at their function's first line: V8 had no source positions for it {}, \
              its position table unreadable {}; compiled frames at their running line {}, at \
              their function's first line: Sparkplug pc unmapped {}, pc outside the function's \
-             current code {}, in inlined code {}, code or table unreadable {}, V8's code \
+             current code {}, in inlined code not expanded {}, code or table unreadable {}, V8's code \
              layout unknown {}\n",
             counters.get(Counter::V8Frames),
             counters.get(Counter::V8NotFunction),

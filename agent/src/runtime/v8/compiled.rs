@@ -6,10 +6,16 @@
 //! bytecodes' positions are the function's bytecode position table), read
 //! once per code object and cached.
 //!
+//! Code that Maglev or TurboFan inlined from other functions is expanded
+//! as the symbolizer expands native inlines: a position in inlined code
+//! names its inlining, whose entry in the code's deoptimization data gives
+//! the inlined function and where its caller called it, up to the frame's
+//! own function.
+//!
 //! A frame whose pc is not in its function's current code (on-stack
 //! replacement code, or code replaced since the sample) keeps its
-//! function's first line, as do positions in code inlined from another
-//! function (not expanded yet): each counted.
+//! function's first line, as do positions in inlined code whose inlining
+//! cannot be read: each counted.
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -19,11 +25,11 @@ use super::{
     LineSource, Node,
     baseline::PcMap,
     count,
-    layout::CodeStart,
-    names::Heap,
-    positions::{Found, Table},
+    layout::{CodeStart, InliningLayout},
+    names::{Heap, small_integer},
+    positions::{Found, Table, inlining_id, script_offset},
 };
-use crate::procs::memory::Memory;
+use crate::{model::Line, procs::memory::Memory};
 
 /// Code objects whose tables are kept per process, and their entries in
 /// all; past either the cache starts over.
@@ -35,6 +41,11 @@ const MAX_CODE_BYTES: u64 = 64 << 20;
 /// How long a code object's record is trusted before it is checked again
 /// (the collector frees code, and another may take its place).
 const CODE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Size of one `InliningPosition`: the call's packed source position
+/// (`u64`), the inlined function's literal index (`i32`), padding.
+const INLINING_POSITION_BYTES: usize = 16;
+/// Most functions expanded in one frame (V8 stops inlining far sooner).
+const MAX_INLINED_DEPTH: usize = 64;
 
 /// What one code object runs and where.
 #[derive(Debug)]
@@ -48,6 +59,20 @@ pub struct Compiled {
     /// Sparkplug's bytecode offsets (`None` for other tiers, or when
     /// unreadable).
     pcs: Option<Arc<PcMap>>,
+    /// The functions Maglev or TurboFan inlined, by inlining id (`None`
+    /// for other tiers, or when unreadable).
+    inlined: Option<Arc<[Inlined]>>,
+}
+
+/// A function optimized code inlined, and where it was called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Inlined {
+    /// Its `SharedFunctionInfo`.
+    shared: u64,
+    /// The call's script offset in the caller (`None`: unknown).
+    call: Option<u32>,
+    /// The caller's inlining id (`None`: the code's own function).
+    caller: Option<u16>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,8 +83,16 @@ enum Tier {
 }
 
 /// A code object's record and what it was read with (its instructions'
-/// start and size, its table's address), when last checked.
-pub type CachedCode = (Arc<Compiled>, (u64, u64, u64), Instant);
+/// start and size, its table's and its deoptimization data's addresses),
+/// when last checked.
+pub type CachedCode = (Arc<Compiled>, (u64, u64, u64, u64), Instant);
+
+/// The lines of a compiled frame: its own function's (`None`: unknown),
+/// and those of the functions its code inlined there, innermost first.
+pub struct CompiledLines {
+    pub line: Option<u32>,
+    pub inlined: Vec<Line>,
+}
 
 impl Node {
     /// The `SharedFunctionInfo` of the `JSFunction` at `function`.
@@ -76,10 +109,10 @@ impl Node {
         heap.field(function, self.layout.function_shared)
     }
 
-    /// The line the compiled frame of `function` (in `script`) was running
-    /// at `pc` (`leaf`: where the CPU was; else a return address, whose
-    /// call is the byte before). `None` (counted) keeps the function's
-    /// first line.
+    /// The lines the compiled frame of `function` (in `script`) was
+    /// running at `pc` (`leaf`: where the CPU was; else a return address,
+    /// whose call is the byte before). `None` (counted): only the
+    /// function's first line is known.
     pub(super) fn compiled_line(
         &mut self,
         memory: &impl Memory,
@@ -88,21 +121,42 @@ impl Node {
         script: u64,
         pc: u64,
         leaf: bool,
-    ) -> Option<u32> {
+    ) -> Option<CompiledLines> {
         let found = self.compiled_position(memory, function, shared, pc, leaf);
-        let position = match found {
-            Ok(position) => position,
+        let (position, chain) = match found {
+            Ok(found) => found,
             Err(why) => {
                 count(why);
                 return None;
             }
         };
-        let Some(line) = self.line(memory, script, position) else {
-            count(LineSource::CompiledUnreadable);
-            return None;
-        };
-        count(LineSource::Compiled);
-        Some(line)
+        // A script without lines (node's own, when V8 dropped their
+        // source) still has its inlined frames expanded.
+        let line = self.line(memory, script, position);
+        count(match line {
+            Some(_) => LineSource::Compiled,
+            None => LineSource::CompiledUnreadable,
+        });
+        let inlined = chain
+            .into_iter()
+            .map(|(shared, position)| self.inlined_line(memory, shared, position))
+            .collect();
+        Some(CompiledLines { line, inlined })
+    }
+
+    /// The line of an inlined function's frame at `position`: unnamed
+    /// when its shared info cannot be read (freed or moved since).
+    fn inlined_line(&mut self, memory: &impl Memory, shared: u64, position: u32) -> Line {
+        let named = self.name(memory, shared);
+        let start = named
+            .as_deref()
+            .and_then(|named| self.line(memory, named.script, named.start?))
+            .unwrap_or(0);
+        let line = named
+            .as_deref()
+            .and_then(|named| self.line(memory, named.script, position))
+            .unwrap_or(start);
+        super::javascript_line(named.as_deref(), line, start)
     }
 
     fn compiled_position(
@@ -112,7 +166,7 @@ impl Node {
         shared: u64,
         pc: u64,
         leaf: bool,
-    ) -> Result<u32, LineSource> {
+    ) -> Result<(u32, Vec<(u64, u32)>), LineSource> {
         let layout = self
             .layout
             .code
@@ -142,9 +196,10 @@ impl Node {
                 let table = self
                     .table(memory, shared)
                     .map_err(|_| LineSource::CompiledUnreadable)?;
-                return table
+                let position = table
                     .script_offset_at(bytecode)
-                    .ok_or(LineSource::CompiledUnreadable);
+                    .ok_or(LineSource::CompiledUnreadable)?;
+                return Ok((position, Vec::new()));
             }
             Tier::Other => return Err(LineSource::CompiledOtherCode),
             Tier::Optimized => {}
@@ -156,10 +211,17 @@ impl Node {
         let entry = table
             .entry_at((at - compiled.start) as i64)
             .ok_or(LineSource::CompiledUnreadable)?;
-        if entry.inlining_id.is_some() {
-            return Err(LineSource::CompiledInlined);
+        let position = entry.script_offset.ok_or(LineSource::CompiledUnreadable)?;
+        match entry.inlining_id {
+            None => Ok((position, Vec::new())),
+            Some(id) => {
+                let inlined = compiled
+                    .inlined
+                    .as_deref()
+                    .ok_or(LineSource::CompiledInlined)?;
+                expand(inlined, id, position).ok_or(LineSource::CompiledInlined)
+            }
         }
-        entry.script_offset.ok_or(LineSource::CompiledUnreadable)
     }
 
     /// The record of the `Code` at `code`, cached, checked again now and
@@ -174,14 +236,15 @@ impl Node {
             memory,
             layout: &self.layout,
         };
-        let token = || -> Option<(u64, u64, u64)> {
+        let token = || -> Option<(u64, u64, u64, u64)> {
             let start = match layout.start {
                 CodeStart::Inline(offset) => code.checked_add(offset)?,
                 CodeStart::Field(offset) => heap.word(code.checked_add(offset)?)?,
             };
             let size = memory.read_u32(code.checked_add(layout.size)?)?;
             let table = heap.word(code.checked_add(layout.positions)?)?;
-            Some((start, u64::from(size), table))
+            let data = heap.word(code.checked_add(layout.inlining.data)?)?;
+            Some((start, u64::from(size), table, data))
         };
         if let Some((compiled, seen, at)) = self.codes.get_mut(&code) {
             if at.elapsed() < CODE_CHECK_INTERVAL {
@@ -193,7 +256,7 @@ impl Node {
             }
         }
         let seen = token().ok_or(LineSource::CompiledUnreadable)?;
-        let (start, size, _) = seen;
+        let (start, size, _, _) = seen;
         if size == 0 || size > MAX_CODE_BYTES || start.checked_add(size).is_none() {
             crate::runtime::refusals::refuse(
                 crate::runtime::refusals::Runtime::V8js,
@@ -222,26 +285,28 @@ impl Node {
             Tier::Baseline => self.baseline_pcs(memory, code, layout.positions),
             Tier::Optimized | Tier::Other => None,
         };
-        let entries =
-            table.as_ref().map_or(0, |table| table.len()) + pcs.as_ref().map_or(0, |pcs| pcs.len());
-        if self.codes.len() >= MAX_CODES || self.code_entries + entries > MAX_CODE_ENTRIES {
-            self.codes.clear();
-            self.code_entries = 0;
-        }
-        let compiled = Arc::new(Compiled {
+        let inlined = match tier {
+            Tier::Optimized => inlined_functions(&heap, code, &layout.inlining),
+            Tier::Baseline | Tier::Other => None,
+        };
+        let compiled = Compiled {
             start,
             size,
             tier,
             table,
             pcs,
-        });
+            inlined,
+        };
+        let entries = compiled.entries();
+        if self.codes.len() >= MAX_CODES || self.code_entries + entries > MAX_CODE_ENTRIES {
+            self.codes.clear();
+            self.code_entries = 0;
+        }
+        let compiled = Arc::new(compiled);
         let replaced = self
             .codes
             .insert(code, (compiled.clone(), seen, Instant::now()));
-        let replaced = replaced.map_or(0, |(old, _, _)| {
-            old.table.as_ref().map_or(0, |table| table.len())
-                + old.pcs.as_ref().map_or(0, |pcs| pcs.len())
-        });
+        let replaced = replaced.map_or(0, |(old, _, _)| old.entries());
         self.code_entries = self.code_entries + entries - replaced;
         Ok(compiled)
     }
@@ -260,4 +325,83 @@ impl Node {
         let bytecodes = heap.code_bytecodes(code)?;
         Some(Arc::new(PcMap::decode(&table, &bytecodes, sizes)))
     }
+}
+
+impl Compiled {
+    /// The entries its tables hold, counted against the cache's bound.
+    fn entries(&self) -> usize {
+        self.table.as_ref().map_or(0, |table| table.len())
+            + self.pcs.as_ref().map_or(0, |pcs| pcs.len())
+            + self.inlined.as_ref().map_or(0, |inlined| inlined.len())
+    }
+}
+
+/// The chain of inlined frames at `position` of inlining `id`: each
+/// inlined function and the position it was at, innermost first, then
+/// the position of the call in the code's own function. `None` when the
+/// chain leads nowhere (an id past the table, an unknown call, a cycle).
+fn expand(inlined: &[Inlined], mut id: u16, mut position: u32) -> Option<(u32, Vec<(u64, u32)>)> {
+    let mut chain = Vec::new();
+    loop {
+        let function = inlined.get(usize::from(id))?;
+        chain.push((function.shared, position));
+        position = function.call?;
+        match function.caller {
+            None => return Some((position, chain)),
+            Some(_) if chain.len() >= MAX_INLINED_DEPTH.min(inlined.len()) => return None,
+            Some(caller) => id = caller,
+        }
+    }
+}
+
+/// The functions the optimized code at `code` inlined, by inlining id,
+/// from its deoptimization data; `None` when unreadable (or not V8's).
+fn inlined_functions(
+    heap: &Heap<'_, impl Memory>,
+    code: u64,
+    layout: &InliningLayout,
+) -> Option<Arc<[Inlined]>> {
+    let data = heap.field(code, layout.data)?;
+    // Code that inlined nothing may have no data (an empty array).
+    let length = heap
+        .word(data.checked_add(heap.layout.array_length)?)
+        .and_then(small_integer)?;
+    let end = heap
+        .layout
+        .fixed_array_data
+        .checked_add(8 * u64::try_from(length).ok()?)?;
+    if end <= layout.positions.max(layout.literals) {
+        return Some(Arc::from(Vec::new()));
+    }
+    let Found::Table(positions) = heap.byte_array_at(data, layout.positions) else {
+        return None;
+    };
+    if positions.len() % INLINING_POSITION_BYTES != 0 {
+        return None;
+    }
+    let literals = heap.field(data, layout.literals)?;
+    let length = heap
+        .word(literals.checked_add(heap.layout.array_length)?)
+        .and_then(small_integer)?;
+    positions
+        .chunks_exact(INLINING_POSITION_BYTES)
+        .map(|entry| {
+            let raw = i64::from_le_bytes(entry[..8].try_into().ok()?);
+            let index = i32::from_le_bytes(entry[8..12].try_into().ok()?);
+            let index = u64::try_from(index)
+                .ok()
+                .filter(|&index| (index as i64) < length)?;
+            let slot = literals
+                .checked_add(heap.layout.fixed_array_data)?
+                .checked_add(8 * index)?;
+            // Held strongly (tagged 1) or weakly (tagged 3; cleared: 3).
+            let word = heap.word(slot)?;
+            let shared = (word & 1 == 1).then_some(word & !3).filter(|&at| at != 0)?;
+            Some(Inlined {
+                shared,
+                call: script_offset(raw),
+                caller: inlining_id(raw),
+            })
+        })
+        .collect()
 }

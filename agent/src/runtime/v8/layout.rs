@@ -51,6 +51,9 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_Code__instruction_start__uintptr_t",
     "v8dbg_class_Code__instruction_start__Address",
     "v8dbg_class_Code__source_position_table__ByteArray",
+    "v8dbg_class_Code__deoptimization_data__FixedArray",
+    "v8dbg_DeoptimizationDataLiteralArrayIndex",
+    "v8dbg_DeoptimizationDataInliningPositionsIndex",
     "v8dbg_CodeKindBaseline",
     "v8dbg_CodeKindFieldMask",
     "v8dbg_CodeKindFieldShift",
@@ -117,8 +120,10 @@ pub struct Layout {
     pub bytecode_positions: u64,
     /// Where a `ByteArray`'s (or `TrustedByteArray`'s) bytes start.
     pub byte_array_data: u64,
-    /// The type of source position tables (`TrustedByteArray` from V8 12).
+    /// The type of source position tables (`TrustedByteArray` from V8
+    /// 12), and of other byte arrays (V8 12's inlining positions).
     pub type_byte_array: u32,
+    pub type_plain_byte_array: u32,
     /// `InterpreterData` and its `bytecode_array` (a function's data with
     /// a copy of the interpreter's trampoline).
     pub type_interpreter_data: Option<u32>,
@@ -195,6 +200,23 @@ pub struct CodeLayout {
     /// `Code::source_position_table` (baseline code keeps its bytecode
     /// offset table there).
     pub positions: u64,
+    /// What optimized code inlined.
+    pub inlining: InliningLayout,
+}
+
+/// Where optimized code says which functions it inlined: its
+/// `DeoptimizationData`, a fixed array holding the inlining positions (a
+/// byte array of `InliningPosition`s: the call's packed source position,
+/// then the inlined function's index among the literals) and the literals
+/// (a weak fixed array whose first entries are the inlined functions'
+/// `SharedFunctionInfo`s).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InliningLayout {
+    /// `Code::deoptimization_data`.
+    pub data: u64,
+    /// The literals' and the inlining positions' fields in the data.
+    pub literals: u64,
+    pub positions: u64,
 }
 
 /// Where a `Code`'s instructions start.
@@ -242,6 +264,25 @@ fn code_layout(
     }
     .and_then(offset)?;
     let small = |name| value(name).and_then(|value| u32::try_from(value).ok());
+    // A fixed array's element: a word, after the array's header.
+    let elements = value("v8dbg_class_FixedArray__data__uintptr_t")?;
+    let element = |index: i64| {
+        (0..64)
+            .contains(&index)
+            .then(|| elements + 8 * index)
+            .and_then(offset)
+    };
+    let inlining = InliningLayout {
+        data: match version.0 {
+            // Exported by V8 11; after the relocation info in V8 10; first
+            // after the map in V8 12 (as baseline code's bytecode).
+            12 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
+            _ => offset(value("v8dbg_class_Code__deoptimization_data__FixedArray").unwrap_or(16))?,
+        },
+        // Exported by V8 11 and 12; the same in V8 10 (its sources say).
+        literals: element(value("v8dbg_DeoptimizationDataLiteralArrayIndex").unwrap_or(2))?,
+        positions: element(value("v8dbg_DeoptimizationDataInliningPositionsIndex").unwrap_or(7))?,
+    };
     Some(CodeLayout {
         function_code,
         flags: value("v8dbg_class_Code__flags__uint32_t")
@@ -253,6 +294,7 @@ fn code_layout(
         start,
         size,
         positions,
+        inlining,
     })
 }
 
@@ -352,6 +394,7 @@ impl Layout {
                     "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE"
                 },
             )?,
+            type_plain_byte_array: small("v8dbg_type_ByteArray__BYTE_ARRAY_TYPE")?,
             type_interpreter_data: small("v8dbg_type_InterpreterData__INTERPRETER_DATA_TYPE").ok(),
             // Not exported; after the map (V8 10 to 12).
             interpreter_data_bytecode: Some(

@@ -132,7 +132,8 @@ pub enum LineSource {
     /// A frame whose pc is not in its function's current code (on-stack
     /// replacement code, or replaced since).
     CompiledOtherCode,
-    /// A frame in code inlined from another function (not expanded yet).
+    /// A frame in code inlined from another function whose inlining could
+    /// not be read (its frames are not expanded).
     CompiledInlined,
     /// A compiled frame whose code or table could not be read.
     CompiledUnreadable,
@@ -384,6 +385,7 @@ impl Runtime for V8 {
                 .as_deref()
                 .and_then(|named| node.line(&memory, named.script, named.start?))
                 .unwrap_or(0);
+            let mut inlined = Vec::new();
             let line = match (named.as_deref(), shared) {
                 (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => node
                     .running_line(&memory, shared, named.script, recorded.instr)
@@ -399,10 +401,14 @@ impl Runtime for V8 {
                         recorded.instr,
                         leaf && kind == v8::kind::COMPILED,
                     )
-                    .unwrap_or(start),
+                    .map_or(start, |lines| {
+                        inlined = lines.inlined;
+                        lines.line.unwrap_or(start)
+                    }),
                 _ => start,
             };
-            let mut frame = javascript_frame(recorded, named.as_deref(), line, start);
+            inlined.push(javascript_line(named.as_deref(), line, start));
+            let mut frame = javascript_frame(recorded, inlined);
             if let Some(shared) = shared {
                 frame.address = shared;
             }
@@ -554,15 +560,10 @@ impl Node {
     }
 }
 
-/// The frame of a recorded JavaScript frame, at `line` of a function
-/// whose definition starts on `start_line`.
-fn javascript_frame(
-    recorded: runtime::Frame,
-    named: Option<&Named>,
-    line: u32,
-    start_line: u32,
-) -> Frame {
-    let line = match named {
+/// The line of a JavaScript frame at `line` of a function whose
+/// definition starts on `start_line`.
+fn javascript_line(named: Option<&Named>, line: u32, start_line: u32) -> Line {
+    match named {
         Some(named) => Line {
             system_name: named.function.as_str().into(),
             function: named.function.as_str().into(),
@@ -572,12 +573,17 @@ fn javascript_frame(
             start_line,
         },
         None => Line::named(UNNAMED.into(), UNNAMED.into()),
-    };
+    }
+}
+
+/// The frame of a recorded JavaScript frame running `lines` (innermost
+/// first: the functions its code inlined, then its own).
+fn javascript_frame(recorded: runtime::Frame, lines: Vec<Line>) -> Frame {
     Frame {
         kind: FrameKind::JavaScript,
         address: recorded.code & tag::ADDRESS_MASK,
         mapping: None,
         file_offset: recorded.instr,
-        lines: Arc::new([line]),
+        lines: lines.into(),
     }
 }

@@ -87,8 +87,9 @@ impl<M: Memory> Heap<'_, M> {
         self.byte_array_at(bytecode, self.layout.bytecode_positions)
     }
 
-    /// The bytes of the byte array in field `offset` of `object` (a
-    /// source position table: `undefined` until V8 collects one).
+    /// The bytes of the byte array (trusted or not) in field `offset` of
+    /// `object` (a source position table: `undefined` until V8 collects
+    /// one).
     pub fn byte_array_at(&self, object: u64, offset: u64) -> Found {
         let layout = self.layout;
         let Some(field) = object.checked_add(offset) else {
@@ -98,9 +99,10 @@ impl<M: Memory> Heap<'_, M> {
             return Found::Unreadable;
         };
         // `undefined` or an exception marker (oddballs) until collected.
-        let Some(table) = super::names::heap_object(word)
-            .filter(|&table| self.instance_type(table) == Some(layout.type_byte_array))
-        else {
+        let Some(table) = super::names::heap_object(word).filter(|&table| {
+            let kind = self.instance_type(table);
+            kind == Some(layout.type_byte_array) || kind == Some(layout.type_plain_byte_array)
+        }) else {
             return Found::Absent;
         };
         let Some(length) = self
@@ -229,7 +231,7 @@ impl Table {
 
 /// The script offset of packed position `raw`, unless it is external or
 /// unknown.
-fn script_offset(raw: i64) -> Option<u32> {
+pub(super) fn script_offset(raw: i64) -> Option<u32> {
     let raw = raw as u64;
     if raw & 1 != 0 {
         return None;
@@ -239,7 +241,7 @@ fn script_offset(raw: i64) -> Option<u32> {
 }
 
 /// The inlining id of packed position `raw` (`None`: not inlined).
-fn inlining_id(raw: i64) -> Option<u16> {
+pub(super) fn inlining_id(raw: i64) -> Option<u16> {
     let id = ((raw as u64) >> 31) & 0xffff;
     u16::try_from(id).ok()?.checked_sub(1)
 }

@@ -41,6 +41,7 @@ fn layout() -> Layout {
         bytecode_positions: 32,
         byte_array_data: 16,
         type_byte_array: 190,
+        type_plain_byte_array: 190,
         type_interpreter_data: Some(159),
         interpreter_data_bytecode: Some(8),
         type_code: Some(245),
@@ -54,6 +55,11 @@ fn layout() -> Layout {
             start: super::layout::CodeStart::Field(40),
             size: 56,
             positions: 24,
+            inlining: super::layout::InliningLayout {
+                data: 16,
+                literals: 32,
+                positions: 72,
+            },
         }),
         type_function: 2066,
         type_shared_info: 262,
@@ -447,8 +453,10 @@ fn compiled_frames_are_at_their_code_tables_line() {
     assert_eq!(node.shared_of(&image, not_function), None);
     let pc = |offset: u64| BASE + 0x4000 + offset;
     let counted = |source| super::line_count(&super::line_counts(), source);
-    let mut line =
-        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
+    let mut line = |function, pc, leaf| {
+        node.compiled_line(&image, function, shared, script, pc, leaf)
+            .and_then(|lines| lines.line)
+    };
     assert_eq!(line(turbofan, pc(0), true), Some(2));
     assert_eq!(line(turbofan, pc(0x3f), true), Some(2));
     assert_eq!(line(turbofan, pc(0x40), true), Some(3));
@@ -475,8 +483,10 @@ fn compiled_frames_are_at_their_code_tables_line() {
     sizes[5] = 3;
     let mut node = Node::new_for_tests(node.layout.clone());
     node.bytecode_sizes = super::baseline::BytecodeSizes::new(&sizes).map(Arc::new);
-    let mut line =
-        |function, pc, leaf| node.compiled_line(&image, function, shared, script, pc, leaf);
+    let mut line = |function, pc, leaf| {
+        node.compiled_line(&image, function, shared, script, pc, leaf)
+            .and_then(|lines| lines.line)
+    };
     // The entry (0 to 0x10) is the function's first position (line 1).
     assert_eq!(line(sparkplug, pc(0x0f), true), Some(1));
     assert_eq!(line(sparkplug, pc(0x10), true), Some(2));
@@ -486,4 +496,142 @@ fn compiled_frames_are_at_their_code_tables_line() {
     assert_eq!(line(sparkplug, pc(0x30), false), Some(2));
     // Past the last piece: no bytecode.
     assert_eq!(line(sparkplug, pc(0x50), true), None);
+}
+
+/// Optimized code of `handler` that inlined `round`, which inlined
+/// `hotLoop` (script lines end at 15, 35, 55, 75): a pc in `hotLoop`'s
+/// code is `hotLoop` at its line, in `round` at the line of the call, in
+/// `handler` at the line of that call; inlining that leads nowhere (a
+/// caller that is itself, a literal past the array) keeps the frame's
+/// first line, counted.
+#[test]
+fn inlined_code_is_expanded_into_its_functions() {
+    let layout = layout();
+    let mut heap = Builder::new();
+    let string_map = heap.map(BASE + 0x100, 8 | 64);
+    let function_map = heap.map(BASE + 0x180, 2066);
+    let shared_map = heap.map(BASE + 0x200, 262);
+    let script_map = heap.map(BASE + 0x300, 167);
+    let array_map = heap.map(BASE + 0x400, 175);
+    let byte_array_map = heap.map(BASE + 0x600, 190);
+    let code_map = heap.map(BASE + 0x780, 245);
+    let script = heap.object(BASE + 0x1000, script_map);
+    let file = heap.string(BASE + 0x1080, string_map, "/app/hot.js");
+    heap.word(script + 16, Builder::tagged(file));
+    let ends = heap.object(BASE + 0x1100, array_map);
+    heap.word(script + 56, Builder::tagged(ends));
+    heap.word(ends + 8, Builder::smi(4));
+    for (index, end) in [15, 35, 55, 75].iter().enumerate() {
+        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
+    }
+    let shared = |heap: &mut Builder, at: u64, name: &str| {
+        let name = heap.string(at + 0x80, string_map, name);
+        heap.object(at, shared_map);
+        heap.word(at + 16, Builder::tagged(name));
+        heap.word(at + 32, Builder::tagged(script));
+        at
+    };
+    let handler = shared(&mut heap, BASE + 0x1200, "handler");
+    let round = shared(&mut heap, BASE + 0x1300, "round");
+    let hot = shared(&mut heap, BASE + 0x1400, "hotLoop");
+    let packed = |offset: i64, inlining: i64| ((offset + 1) << 1) | ((inlining + 1) << 31);
+    // Offsets 0 → 20 in `handler`, 0x40 → 60 in inlining 1, 0x80 → 40
+    // in inlining 0, 0xc0 → 40 in inlining 2.
+    let table = heap.object(BASE + 0x1800, byte_array_map);
+    let mut bytes = Vec::new();
+    let mut last = 0;
+    for (code, position) in [
+        (0, packed(20, -1)),
+        (0x40, packed(60, 1)),
+        (0x80, packed(40, 0)),
+        (0xc0, packed(40, 2)),
+    ] {
+        super::positions::tests::write_int(&mut bytes, if code == 0 { 1 } else { 0x40 });
+        super::positions::tests::write_int(&mut bytes, position - last);
+        last = position;
+    }
+    heap.word(table + 8, Builder::smi(bytes.len() as i64));
+    let at = (table + 16 - BASE) as usize;
+    heap.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
+    // Inlining 0: `round` (literal 0), called at 22 of `handler`; 1:
+    // `hotLoop` (literal 1), called at 45 of inlining 0; 2: a caller
+    // that is itself.
+    let positions = heap.object(BASE + 0x1900, byte_array_map);
+    let inlinings = [
+        (packed(22, -1), 0i32),
+        (packed(45, 0), 1),
+        (packed(50, 2), 0),
+    ];
+    heap.word(positions + 8, Builder::smi(16 * inlinings.len() as i64));
+    for (index, (position, literal)) in inlinings.iter().enumerate() {
+        let at = positions + 16 + 16 * index as u64;
+        heap.word(at, *position as u64);
+        heap.word(at + 8, *literal as u64);
+    }
+    // Literals: `round` held weakly, `hotLoop` strongly.
+    let literals = heap.object(BASE + 0x1a00, array_map);
+    heap.word(literals + 8, Builder::smi(2));
+    heap.word(literals + 16, round | 3);
+    heap.word(literals + 24, Builder::tagged(hot));
+    let data = |heap: &mut Builder, at: u64, literals: u64| {
+        heap.object(at, array_map);
+        heap.word(at + 8, Builder::smi(8));
+        heap.word(at + 32, Builder::tagged(literals));
+        heap.word(at + 72, Builder::tagged(positions));
+        at
+    };
+    let good = data(&mut heap, BASE + 0x1b00, literals);
+    // Literals too short for `hotLoop`.
+    let short = heap.object(BASE + 0x1c00, array_map);
+    heap.word(short + 8, Builder::smi(1));
+    heap.word(short + 16, Builder::tagged(round));
+    let bad = data(&mut heap, BASE + 0x1d00, short);
+    // TurboFan code (kind 13) at 0x4000, 0x100 bytes, and its function.
+    let function = |heap: &mut Builder, at: u64, data: u64| {
+        let code = heap.object(at, code_map);
+        heap.word(code + 16, Builder::tagged(data));
+        heap.word(code + 24, Builder::tagged(table));
+        heap.word(code + 40, BASE + 0x4000);
+        heap.word(code + 48, 13);
+        heap.word(code + 56, 0x100);
+        heap.object(at + 0x80, function_map);
+        heap.word(at + 0x80 + 24, Builder::tagged(handler));
+        heap.word(at + 0x80 + 48, Builder::tagged(code));
+        at + 0x80
+    };
+    let function_good = function(&mut heap, BASE + 0x2000, good);
+    let function_bad = function(&mut heap, BASE + 0x2200, bad);
+
+    let image = heap.image();
+    let mut node = Node::new_for_tests(layout);
+    let pc = |offset: u64| BASE + 0x4000 + offset;
+    let mut lines = |function, pc| {
+        let lines = node.compiled_line(&image, function, handler, script, pc, true)?;
+        let inlined: Vec<_> = lines
+            .inlined
+            .iter()
+            .map(|line| (line.function.to_string(), line.line))
+            .collect();
+        Some((inlined, lines.line))
+    };
+    let named = |pairs: &[(&str, u32)]| -> Vec<(String, u32)> {
+        pairs
+            .iter()
+            .map(|(name, line)| (name.to_string(), *line))
+            .collect()
+    };
+    assert_eq!(lines(function_good, pc(0x10)), Some((vec![], Some(2))));
+    assert_eq!(
+        lines(function_good, pc(0x50)),
+        Some((named(&[("hotLoop", 4), ("round", 3)]), Some(2)))
+    );
+    assert_eq!(
+        lines(function_good, pc(0x90)),
+        Some((named(&[("round", 3)]), Some(2)))
+    );
+    let counted = |source| super::line_count(&super::line_counts(), source);
+    let before = counted(super::LineSource::CompiledInlined);
+    assert_eq!(lines(function_good, pc(0xd0)), None);
+    assert_eq!(lines(function_bad, pc(0x50)), None);
+    assert!(counted(super::LineSource::CompiledInlined) >= before + 2);
 }
