@@ -152,7 +152,10 @@ pub fn packed_row(
 pub fn pack(rows: &[UnwindRow]) -> std::vec::Vec<u64> {
     use std::{collections::HashMap, vec::Vec};
 
-    let mut ids: HashMap<UnwindRule, u32> = HashMap::new();
+    // Every row is looked up: SipHash on the rule's six fields was a
+    // quarter of a table's load. The rules are the file's, so a hostile
+    // one could only slow its own table down.
+    let mut ids: HashMap<UnwindRule, u32, foldhash::fast::RandomState> = HashMap::default();
     let mut rules: Vec<UnwindRule> = Vec::new();
     let mut words: Vec<u64> = Vec::with_capacity(rows.len() + 1);
     for row in rows {

@@ -206,7 +206,7 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
                 out.cfa_rule = cfa::SIGNAL;
             }
             out.pc = pc;
-            rows.push(out);
+            push_row(rows, out);
             end = row.end_address();
         }
         if let Ok(end) = u32::try_from(end) {
@@ -218,6 +218,17 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
         }
     }
     Ok(())
+}
+
+/// Adds `row` of an FDE. The function before's end marker at its address
+/// loses to it (as [`finish`] would decide): replaced here, so the rows of
+/// FDEs in address order stay sorted, and sorting them is one scan (two
+/// adjacent functions had made every function a run of its own).
+fn push_row(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
+    match rows.last_mut() {
+        Some(last) if last.pc == row.pc && last.cfa_rule == cfa::NOT_COVERED => *last = row,
+        _ => rows.push(row),
+    }
 }
 
 /// One CFI row as an [`UnwindRow`] (its `pc` left 0).
@@ -431,4 +442,52 @@ pub fn vaddr_in(segments: &[LoadSegment], file_offset: u64) -> Option<u64> {
         best.get_or_insert(vaddr);
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pc: u32, cfa_rule: u8, cfa_offset: i32) -> UnwindRow {
+        UnwindRow {
+            pc,
+            cfa_rule,
+            cfa_offset,
+            ..Default::default()
+        }
+    }
+
+    /// Rows pushed as `collect` pushes them (each FDE's rows, then its end
+    /// marker) make the same table as all of them sorted, for functions
+    /// back to back, with a gap, and out of address order.
+    #[test]
+    fn end_markers_replaced_while_pushing_make_the_same_table() {
+        let fdes: [&[(u32, i32)]; 4] = [
+            &[(0x100, 8), (0x104, 24)],
+            // Starts where the one before ends.
+            &[(0x110, 8), (0x111, 16)],
+            // After a gap.
+            &[(0x140, 8)],
+            // Out of order, ending where the first starts.
+            &[(0x0f0, 8), (0x0f8, 32)],
+        ];
+        let ends = [0x110, 0x140, 0x150, 0x100];
+        let (mut naive, mut pushed) = (Vec::new(), Vec::new());
+        for (fde, end) in fdes.iter().zip(ends) {
+            for &(pc, offset) in *fde {
+                naive.push(row(pc, cfa::SP, offset));
+                push_row(&mut pushed, row(pc, cfa::SP, offset));
+            }
+            naive.push(row(end, cfa::NOT_COVERED, 0));
+            pushed.push(row(end, cfa::NOT_COVERED, 0));
+        }
+        assert!(pushed.len() < naive.len());
+        let table = finish(pushed);
+        assert_eq!(table, finish(naive));
+        assert_eq!(
+            table.iter().map(|row| row.pc).collect::<Vec<_>>(),
+            [0x0f0, 0x0f8, 0x100, 0x104, 0x110, 0x111, 0x140, 0x150]
+        );
+        assert_eq!(table[4].cfa_rule, cfa::SP);
+    }
 }
