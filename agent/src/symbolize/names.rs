@@ -8,17 +8,18 @@ pub struct Names {
     text: String,
 }
 
-/// Where one name is in its [`Names`].
+/// Where one name is in its [`Names`]: its first byte (each name ends
+/// with a NUL, which names from symbol tables never hold). Four bytes, not
+/// a start and a length: a table's entries are most of a module's memory
+/// (a binary with 20,000 functions is 20,000 entries).
 #[derive(Debug, Clone, Copy)]
-pub struct NameAt {
-    start: u32,
-    len: u32,
-}
+pub struct NameAt(u32);
 
 impl Names {
-    pub fn with_capacity(bytes: usize) -> Self {
+    /// Room for names of `bytes` in all, `count` of them.
+    pub fn with_capacity(bytes: usize, count: usize) -> Self {
         Names {
-            text: String::with_capacity(bytes),
+            text: String::with_capacity(bytes + count),
         }
     }
 
@@ -27,18 +28,18 @@ impl Names {
     pub fn push(&mut self, parts: &[&str]) -> Option<NameAt> {
         let start = u32::try_from(self.text.len()).ok()?;
         let len = u32::try_from(parts.iter().map(|part| part.len()).sum::<usize>()).ok()?;
-        start.checked_add(len)?;
+        start.checked_add(len)?.checked_add(1)?;
         for part in parts {
             self.text.push_str(part);
         }
-        Some(NameAt { start, len })
+        self.text.push('\0');
+        Some(NameAt(start))
     }
 
+    /// The name at `at`, up to its NUL (a part that held one is cut there).
     pub fn get(&self, at: NameAt) -> &str {
-        let start = at.start as usize;
-        self.text
-            .get(start..start + at.len as usize)
-            .unwrap_or_default()
+        let rest = self.text.get(at.0 as usize..).unwrap_or_default();
+        rest.find('\0').map_or(rest, |end| &rest[..end])
     }
 
     /// Bytes of text held.
