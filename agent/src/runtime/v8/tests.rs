@@ -98,6 +98,21 @@ impl Node {
     }
 }
 
+/// The maps of [`Builder::maps`], by the type they give (`layout()`'s).
+struct Maps {
+    string: u64,
+    function: u64,
+    shared: u64,
+    scope: u64,
+    script: u64,
+    array: u64,
+    bytecode: u64,
+    byte_array: u64,
+    interpreter: u64,
+    code: u64,
+    oddball: u64,
+}
+
 /// A heap under construction: objects at 8-aligned offsets from BASE.
 struct Builder {
     bytes: Vec<u8>,
@@ -139,6 +154,40 @@ impl Builder {
         self.bytes[chars..chars + text.len()].copy_from_slice(text.as_bytes());
         at
     }
+    /// The maps of the types the tests build, each at its own address
+    /// below the objects (which start at `BASE + 0x1000`).
+    fn maps(&mut self) -> Maps {
+        let mut at = BASE + 0x100;
+        let mut map = |kind: u16| {
+            at += 0x40;
+            self.map(at, kind)
+        };
+        Maps {
+            string: map(8 | 64),
+            function: map(2066),
+            shared: map(262),
+            scope: map(261),
+            script: map(167),
+            array: map(175),
+            bytecode: map(191),
+            byte_array: map(190),
+            interpreter: map(159),
+            code: map(245),
+            oddball: map(131),
+        }
+    }
+    /// A script at `at` whose lines end at `ends` (its line ends, an
+    /// array, 0x100 bytes on).
+    fn script(&mut self, maps: &Maps, at: u64, ends: &[i64]) -> u64 {
+        let script = self.object(at, maps.script);
+        let array = self.object(at + 0x100, maps.array);
+        self.word(script + 56, Self::tagged(array));
+        self.word(array + 8, Self::smi(ends.len() as i64));
+        for (index, end) in ends.iter().enumerate() {
+            self.word(array + 16 + 8 * index as u64, Self::smi(*end));
+        }
+        script
+    }
     fn image(&self) -> Image<'_> {
         Image {
             base: BASE,
@@ -153,20 +202,16 @@ impl Builder {
 fn functions_are_named_with_their_script_and_first_line() {
     let layout = layout();
     let mut heap = Builder::new();
-    let string_map = heap.map(BASE + 0x100, 8 | 64);
-    let shared_map = heap.map(BASE + 0x200, 262);
-    let scope_map = heap.map(BASE + 0x300, 261);
-    let script_map = heap.map(BASE + 0x400, 167);
-    let array_map = heap.map(BASE + 0x500, 175);
+    let maps = heap.maps();
     let source = "// x\n\nfunction hotLoop(n) {\n  return n;\n}\n";
-    let name = heap.string(BASE + 0x1000, string_map, "hotLoop");
-    let local = heap.string(BASE + 0x1100, string_map, "n");
-    let empty = heap.string(BASE + 0x1180, string_map, "");
-    let file = heap.string(BASE + 0x1200, string_map, "/app/hot.js");
-    let text = heap.string(BASE + 0x1300, string_map, source);
+    let name = heap.string(BASE + 0x1000, maps.string, "hotLoop");
+    let local = heap.string(BASE + 0x1100, maps.string, "n");
+    let empty = heap.string(BASE + 0x1180, maps.string, "");
+    let file = heap.string(BASE + 0x1200, maps.string, "/app/hot.js");
+    let text = heap.string(BASE + 0x1300, maps.string, source);
     // ScopeInfo: map, flags, parameters, one context local (name, info),
     // the function's name, its start and end.
-    let scope = heap.object(BASE + 0x2000, scope_map);
+    let scope = heap.object(BASE + 0x2000, maps.scope);
     let start = source.find("function").unwrap() as i64;
     let slots = [
         Builder::smi(0),
@@ -182,16 +227,16 @@ fn functions_are_named_with_their_script_and_first_line() {
     for (index, value) in slots.iter().enumerate() {
         heap.word(scope + 8 + 8 * index as u64, *value);
     }
-    let script = heap.object(BASE + 0x3000, script_map);
+    let script = heap.object(BASE + 0x3000, maps.script);
     heap.word(script + 16, Builder::tagged(file));
     heap.word(script + 8, Builder::tagged(text));
     heap.word(script + 56, Builder::smi(0)); // no line ends yet: from the source
-    let shared = heap.object(BASE + 0x4000, shared_map);
+    let shared = heap.object(BASE + 0x4000, maps.shared);
     heap.word(shared + 16, Builder::tagged(scope));
     heap.word(shared + 32, Builder::tagged(script));
-    let plain = heap.object(BASE + 0x5000, shared_map);
+    let plain = heap.object(BASE + 0x5000, maps.shared);
     heap.word(plain + 16, Builder::tagged(name));
-    let ends = heap.object(BASE + 0x6000, array_map);
+    let ends = heap.object(BASE + 0x6000, maps.array);
     heap.word(ends + 8, Builder::smi(2));
     heap.word(ends + 16, Builder::smi(4));
     heap.word(ends + 24, Builder::smi(5));
@@ -284,37 +329,24 @@ fn builtins_are_found_in_every_mapping_of_the_binary() {
 fn interpreted_frames_are_at_their_position_tables_line() {
     let layout = layout();
     let mut heap = Builder::new();
-    let shared_map = heap.map(BASE + 0x200, 262);
-    let script_map = heap.map(BASE + 0x300, 167);
-    let array_map = heap.map(BASE + 0x400, 175);
-    let bytecode_map = heap.map(BASE + 0x500, 191);
-    let byte_array_map = heap.map(BASE + 0x600, 190);
-    let interpreter_map = heap.map(BASE + 0x700, 159);
-    let code_map = heap.map(BASE + 0x780, 245);
-    let oddball_map = heap.map(BASE + 0x7c0, 131);
+    let maps = heap.maps();
     // "function f(n) {\n" ends at 15, line 2 at 35, line 3 at 55.
-    let script = heap.object(BASE + 0x1000, script_map);
-    let ends = heap.object(BASE + 0x1100, array_map);
-    heap.word(script + 56, Builder::tagged(ends));
-    heap.word(ends + 8, Builder::smi(3));
-    for (index, end) in [15, 35, 55].iter().enumerate() {
-        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
-    }
+    let script = heap.script(&maps, BASE + 0x1000, &[15, 35, 55]);
     // Offsets 0 → position 20 (line 2), 10 → 50 (line 3): deltas from
     // (-1, 0), zig-zag; positions packed (offset + 1) << 1.
-    let table = heap.object(BASE + 0x1200, byte_array_map);
+    let table = heap.object(BASE + 0x1200, maps.byte_array);
     heap.word(table + 8, Builder::smi(4));
     heap.bytes[0x1210..0x1214].copy_from_slice(&[0x02, 0x54, 0x14, 0x78]);
-    let undefined = heap.object(BASE + 0x1300, oddball_map);
-    let huge = heap.object(BASE + 0x1380, byte_array_map);
+    let undefined = heap.object(BASE + 0x1300, maps.oddball);
+    let huge = heap.object(BASE + 0x1380, maps.byte_array);
     heap.word(huge + 8, Builder::smi(1 << 30));
     let bytecode = |heap: &mut Builder, at: u64, table: u64| {
-        heap.object(at, bytecode_map);
+        heap.object(at, maps.bytecode);
         heap.word(at + 32, Builder::tagged(table));
         at
     };
     let shared = |heap: &mut Builder, at: u64, data: u64| {
-        heap.object(at, shared_map);
+        heap.object(at, maps.shared);
         heap.word(at + 8, Builder::tagged(data));
         heap.word(at + 32, Builder::tagged(script));
         at
@@ -322,10 +354,10 @@ fn interpreted_frames_are_at_their_position_tables_line() {
     let direct = bytecode(&mut heap, BASE + 0x2000, table);
     let direct = shared(&mut heap, BASE + 0x2100, direct);
     let wrapped = bytecode(&mut heap, BASE + 0x2200, table);
-    let interpreter = heap.object(BASE + 0x2300, interpreter_map);
+    let interpreter = heap.object(BASE + 0x2300, maps.interpreter);
     heap.word(interpreter + 8, Builder::tagged(wrapped));
     let via_interpreter = shared(&mut heap, BASE + 0x2400, interpreter);
-    let code = heap.object(BASE + 0x2500, code_map);
+    let code = heap.object(BASE + 0x2500, maps.code);
     heap.word(code + 16, Builder::tagged(interpreter));
     let via_baseline = shared(&mut heap, BASE + 0x2600, code);
     let lazy = bytecode(&mut heap, BASE + 0x2700, undefined);
@@ -371,23 +403,12 @@ fn interpreted_frames_are_at_their_position_tables_line() {
 fn compiled_frames_are_at_their_code_tables_line() {
     let layout = layout();
     let mut heap = Builder::new();
-    let function_map = heap.map(BASE + 0x100, 2066);
-    let shared_map = heap.map(BASE + 0x200, 262);
-    let script_map = heap.map(BASE + 0x300, 167);
-    let array_map = heap.map(BASE + 0x400, 175);
-    let byte_array_map = heap.map(BASE + 0x600, 190);
-    let code_map = heap.map(BASE + 0x780, 245);
-    let script = heap.object(BASE + 0x1000, script_map);
-    let ends = heap.object(BASE + 0x1100, array_map);
-    heap.word(script + 56, Builder::tagged(ends));
-    heap.word(ends + 8, Builder::smi(3));
-    for (index, end) in [15, 35, 55].iter().enumerate() {
-        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
-    }
+    let maps = heap.maps();
+    let script = heap.script(&maps, BASE + 0x1000, &[15, 35, 55]);
     // Instruction offsets 0 → position 20 (line 2), 0x40 → 50 (line 3),
     // 0x80 → 40 inlined (id 0): zig-zag deltas from (-1, 0); positions
     // packed (offset + 1) << 1, inlining id + 1 from bit 31.
-    let table = heap.object(BASE + 0x1200, byte_array_map);
+    let table = heap.object(BASE + 0x1200, maps.byte_array);
     let inlined = (41i64 << 1) | (1 << 31);
     let mut bytes = Vec::new();
     for value in [1, 42, 0x40, 102 - 42, 0x40, inlined - 102] {
@@ -396,12 +417,12 @@ fn compiled_frames_are_at_their_code_tables_line() {
     heap.word(table + 8, Builder::smi(bytes.len() as i64));
     let at = (table + 16 - BASE) as usize;
     heap.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
-    let shared = heap.object(BASE + 0x1300, shared_map);
+    let shared = heap.object(BASE + 0x1300, maps.shared);
     heap.word(shared + 32, Builder::tagged(script));
     // Code objects (node 20's: entry point at 40, flags at 48, size at
     // 56, table at 24), of kind `kind` and `size` bytes at 0x4000.
     let code = |heap: &mut Builder, at: u64, kind: u64, size: u64| {
-        heap.object(at, code_map);
+        heap.object(at, maps.code);
         heap.word(at + 24, Builder::tagged(table));
         heap.word(at + 40, BASE + 0x4000);
         heap.word(at + 48, kind);
@@ -409,7 +430,7 @@ fn compiled_frames_are_at_their_code_tables_line() {
         at
     };
     let function = |heap: &mut Builder, at: u64, code: u64| {
-        heap.object(at, function_map);
+        heap.object(at, maps.function);
         heap.word(at + 24, Builder::tagged(shared));
         heap.word(at + 48, Builder::tagged(code));
         at
@@ -421,16 +442,16 @@ fn compiled_frames_are_at_their_code_tables_line() {
     let huge = code(&mut heap, BASE + 0x2400, 13, 0xffff_ffff);
     let huge = function(&mut heap, BASE + 0x2500, huge);
     let not_code = function(&mut heap, BASE + 0x2600, script);
-    let not_function = heap.object(BASE + 0x2700, script_map);
+    let not_function = heap.object(BASE + 0x2700, maps.script);
     // Sparkplug code of `shared`'s bytecodes (5, 3 bytes long, at 0;
     // 4, 1 byte, at 3), whose position table puts offset 0 on line 2 and
     // 3 on line 3: entry 0x10 bytes, then 0x20 each.
-    let bytecode_map = heap.map(BASE + 0x500, 191);
-    let bytecode = heap.object(BASE + 0x2800, bytecode_map);
+    let maps = heap.maps();
+    let bytecode = heap.object(BASE + 0x2800, maps.bytecode);
     heap.word(bytecode + 8, Builder::smi(4));
     let at = (bytecode + 54 - BASE) as usize;
     heap.bytes[at..at + 4].copy_from_slice(&[5, 0, 0, 4]);
-    let positions = heap.object(BASE + 0x2900, byte_array_map);
+    let positions = heap.object(BASE + 0x2900, maps.byte_array);
     heap.word(positions + 8, Builder::smi(6));
     let at = (positions + 16 - BASE) as usize;
     // The entry (-1) at 10 (packed 22), +1 → 20 (+20), +3 → 50 (+60):
@@ -438,7 +459,7 @@ fn compiled_frames_are_at_their_code_tables_line() {
     heap.bytes[at..at + 6].copy_from_slice(&[0, 44, 2, 40, 6, 120]);
     heap.word(bytecode + 32, Builder::tagged(positions));
     heap.word(shared + 8, Builder::tagged(bytecode));
-    let offsets = heap.object(BASE + 0x2a00, byte_array_map);
+    let offsets = heap.object(BASE + 0x2a00, maps.byte_array);
     heap.word(offsets + 8, Builder::smi(3));
     let at = (offsets + 16 - BASE) as usize;
     heap.bytes[at..at + 3].copy_from_slice(&[0x10, 0x20, 0x20]);
@@ -508,25 +529,13 @@ fn compiled_frames_are_at_their_code_tables_line() {
 fn inlined_code_is_expanded_into_its_functions() {
     let layout = layout();
     let mut heap = Builder::new();
-    let string_map = heap.map(BASE + 0x100, 8 | 64);
-    let function_map = heap.map(BASE + 0x180, 2066);
-    let shared_map = heap.map(BASE + 0x200, 262);
-    let script_map = heap.map(BASE + 0x300, 167);
-    let array_map = heap.map(BASE + 0x400, 175);
-    let byte_array_map = heap.map(BASE + 0x600, 190);
-    let code_map = heap.map(BASE + 0x780, 245);
-    let script = heap.object(BASE + 0x1000, script_map);
-    let file = heap.string(BASE + 0x1080, string_map, "/app/hot.js");
+    let maps = heap.maps();
+    let script = heap.script(&maps, BASE + 0x1000, &[15, 35, 55, 75]);
+    let file = heap.string(BASE + 0x1080, maps.string, "/app/hot.js");
     heap.word(script + 16, Builder::tagged(file));
-    let ends = heap.object(BASE + 0x1100, array_map);
-    heap.word(script + 56, Builder::tagged(ends));
-    heap.word(ends + 8, Builder::smi(4));
-    for (index, end) in [15, 35, 55, 75].iter().enumerate() {
-        heap.word(ends + 16 + 8 * index as u64, Builder::smi(*end));
-    }
     let shared = |heap: &mut Builder, at: u64, name: &str| {
-        let name = heap.string(at + 0x80, string_map, name);
-        heap.object(at, shared_map);
+        let name = heap.string(at + 0x80, maps.string, name);
+        heap.object(at, maps.shared);
         heap.word(at + 16, Builder::tagged(name));
         heap.word(at + 32, Builder::tagged(script));
         at
@@ -537,7 +546,7 @@ fn inlined_code_is_expanded_into_its_functions() {
     let packed = |offset: i64, inlining: i64| ((offset + 1) << 1) | ((inlining + 1) << 31);
     // Offsets 0 → 20 in `handler`, 0x40 → 60 in inlining 1, 0x80 → 40
     // in inlining 0, 0xc0 → 40 in inlining 2.
-    let table = heap.object(BASE + 0x1800, byte_array_map);
+    let table = heap.object(BASE + 0x1800, maps.byte_array);
     let mut bytes = Vec::new();
     let mut last = 0;
     for (code, position) in [
@@ -556,7 +565,7 @@ fn inlined_code_is_expanded_into_its_functions() {
     // Inlining 0: `round` (literal 0), called at 22 of `handler`; 1:
     // `hotLoop` (literal 1), called at 45 of inlining 0; 2: a caller
     // that is itself.
-    let positions = heap.object(BASE + 0x1900, byte_array_map);
+    let positions = heap.object(BASE + 0x1900, maps.byte_array);
     let inlinings = [
         (packed(22, -1), 0i32),
         (packed(45, 0), 1),
@@ -569,12 +578,12 @@ fn inlined_code_is_expanded_into_its_functions() {
         heap.word(at + 8, *literal as u64);
     }
     // Literals: `round` held weakly, `hotLoop` strongly.
-    let literals = heap.object(BASE + 0x1a00, array_map);
+    let literals = heap.object(BASE + 0x1a00, maps.array);
     heap.word(literals + 8, Builder::smi(2));
     heap.word(literals + 16, round | 3);
     heap.word(literals + 24, Builder::tagged(hot));
     let data = |heap: &mut Builder, at: u64, literals: u64| {
-        heap.object(at, array_map);
+        heap.object(at, maps.array);
         heap.word(at + 8, Builder::smi(8));
         heap.word(at + 32, Builder::tagged(literals));
         heap.word(at + 72, Builder::tagged(positions));
@@ -582,19 +591,19 @@ fn inlined_code_is_expanded_into_its_functions() {
     };
     let good = data(&mut heap, BASE + 0x1b00, literals);
     // Literals too short for `hotLoop`.
-    let short = heap.object(BASE + 0x1c00, array_map);
+    let short = heap.object(BASE + 0x1c00, maps.array);
     heap.word(short + 8, Builder::smi(1));
     heap.word(short + 16, Builder::tagged(round));
     let bad = data(&mut heap, BASE + 0x1d00, short);
     // TurboFan code (kind 13) at 0x4000, 0x100 bytes, and its function.
     let function = |heap: &mut Builder, at: u64, data: u64| {
-        let code = heap.object(at, code_map);
+        let code = heap.object(at, maps.code);
         heap.word(code + 16, Builder::tagged(data));
         heap.word(code + 24, Builder::tagged(table));
         heap.word(code + 40, BASE + 0x4000);
         heap.word(code + 48, 13);
         heap.word(code + 56, 0x100);
-        heap.object(at + 0x80, function_map);
+        heap.object(at + 0x80, maps.function);
         heap.word(at + 0x80 + 24, Builder::tagged(handler));
         heap.word(at + 0x80 + 48, Builder::tagged(code));
         at + 0x80
