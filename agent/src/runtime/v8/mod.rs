@@ -57,6 +57,11 @@ const MAX_TABLE_ENTRIES: usize = 1 << 20;
 const MAX_SCRIPTS: usize = 1024;
 /// Binaries whose symbols are kept.
 const MAX_BINARIES: usize = 16;
+/// How long a named frame is reused for the same recorded frame (its
+/// function and pc, or shared info and bytecode offset).
+const FRAME_REUSE: Duration = Duration::from_millis(500);
+/// Named frames kept per process; past it the cache starts over.
+const MAX_RECENT_FRAMES: usize = 16384;
 /// A frame the kernel recorded that could not be named.
 const UNNAMED: &str = "[unknown JavaScript frame]";
 
@@ -105,7 +110,13 @@ struct Node {
     /// The bytecodes' lengths (`None`: not found; Sparkplug frames keep
     /// their first line).
     bytecode_sizes: Option<Arc<baseline::BytecodeSizes>>,
+    /// Frames named lately, by recorded frame and leafness.
+    recent: HashMap<(u64, u64, bool), RecentFrame>,
 }
+
+/// A frame named lately: the frame, the line sources its naming counted,
+/// when.
+type RecentFrame = (Frame, [u8; LINE_SOURCES], Instant);
 
 /// A function's bytecode position table (`Err`: none collected yet, or
 /// none readable), the bytecode and table addresses it was read at, when
@@ -147,6 +158,15 @@ static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOU
 
 fn count(source: LineSource) {
     LINES[source as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts again what one naming counted (a reused frame).
+fn recount(counted: &[u8; LINE_SOURCES]) {
+    for (line, &n) in LINES.iter().zip(counted) {
+        if n > 0 {
+            line.fetch_add(u64::from(n), Ordering::Relaxed);
+        }
+    }
 }
 
 /// The frames named from each [`LineSource`] (by its index) since the
@@ -261,6 +281,7 @@ impl V8 {
             codes: HashMap::new(),
             code_entries: 0,
             bytecode_sizes,
+            recent: HashMap::new(),
         })
     }
 
@@ -371,48 +392,7 @@ impl Runtime for V8 {
         };
         let memory = memory::Process(pid);
         super::replace_marks(tag::V8, stack, frames, |recorded, leaf| {
-            let address = recorded.code & tag::ADDRESS_MASK;
-            let kind = tag::of(recorded.code) & !tag::RUNTIME_MASK;
-            // A compiled frame is its `JSFunction`; others their shared info.
-            let compiled = kind == v8::kind::COMPILED || kind == v8::kind::COMPILED_CALL;
-            let shared = if compiled {
-                node.shared_of(&memory, address)
-            } else {
-                Some(address)
-            };
-            let named = shared.and_then(|shared| node.name(&memory, shared));
-            let start = named
-                .as_deref()
-                .and_then(|named| node.line(&memory, named.script, named.start?))
-                .unwrap_or(0);
-            let mut inlined = Vec::new();
-            let line = match (named.as_deref(), shared) {
-                (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => node
-                    .running_line(&memory, shared, named.script, recorded.instr)
-                    .unwrap_or(start),
-                // Stopped in a frameless builtin: `instr` is the return
-                // address into the frame's code, looked up as a caller's.
-                (Some(named), Some(shared)) if compiled => node
-                    .compiled_line(
-                        &memory,
-                        address,
-                        shared,
-                        named.script,
-                        recorded.instr,
-                        leaf && kind == v8::kind::COMPILED,
-                    )
-                    .map_or(start, |lines| {
-                        inlined = lines.inlined;
-                        lines.line.unwrap_or(start)
-                    }),
-                _ => start,
-            };
-            inlined.push(javascript_line(named.as_deref(), line, start));
-            let mut frame = javascript_frame(recorded, inlined);
-            if let Some(shared) = shared {
-                frame.address = shared;
-            }
-            frame
+            node.named_frame(&memory, recorded, leaf)
         });
     }
 
@@ -427,6 +407,76 @@ impl Runtime for V8 {
 }
 
 impl Node {
+    /// The frame of `recorded` (`leaf`: where the CPU was), named. The
+    /// same hot frames come back in sample after sample: each is named
+    /// once per [`FRAME_REUSE`] (naming one reads the process's memory a
+    /// few times), its line sources counted again at each reuse.
+    fn named_frame(&mut self, memory: &impl Memory, recorded: runtime::Frame, leaf: bool) -> Frame {
+        let key = (recorded.code, recorded.instr, leaf);
+        if let Some((frame, counted, at)) = self.recent.get(&key)
+            && at.elapsed() < FRAME_REUSE
+        {
+            recount(counted);
+            return frame.clone();
+        }
+        let before = line_counts();
+        let frame = self.frame(memory, recorded, leaf);
+        let after = line_counts();
+        let counted = std::array::from_fn(|at| (after[at] - before[at]).min(255) as u8);
+        if self.recent.len() >= MAX_RECENT_FRAMES {
+            self.recent.clear();
+        }
+        self.recent
+            .insert(key, (frame.clone(), counted, Instant::now()));
+        frame
+    }
+
+    /// The frame of `recorded` (`leaf`: where the CPU was), named.
+    fn frame(&mut self, memory: &impl Memory, recorded: runtime::Frame, leaf: bool) -> Frame {
+        let address = recorded.code & tag::ADDRESS_MASK;
+        let kind = tag::of(recorded.code) & !tag::RUNTIME_MASK;
+        // A compiled frame is its `JSFunction`; others their shared info.
+        let compiled = kind == v8::kind::COMPILED || kind == v8::kind::COMPILED_CALL;
+        let shared = if compiled {
+            self.shared_of(memory, address)
+        } else {
+            Some(address)
+        };
+        let named = shared.and_then(|shared| self.name(memory, shared));
+        let start = named
+            .as_deref()
+            .and_then(|named| self.line(memory, named.script, named.start?))
+            .unwrap_or(0);
+        let mut inlined = Vec::new();
+        let line = match (named.as_deref(), shared) {
+            (Some(named), Some(shared)) if kind == v8::kind::INTERPRETED => self
+                .running_line(memory, shared, named.script, recorded.instr)
+                .unwrap_or(start),
+            // Stopped in a frameless builtin: `instr` is the return
+            // address into the frame's code, looked up as a caller's.
+            (Some(named), Some(shared)) if compiled => self
+                .compiled_line(
+                    memory,
+                    address,
+                    shared,
+                    named.script,
+                    recorded.instr,
+                    leaf && kind == v8::kind::COMPILED,
+                )
+                .map_or(start, |lines| {
+                    inlined = lines.inlined;
+                    lines.line.unwrap_or(start)
+                }),
+            _ => start,
+        };
+        inlined.push(javascript_line(named.as_deref(), line, start));
+        let mut frame = javascript_frame(recorded, inlined);
+        if let Some(shared) = shared {
+            frame.address = shared;
+        }
+        frame
+    }
+
     /// The name of the function whose `SharedFunctionInfo` is at `shared`,
     /// cached, and checked again now and then: the collector moves and
     /// frees these objects.

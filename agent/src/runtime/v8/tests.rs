@@ -94,6 +94,7 @@ impl Node {
             codes: Default::default(),
             code_entries: 0,
             bytecode_sizes: None,
+            recent: Default::default(),
         }
     }
 }
@@ -643,4 +644,51 @@ fn inlined_code_is_expanded_into_its_functions() {
     assert_eq!(lines(function_good, pc(0xd0)), None);
     assert_eq!(lines(function_bad, pc(0x50)), None);
     assert!(counted(super::LineSource::CompiledInlined) >= before + 2);
+}
+
+/// A recorded frame named once is reused (its line sources counted
+/// again) until `FRAME_REUSE` has passed: a compiled frame whose function
+/// now points at another function's shared info keeps its first name for
+/// the same recorded frame (function and pc), and is named afresh for
+/// another pc.
+#[test]
+fn a_named_frame_is_reused_for_the_same_recorded_frame() {
+    use hostprof_common::{runtime::tag, v8};
+    let layout = layout();
+    let function = BASE + 0x2000;
+    let heap = |shared: u64| {
+        let mut heap = Builder::new();
+        let maps = heap.maps();
+        for (at, name) in [(BASE + 0x1000, "first"), (BASE + 0x3000, "second")] {
+            let name = heap.string(at + 0x100, maps.string, name);
+            heap.object(at, maps.shared);
+            heap.word(at + 16, Builder::tagged(name));
+        }
+        heap.object(function, maps.function);
+        heap.word(function + 24, Builder::tagged(shared));
+        heap
+    };
+    let (first, second) = (heap(BASE + 0x1000), heap(BASE + 0x3000));
+    let at = |pc: u64| hostprof_common::runtime::Frame {
+        code: tag::apply(tag::V8 | v8::kind::COMPILED, function),
+        instr: pc,
+    };
+    let mut node = Node::new_for_tests(layout);
+    let name = |frame: crate::model::Frame| frame.lines[0].function.to_string();
+    let counted = || super::line_counts().iter().sum::<u64>();
+    assert_eq!(
+        name(node.named_frame(&first.image(), at(0x10), true)),
+        "first"
+    );
+    let before = counted();
+    assert_eq!(
+        name(node.named_frame(&second.image(), at(0x10), true)),
+        "first"
+    );
+    // The naming counted (no code: unreadable), and so did its reuse.
+    assert!(counted() > before);
+    assert_eq!(
+        name(node.named_frame(&second.image(), at(0x20), true)),
+        "second"
+    );
 }
