@@ -107,7 +107,7 @@ pub(in crate::cli) fn unwind_report(
              its position table unreadable {}; compiled frames at their running line {}, at \
              their function's first line: Sparkplug pc unmapped {}, pc outside the function's \
              current code {}, in inlined code not expanded {}, code or table unreadable {}, V8's code \
-             layout unknown {}\n",
+             layout unknown {}; frames of scripts without lines (node's own) {}\n",
             counters.get(Counter::V8Frames),
             counters.get(Counter::V8NotFunction),
             stop_list(counters, &Counter::V8_STOPS, "v8_"),
@@ -120,6 +120,7 @@ pub(in crate::cli) fn unwind_report(
             n(CompiledInlined),
             n(CompiledUnreadable),
             n(CompiledUnknown),
+            n(ScriptWithoutLines),
         )
     } else {
         String::new()

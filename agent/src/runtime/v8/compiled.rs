@@ -135,7 +135,7 @@ impl Node {
         let line = self.line(memory, script, position);
         count(match line {
             Some(_) => LineSource::Compiled,
-            None => LineSource::CompiledUnreadable,
+            None => LineSource::ScriptWithoutLines,
         });
         let inlined = chain
             .into_iter()

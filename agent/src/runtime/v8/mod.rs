@@ -150,10 +150,14 @@ pub enum LineSource {
     CompiledUnreadable,
     /// A compiled frame of a V8 whose code layout the agent does not know.
     CompiledUnknown,
+    /// A frame (interpreted or compiled) whose script has no line table
+    /// the agent can read (node's own modules: their source is kept
+    /// outside V8's heap): at its function's first line, or none.
+    ScriptWithoutLines,
 }
 
 /// How many of each [`LineSource`].
-pub const LINE_SOURCES: usize = 9;
+pub const LINE_SOURCES: usize = 10;
 static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOURCES];
 
 fn count(source: LineSource) {
@@ -549,7 +553,10 @@ impl Node {
             }
         };
         let position = table.script_offset_at(offset)?;
-        let line = self.line(memory, script, position)?;
+        let Some(line) = self.line(memory, script, position) else {
+            count(LineSource::ScriptWithoutLines);
+            return None;
+        };
         count(LineSource::Interpreted);
         Some(line)
     }

@@ -501,6 +501,12 @@ fn compiled_frames_are_at_their_code_tables_line() {
     assert_eq!(line(not_code, pc(0x40), true), None);
     assert!(counted(super::LineSource::CompiledUnreadable) >= before + 2);
 
+    // A script without lines (none here): no line, counted as such.
+    let before = counted(super::LineSource::ScriptWithoutLines);
+    let lines = node.compiled_line(&image, turbofan, shared, 0, pc(0), true);
+    assert_eq!(lines.map(|lines| lines.line), Some(None));
+    assert!(counted(super::LineSource::ScriptWithoutLines) > before);
+
     let mut sizes = vec![1u8; 3 * 6];
     sizes[5] = 3;
     let mut node = Node::new_for_tests(node.layout.clone());
@@ -615,30 +621,23 @@ fn inlined_code_is_expanded_into_its_functions() {
     let image = heap.image();
     let mut node = Node::new_for_tests(layout);
     let pc = |offset: u64| BASE + 0x4000 + offset;
+    // Each inlined function as `name:line`, innermost first, then the
+    // frame's own line.
     let mut lines = |function, pc| {
         let lines = node.compiled_line(&image, function, handler, script, pc, true)?;
-        let inlined: Vec<_> = lines
-            .inlined
-            .iter()
-            .map(|line| (line.function.to_string(), line.line))
+        let inlined = lines.inlined.iter();
+        let inlined: Vec<_> = inlined
+            .map(|l| format!("{}:{}", l.function, l.line))
             .collect();
         Some((inlined, lines.line))
     };
-    let named = |pairs: &[(&str, u32)]| -> Vec<(String, u32)> {
-        pairs
-            .iter()
-            .map(|(name, line)| (name.to_string(), *line))
-            .collect()
-    };
     assert_eq!(lines(function_good, pc(0x10)), Some((vec![], Some(2))));
+    let expected = |names: &[&str]| Some((names.iter().map(|n| n.to_string()).collect(), Some(2)));
     assert_eq!(
         lines(function_good, pc(0x50)),
-        Some((named(&[("hotLoop", 4), ("round", 3)]), Some(2)))
+        expected(&["hotLoop:4", "round:3"])
     );
-    assert_eq!(
-        lines(function_good, pc(0x90)),
-        Some((named(&[("round", 3)]), Some(2)))
-    );
+    assert_eq!(lines(function_good, pc(0x90)), expected(&["round:3"]));
     let counted = |source| super::line_count(&super::line_counts(), source);
     let before = counted(super::LineSource::CompiledInlined);
     assert_eq!(lines(function_good, pc(0xd0)), None);
