@@ -16,6 +16,7 @@ use hostprof_common::{
 use super::{
     Registry, Runtime, RuntimeCode,
     hotspot::{HotspotError, JavaFrame, Jvm, LibjvmCache},
+    recent::Recent,
 };
 use crate::model::{CodeRange, Frame, FrameKind, Line, Mapping};
 
@@ -32,13 +33,20 @@ const UNNAMED: &str = "[unknown Java frame]";
 
 /// What is known of a process.
 enum State {
-    Jvm(Box<Jvm>),
+    Jvm(Box<Attached>),
     /// No JVM (yet) when last looked at: no `libjvm.so`, or a JVM still
     /// starting.
     NotYet(Instant),
     /// A JVM that cannot be walked (said once); looked at again after an
     /// exec.
     Unsupported,
+}
+
+/// A JVM walked, and its frames named lately (by recorded method or code
+/// and bci or pc; a frame of a hot method is named once, not per sample).
+struct Attached {
+    jvm: Jvm,
+    recent: Recent<(u64, u64), Frame>,
 }
 
 /// The JVMs of the processes seen (the attribution thread owns it).
@@ -98,16 +106,25 @@ impl Runtime for Java {
             "pid {pid}: Java {}: its frames are walked",
             jvm.version().as_deref().unwrap_or("(unknown version)")
         );
-        self.processes.set(pid, State::Jvm(Box::new(jvm)));
+        self.processes.set(
+            pid,
+            State::Jvm(Box::new(Attached {
+                jvm,
+                recent: Recent::default(),
+            })),
+        );
         true
     }
 
     fn add_frames(&mut self, pid: u32, stack: &runtime::Stack, frames: &mut Vec<Frame>) {
-        let Some(State::Jvm(jvm)) = self.processes.get_mut(pid) else {
+        let Some(State::Jvm(attached)) = self.processes.get_mut(pid) else {
             return;
         };
+        let Attached { jvm, recent } = &mut **attached;
         super::replace_marks(tag::HOTSPOT, stack, frames, |recorded, _leaf| {
-            java_frame(recorded, &jvm.name_frame(recorded))
+            recent.get_or_name((recorded.code, recorded.instr), || {
+                java_frame(recorded, &jvm.name_frame(recorded))
+            })
         });
     }
 

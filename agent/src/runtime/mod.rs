@@ -10,6 +10,8 @@
 //!   interpreted code, found by the kernel's walk in the code cache);
 //! - [`v8`]: Node.js, its JavaScript frames (every tier, found by the
 //!   kernel's frame-pointer walk of V8's code);
+//! - `recent`: the frames each names, kept a moment for the samples that
+//!   repeat them;
 //! - [`refusals`]: what the name readers refused of a process's memory;
 //! - [`go_labels`]: no frames, the pprof labels of Go's goroutines, whose
 //!   place it tells the kernel;
@@ -20,6 +22,7 @@ pub mod elf;
 pub mod go_labels;
 pub mod hotspot;
 pub mod java;
+mod recent;
 pub mod refusals;
 mod registry;
 pub mod thread_ctx;

@@ -29,7 +29,7 @@ use hostprof_common::{
     v8,
 };
 
-use super::{Registry, Runtime, RuntimeCode, elf};
+use super::{Registry, Runtime, RuntimeCode, elf, recent::Recent};
 use crate::{
     model::{CodeRange, Frame, FrameKind, Line, Mapping},
     procs::memory::{self, Memory},
@@ -57,11 +57,6 @@ const MAX_TABLE_ENTRIES: usize = 1 << 20;
 const MAX_SCRIPTS: usize = 1024;
 /// Binaries whose symbols are kept.
 const MAX_BINARIES: usize = 16;
-/// How long a named frame is reused for the same recorded frame (its
-/// function and pc, or shared info and bytecode offset).
-const FRAME_REUSE: Duration = Duration::from_millis(500);
-/// Named frames kept per process; past it the cache starts over.
-const MAX_RECENT_FRAMES: usize = 16384;
 /// A frame the kernel recorded that could not be named.
 const UNNAMED: &str = "[unknown JavaScript frame]";
 
@@ -110,13 +105,11 @@ struct Node {
     /// The bytecodes' lengths (`None`: not found; Sparkplug frames keep
     /// their first line).
     bytecode_sizes: Option<Arc<baseline::BytecodeSizes>>,
-    /// Frames named lately, by recorded frame and leafness.
-    recent: HashMap<(u64, u64, bool), RecentFrame>,
+    /// Frames named lately, by recorded frame (its function and pc, or
+    /// shared info and bytecode offset) and leafness, with the line
+    /// sources their naming counted.
+    recent: Recent<(u64, u64, bool), (Frame, [u8; LINE_SOURCES])>,
 }
-
-/// A frame named lately: the frame, the line sources its naming counted,
-/// when.
-type RecentFrame = (Frame, [u8; LINE_SOURCES], Instant);
 
 /// A function's bytecode position table (`Err`: none collected yet, or
 /// none readable), the bytecode and table addresses it was read at, when
@@ -285,7 +278,7 @@ impl V8 {
             codes: HashMap::new(),
             code_entries: 0,
             bytecode_sizes,
-            recent: HashMap::new(),
+            recent: Recent::default(),
         })
     }
 
@@ -411,15 +404,12 @@ impl Runtime for V8 {
 }
 
 impl Node {
-    /// The frame of `recorded` (`leaf`: where the CPU was), named. The
-    /// same hot frames come back in sample after sample: each is named
-    /// once per [`FRAME_REUSE`] (naming one reads the process's memory a
-    /// few times), its line sources counted again at each reuse.
+    /// The frame of `recorded` (`leaf`: where the CPU was), named once per
+    /// [`super::recent::REUSE`] (naming one reads the process's memory a few
+    /// times), its line sources counted again at each reuse.
     fn named_frame(&mut self, memory: &impl Memory, recorded: runtime::Frame, leaf: bool) -> Frame {
         let key = (recorded.code, recorded.instr, leaf);
-        if let Some((frame, counted, at)) = self.recent.get(&key)
-            && at.elapsed() < FRAME_REUSE
-        {
+        if let Some((frame, counted)) = self.recent.get(&key) {
             recount(counted);
             return frame.clone();
         }
@@ -427,11 +417,7 @@ impl Node {
         let frame = self.frame(memory, recorded, leaf);
         let after = line_counts();
         let counted = std::array::from_fn(|at| (after[at] - before[at]).min(255) as u8);
-        if self.recent.len() >= MAX_RECENT_FRAMES {
-            self.recent.clear();
-        }
-        self.recent
-            .insert(key, (frame.clone(), counted, Instant::now()));
+        self.recent.insert(key, (frame.clone(), counted));
         frame
     }
 

@@ -646,7 +646,7 @@ fn inlined_code_is_expanded_into_its_functions() {
 }
 
 /// A recorded frame named once is reused (its line sources counted
-/// again) until `FRAME_REUSE` has passed: a compiled frame whose function
+/// again) until `recent::REUSE` has passed: a compiled frame whose function
 /// now points at another function's shared info keeps its first name for
 /// the same recorded frame (function and pc), and is named afresh for
 /// another pc.
