@@ -496,6 +496,71 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
     );
 }
 
+/// `record` and `top` start with the lean sampling program (no JIT
+/// runtimes' walks, no Go labels), whose verifier walk is a fraction of
+/// the whole program's, and replace it with the whole one, which then
+/// samples, once a process needs it.
+#[test]
+fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let options = SamplerOptions {
+        lean_start: true,
+        bpf_stats: true,
+        frequency_hz: 999,
+        ..Default::default()
+    };
+    let mut sampler = Sampler::load(&options).expect("load the sampler");
+    assert!(
+        sampler.can_upgrade(),
+        "Linux 6.18 runs the modern variant, which has a lean program"
+    );
+    let lean = sampler.program_stats().expect("the program's info");
+    sampler.start_sampling(999).expect("start sampling");
+    // The lean program samples (every CPU's events run it).
+    let runs = |sampler: &Sampler| sampler.program_stats().expect("the program's info").runs;
+    wait_until("the lean program's first 100 runs", || {
+        runs(&sampler) >= 100
+    });
+    assert!(sampler.upgrade().expect("load the whole program"));
+    assert!(!sampler.can_upgrade());
+    assert!(!sampler.upgrade().expect("nothing to do"));
+    let both = sampler.program_stats().expect("the programs' info");
+    if let (Some(lean), Some(both)) = (lean.verified_instructions, both.verified_instructions) {
+        let whole = both - lean;
+        println!(
+            "the verifier walked {lean} instructions for the lean program, {whole} for the whole one"
+        );
+        assert!(
+            lean >= 1_000 && lean * 2 < whole,
+            "lean {lean}, whole {whole}"
+        );
+    }
+    // The whole program samples on after the lean one left the events.
+    let after = runs(&sampler);
+    wait_until("100 runs after the upgrade", || {
+        runs(&sampler) >= after + 100
+    });
+    sampler.stop();
+}
+
+/// Spins (so that this CPU is sampled too) until `done`, for at most
+/// 60 s.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    let mut sink = 0u64;
+    while !done() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no {what} in 60 s"
+        );
+        for i in 0..1_000_000u64 {
+            sink = std::hint::black_box(sink.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+}
+
 /// The number just before `word` in `line` ("… 12 hits, …").
 fn number_before(line: &str, word: &str) -> u64 {
     let at = line.find(word).unwrap_or_else(|| panic!("{word}: {line}"));

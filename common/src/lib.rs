@@ -37,6 +37,10 @@ pub const COMM_LEN: usize = 16;
 
 /// The perf_event program attached to every online CPU.
 pub const PROGRAM_SAMPLE: &str = "sample_cpu";
+/// [`PROGRAM_SAMPLE`] without the JIT runtimes' walks and Go's labels
+/// (modern variant): attached first by `record` and `top`, replaced by
+/// the whole program once a process needs those.
+pub const PROGRAM_SAMPLE_LEAN: &str = "sample_cpu_lean";
 /// Raw tracepoint on `sched_process_fork`: adds children of filtered processes
 /// to the filter, so `hostprof record -- COMMAND` follows the whole tree.
 pub const PROGRAM_FOLLOW_FORK: &str = "follow_fork";

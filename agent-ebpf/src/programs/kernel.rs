@@ -16,6 +16,11 @@ pub(super) trait Kernel {
     /// `bpf_loop` is there (a constant: a legacy program must not even
     /// name a loop callback).
     const BPF_LOOP: bool;
+    /// The program walks JIT runtimes' frames and reads Go's labels, when
+    /// the agent's globals say so too. Without (`Modern<false>`, the lean
+    /// program), the verifier has a quarter of the work: what the agent
+    /// loads first outside `hostprof agent`, until a process needs more.
+    const RUNTIMES: bool;
     /// The current task's user registers (`struct pt_regs`, saved on
     /// kernel entry: right whether the sample hit user or kernel code),
     /// or null.
@@ -42,11 +47,13 @@ pub(super) trait Kernel {
         Self: Sized;
 }
 
-/// Linux 5.17 and later.
-pub(super) struct Modern;
+/// Linux 5.17 and later; `FULL`: with the runtimes' walks and Go's
+/// labels ([`Kernel::RUNTIMES`]).
+pub(super) struct Modern<const FULL: bool = true>;
 
-impl Kernel for Modern {
+impl<const FULL: bool> Kernel for Modern<FULL> {
     const BPF_LOOP: bool = true;
+    const RUNTIMES: bool = FULL;
 
     #[inline(always)]
     fn user_regs() -> *const u8 {
@@ -60,7 +67,7 @@ impl Kernel for Modern {
         if runtime == hostprof_common::runtime::tag::V8 {
             super::v8::step(state)
         } else {
-            super::hotspot::step::<Modern>(state)
+            super::hotspot::step::<Self>(state)
         }
     }
 
@@ -74,7 +81,7 @@ impl Kernel for Modern {
     ) -> Option<(u32, u32)> {
         let mappings = PROCESS_MAPPINGS.get_ptr(&tgid)?;
         let state = unsafe { &mut *UNWIND_STATE.get_ptr_mut(slot)? };
-        start_unwind::<Modern>(state, tgid)?;
+        start_unwind::<Self>(state, tgid)?;
         let mut ctx = FrameCtx {
             slot,
             _pad: 0,
@@ -83,7 +90,7 @@ impl Kernel for Modern {
         unsafe {
             bpf_loop(
                 MAX_USER_STACK_DEPTH as u32,
-                unwind_frame as *mut c_void,
+                unwind_frame::<Self> as *mut c_void,
                 (&mut ctx as *mut FrameCtx).cast(),
                 0,
             )
@@ -167,6 +174,8 @@ pub(super) const LEGACY_ROW_PROBES: u32 = 22;
 
 impl Kernel for Legacy {
     const BPF_LOOP: bool = false;
+    /// Its runtimes' walks are programs of their own, tail-called.
+    const RUNTIMES: bool = true;
 
     #[inline(always)]
     fn user_regs() -> *const u8 {

@@ -339,7 +339,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // A Go goroutine's pprof labels, in the same room, when the
         // thread has no OpenTelemetry context (a cgo program's C library
         // publishing one wins: its record is the richer).
-        let trace = if trace == 0 && read_volatile(&GO_LABELS) != 0 {
+        let trace = if trace == 0 && K::RUNTIMES && read_volatile(&GO_LABELS) != 0 {
             K::go_labels(
                 tgid,
                 &raw mut (*sample).trace,

@@ -108,7 +108,7 @@ pub(super) struct FrameCtx {
 
 /// One frame per call, from `bpf_loop`; `ctx` points at a [`FrameCtx`].
 /// Returns 1 to stop.
-pub(super) extern "C" fn unwind_frame(_index: u64, ctx: *mut c_void) -> i64 {
+pub(super) extern "C" fn unwind_frame<K: Kernel>(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the FrameCtx on the caller's stack.
     let ctx = unsafe { &*(ctx as *const FrameCtx) };
     let Some(state) = UNWIND_STATE.get_ptr_mut(ctx.slot) else {
@@ -123,7 +123,7 @@ pub(super) extern "C" fn unwind_frame(_index: u64, ctx: *mut c_void) -> i64 {
         state.reason = unwind::reason::UNKNOWN_PROCESS;
         return 1;
     };
-    i64::from(frame::<Modern>(state, mappings, 0))
+    i64::from(frame::<K>(state, mappings, 0))
 }
 
 /// Walks one frame of the unwind in `state`; true when the unwind is over
@@ -164,7 +164,7 @@ pub(super) fn frame<K: Kernel>(
             true
         }
         // The runtime the agent marked the mapping with.
-        Step::Runtime(runtime) if unsafe { read_volatile(&RUNTIME_WALK) } != 0 => {
+        Step::Runtime(runtime) if K::RUNTIMES && unsafe { read_volatile(&RUNTIME_WALK) } != 0 => {
             K::runtime_step(state, runtime)
         }
         Step::Runtime(_) => {

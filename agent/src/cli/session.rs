@@ -168,6 +168,8 @@ impl<T: Send + 'static> Session<T> {
                 }
             }
         }
+        // A named JVM, Node.js or Go program: walked from its first sample.
+        upgrade_when_wanted(&mut sampler);
         let (requests, unwind, mirror) = match options.unwind {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;
@@ -312,5 +314,20 @@ impl<T: Send + 'static> Session<T> {
             map_bytes: self.sampler.map_bytes(),
             unwind,
         })
+    }
+}
+
+/// Replaces a lean sampling program with the whole one once a process
+/// needs the JIT runtimes' walks or Go's labels (`crate::runtime`); a
+/// failure is said once, and the lean program samples on.
+pub fn upgrade_when_wanted(sampler: &mut Sampler) {
+    if !sampler.can_upgrade() || !crate::runtime::walks_wanted() {
+        return;
+    }
+    if let Err(err) = sampler.upgrade() {
+        tracing::warn!(
+            "Java and JavaScript frames and Go labels stay unread: the whole sampling program \
+             did not load ({err})"
+        );
     }
 }

@@ -83,6 +83,8 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
         pids: (!args.pids.is_empty()).then(|| args.pids.clone()),
         off_cpu: settings.off_cpu_options(),
         process_environment: settings.process_environment,
+        // The whole sampling program once a process needs it.
+        lean_start: true,
         ..Default::default()
     };
     let unit = match settings.off_cpu {
@@ -93,7 +95,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     };
     let sink = TopSink::new(unit);
     let mut worker_sink = sink.clone();
-    let session = Session::start(
+    let mut session = Session::start(
         &options,
         settings.symbolizer_options(),
         settings.table_cache_options(),
@@ -148,6 +150,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
                 if terminal_gone(terminals) {
                     quit.store(true, Ordering::Relaxed);
                 }
+                super::session::upgrade_when_wanted(&mut session.sampler);
                 let lost = session.sampler.counters().map(|c| c.lost()).unwrap_or(0)
                     + session.reader_progress.borrow().dropped_backlog;
                 let exited = !args.pids.is_empty()

@@ -242,6 +242,7 @@ impl Runtime for GoLabels {
         };
         if let Some(process) = found {
             self.processes.register(pid, process);
+            super::want_walks();
             if process.g_in == go::G_IN_REGISTER {
                 tracing::debug!(
                     "pid {pid}: Go process, g in a register, labels at {}",

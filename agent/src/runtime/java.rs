@@ -96,6 +96,7 @@ impl Runtime for Java {
             }
         };
         self.processes.register(pid, jvm.kernel_process());
+        super::want_walks();
         let code = jvm.code_ranges().into_iter();
         self.code.set(
             pid,

@@ -33,7 +33,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -67,6 +67,21 @@ impl RuntimeCode {
         let code = self.0.lock().unwrap_or_else(|e| e.into_inner());
         code.get(&pid).cloned().unwrap_or_default()
     }
+}
+
+/// A process the sampling program's JIT runtime walks or Go label reads
+/// are for was registered with the kernel (`crate::sampler`'s lean program
+/// has neither: `record` and `top` then load the whole one).
+static WALKS_WANTED: AtomicBool = AtomicBool::new(false);
+
+/// Says that a process needs the whole sampling program.
+pub fn want_walks() {
+    WALKS_WANTED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a process needed the whole sampling program so far.
+pub fn walks_wanted() -> bool {
+    WALKS_WANTED.load(Ordering::Relaxed)
 }
 
 /// Processes a runtime was found in but could not be registered with the

@@ -10,6 +10,7 @@ mod memory;
 mod reader;
 mod record;
 mod sizes;
+mod upgrade;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
@@ -68,6 +69,9 @@ pub struct SamplerOptions {
     /// Name processes without a process context from `OTEL_SERVICE_NAME` /
     /// `OTEL_RESOURCE_ATTRIBUTES` in their environment (`crate::procs`).
     pub process_environment: bool,
+    /// Start with the lean sampling program ([`Sampler::load_lean`]), for
+    /// a caller that upgrades it when a process needs more.
+    pub lean_start: bool,
 }
 
 /// Bytes of stack the kernel copies for a sample taken before its
@@ -119,6 +123,7 @@ impl Default for SamplerOptions {
             stack_copy_bytes: 0,
             early_copy_bytes: EARLY_COPY_BYTES,
             process_environment: true,
+            lean_start: false,
         }
     }
 }
@@ -160,6 +165,13 @@ pub struct Sampler {
     runtime_walks: bool,
     /// CPython's walk is on: its programs go into the tails maps.
     python_walk: bool,
+    /// The sampling program is the lean one ([`Sampler::load_lean`]),
+    /// until [`Sampler::upgrade`].
+    lean: bool,
+    /// An upgrade failed: the lean program samples on, never tried again.
+    upgrade_failed: bool,
+    /// The perf events' rate, once sampling started.
+    frequency_hz: u64,
     /// Keeps BPF run-time stats on while it lives.
     _stats: Option<OwnedFd>,
 }
@@ -177,6 +189,11 @@ impl Sampler {
     /// [`Sampler::start_sampling`], so the maps can be filled first
     /// (`record -p` loads the processes' unwind tables before its first
     /// sample).
+    ///
+    /// With `options.lean_start`, the sampling program is the lean one
+    /// where there is one (the modern variant): its verification costs a
+    /// quarter of the whole program's, and [`Sampler::upgrade`] replaces it
+    /// once a process needs the JIT runtimes' walks or Go's labels.
     pub fn load(options: &SamplerOptions) -> Result<Self, SamplerError> {
         kernel::check_supported()?;
         let stats = if options.bpf_stats {
@@ -330,6 +347,9 @@ impl Sampler {
             map_memory,
             runtime_walks: runtime_walk != 0,
             python_walk: python_walk != 0,
+            lean: options.lean_start && variant == Variant::Modern,
+            upgrade_failed: false,
+            frequency_hz: 0,
             _stats: stats,
         };
         for pid in options.pids.iter().flatten() {
@@ -549,7 +569,7 @@ impl Sampler {
     }
 
     fn program(&mut self) -> Result<&mut PerfEvent, SamplerError> {
-        let name = self.variant.sample_program();
+        let name = self.sample_program();
         self.ebpf
             .program_mut(name)
             .ok_or(SamplerError::MissingObject(name))?
@@ -564,7 +584,7 @@ impl Sampler {
             )?;
         }
         self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[0]);
-        let name = self.variant.sample_program();
+        let name = self.sample_program();
         self.program()?
             .load()
             .map_err(SamplerError::load_named(name))
@@ -577,6 +597,17 @@ impl Sampler {
                 .attach("sched_switch")
                 .map_err(SamplerError::attach_named(name))?;
         }
+        self.links = self.attach_perf_events(frequency_hz)?;
+        self.frequency_hz = frequency_hz;
+        Ok(())
+    }
+
+    /// The sampling program attached to a cpu-clock event on each online
+    /// CPU: its links.
+    fn attach_perf_events(
+        &mut self,
+        frequency_hz: u64,
+    ) -> Result<Vec<PerfEventLinkId>, SamplerError> {
         let program = self.program()?;
         let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
         let mut links = Vec::with_capacity(cpus.len());
@@ -591,8 +622,7 @@ impl Sampler {
                 .map_err(SamplerError::attach)?;
             links.push(link);
         }
-        self.links = links;
-        Ok(())
+        Ok(links)
     }
 
     /// Stops sampling on every CPU; what is already in the ring buffer stays
@@ -675,19 +705,28 @@ impl Sampler {
 
     /// What the kernel says of the sampling program (see [`ProgramStats`]).
     pub fn program_stats(&self) -> Result<ProgramStats, SamplerError> {
-        let name = self.variant.sample_program();
-        let program: &PerfEvent = self
-            .ebpf
-            .program(name)
-            .ok_or(SamplerError::MissingObject(name))?
-            .try_into()
-            .map_err(SamplerError::load_program)?;
-        let info = program.info().map_err(SamplerError::load_program)?;
-        Ok(ProgramStats {
-            run_time: info.run_time(),
-            runs: info.run_count(),
-            verified_instructions: info.verified_instruction_count(),
-        })
+        // The lean program and the whole one that replaced it, if so.
+        let mut stats = ProgramStats::default();
+        for name in [
+            self.variant.sample_program(),
+            hostprof_common::PROGRAM_SAMPLE_LEAN,
+        ] {
+            let Some(program) = self.ebpf.program(name) else {
+                continue;
+            };
+            let program: &PerfEvent = program.try_into().map_err(SamplerError::load_program)?;
+            let Ok(info) = program.info() else {
+                // Not loaded.
+                continue;
+            };
+            stats.run_time += info.run_time();
+            stats.runs += info.run_count();
+            if let Some(count) = info.verified_instruction_count() {
+                stats.verified_instructions =
+                    Some(stats.verified_instructions.unwrap_or(0) + count);
+            }
+        }
+        Ok(stats)
     }
 }
 
@@ -699,7 +738,8 @@ pub struct ProgramStats {
     pub run_time: Duration,
     pub runs: u64,
     /// Instructions the verifier walked to accept it (Linux 5.16+): what
-    /// its load, paid at every start, costs.
+    /// its load, paid at every start, costs (with the lean program's, when
+    /// the whole one replaced it).
     pub verified_instructions: Option<u32>,
 }
 

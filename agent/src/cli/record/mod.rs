@@ -69,6 +69,9 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
         process_environment: settings.process_environment,
         stack_copy_bytes: args.stack_copy.unwrap_or(0),
         early_copy_bytes: settings.early_copy_bytes(),
+        // The whole sampling program once a process needs it; a command's
+        // from its start.
+        lean_start: args.command.is_empty(),
         ..Default::default()
     };
     let (copies, stack_copies) = match args.stack_copy {
@@ -282,16 +285,21 @@ async fn wait_for_end(
             }
         }
     };
-    // Once a second: prune the filter, and redraw the progress line.
+    // Every 100 ms: the whole sampling program once a process needs it
+    // (a JVM found 0.1 s after it starts); once a second: prune the
+    // filter, and redraw the progress line.
     let sweep = async {
-        if !following && progress.is_none() {
-            return std::future::pending().await;
-        }
         if let Some(progress) = progress {
             progress.show(sampler.counters().ok().as_ref());
         }
+        let mut tick = 0u32;
         loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            super::session::upgrade_when_wanted(sampler);
+            tick = (tick + 1) % 10;
+            if tick != 0 {
+                continue;
+            }
             if following && let Err(err) = sampler.forget_exited_pids() {
                 tracing::warn!("cannot prune the process filter: {err}");
             }

@@ -286,6 +286,7 @@ impl V8 {
     fn register(&mut self, pid: u32, node: &Node) {
         self.processes
             .register(pid, node.layout.kernel_process(&node.blobs));
+        super::want_walks();
         self.code.set(pid, code_ranges(node));
     }
 }
