@@ -18,7 +18,7 @@ pub(super) trait Kernel {
     const BPF_LOOP: bool;
     /// The program walks JIT runtimes' frames and reads Go's labels, when
     /// the agent's globals say so too. Without (`Modern<false>`, the lean
-    /// program), the verifier has a quarter of the work: what the agent
+    /// program), the verifier has a third of the work: what the agent
     /// loads first outside `hostprof agent`, until a process needs more.
     const RUNTIMES: bool;
     /// The current task's user registers (`struct pt_regs`, saved on

@@ -69,7 +69,7 @@ pub struct SamplerOptions {
     /// Name processes without a process context from `OTEL_SERVICE_NAME` /
     /// `OTEL_RESOURCE_ATTRIBUTES` in their environment (`crate::procs`).
     pub process_environment: bool,
-    /// Start with the lean sampling program ([`Sampler::load_lean`]), for
+    /// Start with the lean sampling program (`sampler/upgrade.rs`), for
     /// a caller that upgrades it when a process needs more.
     pub lean_start: bool,
 }
@@ -165,7 +165,7 @@ pub struct Sampler {
     runtime_walks: bool,
     /// CPython's walk is on: its programs go into the tails maps.
     python_walk: bool,
-    /// The sampling program is the lean one ([`Sampler::load_lean`]),
+    /// The sampling program is the lean one (`SamplerOptions::lean_start`),
     /// until [`Sampler::upgrade`].
     lean: bool,
     /// An upgrade failed: the lean program samples on, never tried again.
@@ -192,7 +192,7 @@ impl Sampler {
     ///
     /// With `options.lean_start`, the sampling program is the lean one
     /// where there is one (the modern variant): its verification costs a
-    /// quarter of the whole program's, and [`Sampler::upgrade`] replaces it
+    /// third of the whole program's, and [`Sampler::upgrade`] replaces it
     /// once a process needs the JIT runtimes' walks or Go's labels.
     pub fn load(options: &SamplerOptions) -> Result<Self, SamplerError> {
         kernel::check_supported()?;

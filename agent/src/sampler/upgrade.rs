@@ -1,6 +1,6 @@
 //! The lean sampling program and its replacement. The whole program's
 //! verification is most of a start (about 0.1 s of CPU on Linux 6.18,
-//! three quarters of it for the JIT runtimes' walks and Go's labels), so
+//! most of it for the JIT runtimes' walks and Go's labels), so
 //! `record` and `top` start with the program without them
 //! (`SamplerOptions::lean_start`) and load the whole one when a process needs it
 //! (a JVM, V8 or a Go program with labels found: `crate::runtime`'s
