@@ -516,6 +516,13 @@ fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
         sampler.can_upgrade(),
         "Linux 6.18 runs the modern variant, which has a lean program"
     );
+    // A lean start loads its program when told (after its caller looked
+    // at the processes it names).
+    let unloaded = sampler.program_stats().expect("no program's info");
+    assert_eq!(unloaded.verified_instructions, None);
+    sampler
+        .load_sampling_program()
+        .expect("load the lean program");
     let lean = sampler.program_stats().expect("the program's info");
     sampler.start_sampling(999).expect("start sampling");
     // The lean program samples (every CPU's events run it).

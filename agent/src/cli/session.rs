@@ -168,8 +168,10 @@ impl<T: Send + 'static> Session<T> {
                 }
             }
         }
-        // A named JVM, Node.js or Go program: walked from its first sample.
+        // A named JVM, Node.js or Go program: walked from its first sample,
+        // by the whole program, loaded now instead of the lean one.
         upgrade_when_wanted(&mut sampler);
+        sampler.load_sampling_program()?;
         let (requests, unwind, mirror) = match options.unwind {
             UnwindMode::Tables => {
                 let maps = sampler.take_unwind_maps()?;

@@ -170,6 +170,8 @@ pub struct Sampler {
     lean: bool,
     /// An upgrade failed: the lean program samples on, never tried again.
     upgrade_failed: bool,
+    /// The sampling program (and its tails) are loaded.
+    sampling_loaded: bool,
     /// The perf events' rate, once sampling started.
     frequency_hz: u64,
     /// Keeps BPF run-time stats on while it lives.
@@ -349,6 +351,7 @@ impl Sampler {
             python_walk: python_walk != 0,
             lean: options.lean_start && variant == Variant::Modern,
             upgrade_failed: false,
+            sampling_loaded: false,
             frequency_hz: 0,
             _stats: stats,
         };
@@ -375,13 +378,17 @@ impl Sampler {
         // The sampling program too (its verification is most of a start),
         // so what a caller does between this and `start_sampling` (reading
         // kallsyms, which then lists every program of ours) is not in the
-        // profile it records.
-        sampler.load_sampling_program()?;
+        // profile it records. A lean start waits for its caller to say
+        // which program (`load_sampling_program`).
+        if !sampler.lean {
+            sampler.load_sampling_program()?;
+        }
         Ok(sampler)
     }
 
     /// Starts sampling every online CPU (once).
     pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
+        self.load_sampling_program()?;
         if self.links.is_empty() {
             self.attach(frequency_hz)?;
         }
@@ -577,7 +584,14 @@ impl Sampler {
             .map_err(SamplerError::load_program)
     }
 
-    fn load_sampling_program(&mut self) -> Result<(), SamplerError> {
+    /// Loads the sampling program (once): the lean one, unless
+    /// [`Sampler::upgrade`] said the whole one before. [`Sampler::load`]
+    /// does, except for a lean start, whose caller first looks at the
+    /// processes it names.
+    pub fn load_sampling_program(&mut self) -> Result<(), SamplerError> {
+        if self.sampling_loaded {
+            return Ok(());
+        }
         if self.variant == Variant::Legacy {
             self.load_legacy_tails(
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
@@ -587,7 +601,9 @@ impl Sampler {
         let name = self.sample_program();
         self.program()?
             .load()
-            .map_err(SamplerError::load_named(name))
+            .map_err(SamplerError::load_named(name))?;
+        self.sampling_loaded = true;
+        Ok(())
     }
 
     fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {

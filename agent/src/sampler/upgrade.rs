@@ -46,6 +46,11 @@ impl Sampler {
     }
 
     fn replace_lean(&mut self) -> Result<(), SamplerError> {
+        if !self.sampling_loaded {
+            // Nothing loaded yet: `load_sampling_program` loads the whole one.
+            self.lean = false;
+            return Ok(());
+        }
         debug_assert_eq!(self.variant, Variant::Modern);
         let name = self.variant.sample_program();
         let whole: &mut PerfEvent = self
