@@ -9,21 +9,15 @@ mod kernel;
 mod memory;
 mod reader;
 mod record;
+mod sampling;
 mod sizes;
-mod upgrade;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
-    programs::{
-        PerfEvent, RawTracePoint,
-        perf_event::{
-            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
-        },
-    },
-    util::online_cpus,
+    programs::{RawTracePoint, perf_event::PerfEventLinkId},
 };
 pub use error::SamplerError;
 use hostprof_common::Counter;
@@ -34,6 +28,7 @@ pub use record::{
     EarlyCopy, Records, StackCopy, decode_early_copy, decode_sample, decode_sample_into,
     decode_stack_copy, encode_sample, needs_tables,
 };
+pub use sampling::ProgramStats;
 
 /// The eBPF object built by `build.rs` from the agent-ebpf crate.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hostprof"));
@@ -69,7 +64,7 @@ pub struct SamplerOptions {
     /// Name processes without a process context from `OTEL_SERVICE_NAME` /
     /// `OTEL_RESOURCE_ATTRIBUTES` in their environment (`crate::procs`).
     pub process_environment: bool,
-    /// Start with the lean sampling program (`sampler/upgrade.rs`), for
+    /// Start with the lean sampling program (`sampler/sampling.rs`), for
     /// a caller that upgrades it when a process needs more.
     pub lean_start: bool,
 }
@@ -386,15 +381,6 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// Starts sampling every online CPU (once).
-    pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
-        self.load_sampling_program()?;
-        if self.links.is_empty() {
-            self.attach(frequency_hz)?;
-        }
-        Ok(())
-    }
-
     fn follow_forks(&mut self) -> Result<(), SamplerError> {
         let program = self.raw_tracepoint(hostprof_common::PROGRAM_FOLLOW_FORK)?;
         program.load().map_err(SamplerError::load_program)?;
@@ -575,84 +561,6 @@ impl Sampler {
         Ok(())
     }
 
-    fn program(&mut self) -> Result<&mut PerfEvent, SamplerError> {
-        let name = self.sample_program();
-        self.ebpf
-            .program_mut(name)
-            .ok_or(SamplerError::MissingObject(name))?
-            .try_into()
-            .map_err(SamplerError::load_program)
-    }
-
-    /// Loads the sampling program (once): the lean one, unless
-    /// [`Sampler::upgrade`] said the whole one before. [`Sampler::load`]
-    /// does, except for a lean start, whose caller first looks at the
-    /// processes it names.
-    pub fn load_sampling_program(&mut self) -> Result<(), SamplerError> {
-        if self.sampling_loaded {
-            return Ok(());
-        }
-        if self.variant == Variant::Legacy {
-            self.load_legacy_tails(
-                &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
-            )?;
-        }
-        self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[0]);
-        let name = self.sample_program();
-        self.program()?
-            .load()
-            .map_err(SamplerError::load_named(name))?;
-        self.sampling_loaded = true;
-        Ok(())
-    }
-
-    fn attach(&mut self, frequency_hz: u64) -> Result<(), SamplerError> {
-        if self.off_cpu {
-            let name = self.variant.off_cpu_program();
-            self.raw_tracepoint(name)?
-                .attach("sched_switch")
-                .map_err(SamplerError::attach_named(name))?;
-        }
-        self.links = self.attach_perf_events(frequency_hz)?;
-        self.frequency_hz = frequency_hz;
-        Ok(())
-    }
-
-    /// The sampling program attached to a cpu-clock event on each online
-    /// CPU: its links.
-    fn attach_perf_events(
-        &mut self,
-        frequency_hz: u64,
-    ) -> Result<Vec<PerfEventLinkId>, SamplerError> {
-        let program = self.program()?;
-        let cpus = online_cpus().map_err(|(_, err)| SamplerError::OnlineCpus(err))?;
-        let mut links = Vec::with_capacity(cpus.len());
-        for cpu in cpus {
-            let link = program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(frequency_hz),
-                    false,
-                )
-                .map_err(SamplerError::attach)?;
-            links.push(link);
-        }
-        Ok(links)
-    }
-
-    /// Stops sampling on every CPU; what is already in the ring buffer stays
-    /// readable.
-    pub fn stop(&mut self) {
-        let links = std::mem::take(&mut self.links);
-        if let Ok(program) = self.program() {
-            for link in links {
-                // A link that fails to detach is closed when the program drops.
-                let _ = program.detach(link);
-            }
-        }
-    }
-
     /// Adds a process to the in-kernel filter (only meaningful with `pids`).
     pub fn add_pid(&mut self, pid: u32) -> Result<(), SamplerError> {
         let map = self.ebpf.map_mut(hostprof_common::MAP_FILTER_TGIDS).ok_or(
@@ -718,45 +626,6 @@ impl Sampler {
         }
         Ok(totals)
     }
-
-    /// What the kernel says of the sampling program (see [`ProgramStats`]).
-    pub fn program_stats(&self) -> Result<ProgramStats, SamplerError> {
-        // The lean program and the whole one that replaced it, if so.
-        let mut stats = ProgramStats::default();
-        for name in [
-            self.variant.sample_program(),
-            hostprof_common::PROGRAM_SAMPLE_LEAN,
-        ] {
-            let Some(program) = self.ebpf.program(name) else {
-                continue;
-            };
-            let program: &PerfEvent = program.try_into().map_err(SamplerError::load_program)?;
-            let Ok(info) = program.info() else {
-                // Not loaded.
-                continue;
-            };
-            stats.run_time += info.run_time();
-            stats.runs += info.run_count();
-            if let Some(count) = info.verified_instruction_count() {
-                stats.verified_instructions =
-                    Some(stats.verified_instructions.unwrap_or(0) + count);
-            }
-        }
-        Ok(stats)
-    }
-}
-
-/// The sampling program as the kernel sees it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProgramStats {
-    /// Total run time and run count since it was loaded; zero unless
-    /// started with `bpf_stats`.
-    pub run_time: Duration,
-    pub runs: u64,
-    /// Instructions the verifier walked to accept it (Linux 5.16+): what
-    /// its load, paid at every start, costs (with the lean program's, when
-    /// the whole one replaced it).
-    pub verified_instructions: Option<u32>,
 }
 
 /// The offset in the running kernel's `task_struct` (its BTF: `btf`) of the
