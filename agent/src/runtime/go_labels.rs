@@ -190,7 +190,8 @@ impl GoLabels {
     /// With the kernel's map (none: nothing is registered, e.g. tests).
     pub fn new(map: Option<ProcessMap>) -> Self {
         GoLabels {
-            processes: Registry::new(map, "its Go labels", |state| *state == Ok(true)),
+            processes: Registry::new(map, "its Go labels", |state| *state == Ok(true))
+                .read_by_the_whole_program(),
             files: HashMap::new(),
         }
     }
@@ -242,7 +243,6 @@ impl Runtime for GoLabels {
         };
         if let Some(process) = found {
             self.processes.register(pid, process);
-            super::want_walks();
             if process.g_in == go::G_IN_REGISTER {
                 tracing::debug!(
                     "pid {pid}: Go process, g in a register, labels at {}",

@@ -63,7 +63,8 @@ impl Java {
     pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
         Java {
             code,
-            processes: Registry::new(map, "its JVM", |state| matches!(state, State::Jvm(_))),
+            processes: Registry::new(map, "its JVM", |state| matches!(state, State::Jvm(_)))
+                .read_by_the_whole_program(),
             libjvm: LibjvmCache::default(),
         }
     }
@@ -96,7 +97,6 @@ impl Runtime for Java {
             }
         };
         self.processes.register(pid, jvm.kernel_process());
-        super::want_walks();
         let code = jvm.code_ranges().into_iter();
         self.code.set(
             pid,

@@ -74,8 +74,8 @@ impl RuntimeCode {
 /// has neither: `record` and `top` then load the whole one).
 static WALKS_WANTED: AtomicBool = AtomicBool::new(false);
 
-/// Says that a process needs the whole sampling program.
-pub fn want_walks() {
+/// Says that a process needs the whole sampling program (`Registry`).
+fn want_walks() {
     WALKS_WANTED.store(true, Ordering::Relaxed);
 }
 

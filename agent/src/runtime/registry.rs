@@ -18,6 +18,9 @@ pub struct Registry<S, V: Pod> {
     what: &'static str,
     /// Whether a state is one with a record in the kernel's map.
     registered: fn(&S) -> bool,
+    /// A record here is read only by the whole sampling program, not the
+    /// lean one: registering one asks for it (`super::want_walks`).
+    whole_program: bool,
 }
 
 impl<S, V: Pod> Registry<S, V> {
@@ -31,7 +34,15 @@ impl<S, V: Pod> Registry<S, V> {
             map,
             what,
             registered,
+            whole_program: false,
         }
+    }
+
+    /// Records registered here are read by the whole sampling program only
+    /// (a JIT runtime's walk, Go's labels): the first one asks for it.
+    pub fn read_by_the_whole_program(mut self) -> Self {
+        self.whole_program = true;
+        self
     }
 
     /// Whether registrations reach a kernel map.
@@ -55,14 +66,19 @@ impl<S, V: Pod> Registry<S, V> {
     /// logged, and counted when the map is full (the process is then
     /// sampled without this runtime's part).
     pub fn register(&mut self, pid: u32, record: V) {
-        if let Some(map) = &mut self.map
-            && let Err(err) = map.insert(pid, record, 0)
-        {
-            super::count_if_full(&err);
-            tracing::info!(
-                "pid {pid}: cannot register {} with the kernel: {err}",
-                self.what
-            );
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match map.insert(pid, record, 0) {
+            Ok(()) if self.whole_program => super::want_walks(),
+            Ok(()) => {}
+            Err(err) => {
+                super::count_if_full(&err);
+                tracing::info!(
+                    "pid {pid}: cannot register {} with the kernel: {err}",
+                    self.what
+                );
+            }
         }
     }
 

@@ -197,7 +197,8 @@ impl V8 {
     pub fn new(map: Option<ProcessMap>, code: RuntimeCode) -> Self {
         V8 {
             code,
-            processes: Registry::new(map, "its V8", |state| matches!(state, State::Node(_))),
+            processes: Registry::new(map, "its V8", |state| matches!(state, State::Node(_)))
+                .read_by_the_whole_program(),
             binaries: HashMap::new(),
         }
     }
@@ -286,7 +287,6 @@ impl V8 {
     fn register(&mut self, pid: u32, node: &Node) {
         self.processes
             .register(pid, node.layout.kernel_process(&node.blobs));
-        super::want_walks();
         self.code.set(pid, code_ranges(node));
     }
 }
