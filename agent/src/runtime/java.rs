@@ -44,6 +44,9 @@ enum State {
 
 /// A JVM walked, and its frames named lately (by recorded method or code
 /// and bci or pc; a frame of a hot method is named once, not per sample).
+/// The one memo of named frames: `hotspot` keeps only what it read (methods,
+/// nmethods, symbols), so naming a frame again past `recent::REUSE` decodes
+/// from memory already read, without a read of the process.
 struct Attached {
     jvm: Jvm,
     recent: Recent<(u64, u64), Frame>,

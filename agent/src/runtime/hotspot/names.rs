@@ -23,7 +23,6 @@ use crate::runtime::refusals::{self, Reason, Runtime};
 /// Entries per cache before it starts over.
 const MAX_METHODS: usize = 1 << 15;
 const MAX_NMETHODS: usize = 1 << 12;
-const MAX_FRAMES: usize = 1 << 16;
 const MAX_STUBS: usize = 1 << 10;
 /// Largest debug info (metadata, scopes, PcDescs) read from an nmethod.
 const MAX_DEBUG_INFO: u64 = 1 << 20;
@@ -77,7 +76,6 @@ pub(super) struct Nmethod {
 pub(super) struct Caches {
     methods: HashMap<u64, Arc<Method>>,
     nmethods: HashMap<u64, Arc<Nmethod>>,
-    frames: HashMap<(u64, u32, u32), Vec<JavaFrame>>,
     stubs: HashMap<u64, String>,
     symbols: HashMap<u64, Arc<str>>,
 }
@@ -183,17 +181,7 @@ impl Jvm {
         let high = (frame.instr >> 32) as u32;
         match frame_tag & !tag::RUNTIME_MASK {
             kind::INTERPRETED => self.name_interpreted(address, low, high),
-            kind::COMPILED => {
-                let key = (address, high, low);
-                if let Some(frames) = self.caches.frames.get(&key) {
-                    return frames.clone();
-                }
-                let frames = self.name_compiled(address, low, high);
-                if !frames.is_empty() {
-                    bounded(&mut self.caches.frames, MAX_FRAMES).insert(key, frames.clone());
-                }
-                frames
-            }
+            kind::COMPILED => self.name_compiled(address, low, high),
             kind::STUB => self
                 .stub_name(address)
                 .map(|name| {
