@@ -235,6 +235,14 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
 /// Stack copies waiting to be written at most (16 KiB each: 16 MiB).
 const STACK_COPY_QUEUE: usize = 1024;
 
+/// How often a recording prunes its process filter and redraws its
+/// progress line.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often a lean start looks whether a process needs the whole sampling
+/// program (`Sampler::can_upgrade`); once it cannot, it no longer looks.
+const UPGRADE_POLL: Duration = Duration::from_millis(100);
+
 /// Why the recording ended.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum End {
@@ -285,21 +293,27 @@ async fn wait_for_end(
             }
         }
     };
-    // Every 100 ms: the whole sampling program once a process needs it
-    // (a JVM found 0.1 s after it starts); once a second: prune the
-    // filter, and redraw the progress line.
+    // Every 100 ms while it can happen: the whole sampling program once a
+    // process needs it (a JVM found 0.1 s after it starts); once a second:
+    // prune the filter, and redraw the progress line.
     let sweep = async {
         if let Some(progress) = progress {
             progress.show(sampler.counters().ok().as_ref());
         }
-        let mut tick = 0u32;
+        let mut swept = Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let until_sweep = SWEEP_INTERVAL.saturating_sub(swept.elapsed());
+            let wait = if sampler.can_upgrade() {
+                until_sweep.min(UPGRADE_POLL)
+            } else {
+                until_sweep
+            };
+            tokio::time::sleep(wait).await;
             super::session::upgrade_when_wanted(sampler);
-            tick = (tick + 1) % 10;
-            if tick != 0 {
+            if swept.elapsed() < SWEEP_INTERVAL {
                 continue;
             }
+            swept = Instant::now();
             if following && let Err(err) = sampler.forget_exited_pids() {
                 tracing::warn!("cannot prune the process filter: {err}");
             }
