@@ -527,9 +527,12 @@ fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
     sampler.start_sampling(999).expect("start sampling");
     // The lean program samples (every CPU's events run it).
     let runs = |sampler: &Sampler| sampler.program_stats().expect("the program's info").runs;
-    wait_until("the lean program's first 100 runs", || {
-        runs(&sampler) >= 100
-    });
+    let minute = std::time::Duration::from_secs(60);
+    let first = running::spin_for(minute, || (runs(&sampler) >= 100).then_some(()));
+    assert!(
+        first.is_some(),
+        "no 100 runs of the lean program in {minute:?}"
+    );
     assert!(sampler.upgrade().expect("load the whole program"));
     assert!(!sampler.can_upgrade());
     assert!(!sampler.upgrade().expect("nothing to do"));
@@ -546,26 +549,12 @@ fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
     }
     // The whole program samples on after the lean one left the events.
     let after = runs(&sampler);
-    wait_until("100 runs after the upgrade", || {
-        runs(&sampler) >= after + 100
-    });
+    let later = running::spin_for(minute, || (runs(&sampler) >= after + 100).then_some(()));
+    assert!(
+        later.is_some(),
+        "no 100 runs after the upgrade in {minute:?}"
+    );
     sampler.stop();
-}
-
-/// Spins (so that this CPU is sampled too) until `done`, for at most
-/// 60 s.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    let mut sink = 0u64;
-    while !done() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(60),
-            "no {what} in 60 s"
-        );
-        for i in 0..1_000_000u64 {
-            sink = std::hint::black_box(sink.wrapping_mul(31).wrapping_add(i));
-        }
-    }
 }
 
 /// The number just before `word` in `line` ("… 12 hits, …").

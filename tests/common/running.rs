@@ -74,6 +74,13 @@ impl StderrLog {
     }
 }
 
+/// The count after `prefix` on a report line of record's that starts with
+/// it ("hostprof: Java frames: 1234 walked in the kernel; …").
+pub fn report_count(report: &str, prefix: &str) -> Option<u64> {
+    let line = report.lines().find_map(|line| line.strip_prefix(prefix))?;
+    line.split(' ').next()?.parse().ok()
+}
+
 /// Starts `hostprof record` (`command`, its stderr piped here) and waits
 /// until it says it is recording: samples are being taken, and SIGINT ends
 /// the recording.
@@ -285,13 +292,35 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn wait_for<T>(limit: Duration, check: impl FnMut() -> Option<T>) -> Option<T> {
+    poll(limit, check, || {
+        std::thread::sleep(Duration::from_millis(200))
+    })
+}
+
+/// As [`wait_for`], but busy between checks, so that this CPU is sampled
+/// too (a check on what the sampler does with every CPU).
+pub fn spin_for<T>(limit: Duration, check: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut sink = 0u64;
+    poll(limit, check, || {
+        for i in 0..1_000_000u64 {
+            sink = std::hint::black_box(sink.wrapping_mul(31).wrapping_add(i));
+        }
+    })
+}
+
+/// `check`'s first value within `limit`, with `pause` between checks.
+fn poll<T>(
+    limit: Duration,
+    mut check: impl FnMut() -> Option<T>,
+    mut pause: impl FnMut(),
+) -> Option<T> {
     let start = Instant::now();
     while start.elapsed() < limit {
         if let Some(value) = check() {
             return Some(value);
         }
-        std::thread::sleep(Duration::from_millis(200));
+        pause();
     }
     None
 }
