@@ -581,6 +581,19 @@ fn profile(jvm: &Jvm) -> Vec<String> {
             "(a) {rooted:.3} of {worker_total} worker samples rooted at Hot$Worker.run"
         ));
     }
+    // The kernel counted the frames it walked under the JVM's runtime: at
+    // least one per sample that shows a Java frame.
+    let with_java: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|label| java_method(label).is_some()))
+        .map(|(_, count)| count)
+        .sum();
+    let walked = running::report_count(&log.finish(), "hostprof: Java frames: ");
+    if walked.is_none_or(|walked| walked < with_java) {
+        failures.push(format!(
+            "the report says {walked:?} Java frames walked, for {with_java} samples with one"
+        ));
+    }
     // The reference first: a JFR that saw far fewer samples than the JVM's
     // CPU time gives dropped some, most likely in one place (see
     // PARALLEL_GC), and its shares are no ground truth.

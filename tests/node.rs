@@ -467,6 +467,24 @@ fn profile(node: &Node) -> Vec<String> {
              {truth_samples}"
         ));
     }
+    // The kernel counted the frames it walked under V8's runtime: at least
+    // one per sample that shows a JavaScript frame.
+    let with_javascript: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames
+                .iter()
+                .any(|label| javascript_function(label).is_some())
+        })
+        .map(|(_, count)| count)
+        .sum();
+    let walked = running::report_count(&log.finish(), "hostprof: JavaScript frames: ");
+    if walked.is_none_or(|walked| walked < with_javascript) {
+        failures.push(format!(
+            "the report says {walked:?} JavaScript frames walked, for {with_javascript} \
+             samples with one"
+        ));
+    }
     for ((path, steps), share) in PATHS.iter().zip(&paths) {
         if *share < 0.01 {
             failures.push(format!(

@@ -105,4 +105,22 @@ pub mod reason {
     pub const BAD_FRAME: u32 = 4;
     /// `runtime::MAX_FRAMES` runtime frames kept, more left.
     pub const DEPTH_LIMIT: u32 = 5;
+    /// Those that stop a walk short of native code.
+    pub const STOPS: [u32; 5] = [NO_PROCESS, NO_BLOB, READ_FAULT, BAD_FRAME, DEPTH_LIMIT];
+}
+
+/// What the walks count (`runtime::Runtime::Hotspot`'s counters): each
+/// step's [`reason`], `NATIVE` being a Java frame walked.
+pub mod event {
+    /// A Java frame walked (its step ended in [`super::reason::NATIVE`]).
+    pub const FRAME: u32 = super::reason::NATIVE;
+    /// Names by number.
+    pub const NAMES: [&str; 6] = [
+        "frame",
+        "no_process",
+        "no_blob",
+        "read_fault",
+        "bad_frame",
+        "depth_limit",
+    ];
 }

@@ -54,6 +54,35 @@ pub mod reason {
     pub const THREAD_LIMIT: u32 = 5;
     /// The thread's id in its pid namespace could not be read.
     pub const NO_NAMESPACE: u32 = 6;
+    /// Those that stop a walk short of the thread's first frame.
+    pub const STOPS: [u32; 5] = [
+        NO_THREAD,
+        READ_FAULT,
+        DEPTH_LIMIT,
+        THREAD_LIMIT,
+        NO_NAMESPACE,
+    ];
+}
+
+/// What the walks count (`runtime::Runtime::Cpython`'s counters): how each
+/// ended ([`reason`], `NONE` aside), then these.
+pub mod event {
+    /// A walk began (a sample of a registered process).
+    pub const WALKED: u32 = 7;
+    /// A walk's thread state came from the thread map.
+    pub const THREAD_CACHED: u32 = 8;
+    /// Names by number.
+    pub const NAMES: [&str; 9] = [
+        "",
+        "complete",
+        "no_thread",
+        "read_fault",
+        "depth_limit",
+        "thread_limit",
+        "no_namespace",
+        "walked",
+        "thread_cached",
+    ];
 }
 
 /// Key of [`crate::MAP_PYTHON_THREADS`]; the value is the `PyThreadState`'s

@@ -9,6 +9,82 @@
 //! native stack as a [`FRAME_MARK`] with their index here, so the host
 //! puts them back where they ran.
 
+/// A language runtime whose frames the kernel walks. Each has a block of
+/// [`EVENTS`] slots in the counters map, after the [`crate::Counter`]s:
+/// its walk's `reason`s by number, then events of its own
+/// ([`crate::python::event`], [`crate::hotspot::event`],
+/// [`crate::v8::event`]). A new runtime adds a variant here and its names,
+/// not counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    Cpython = 0,
+    Hotspot = 1,
+    V8 = 2,
+}
+
+/// Counter slots per runtime.
+pub const EVENTS: u32 = 16;
+
+impl Runtime {
+    pub const ALL: [Runtime; 3] = [Runtime::Cpython, Runtime::Hotspot, Runtime::V8];
+
+    /// Its name as OTLP's `profile.frame.type` says it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Runtime::Cpython => "cpython",
+            Runtime::Hotspot => "jvm",
+            Runtime::V8 => "v8js",
+        }
+    }
+
+    /// Its counted events' names by number (`""`: nothing counted there).
+    pub const fn events(self) -> &'static [&'static str] {
+        match self {
+            Runtime::Cpython => &crate::python::event::NAMES,
+            Runtime::Hotspot => &crate::hotspot::event::NAMES,
+            Runtime::V8 => &crate::v8::event::NAMES,
+        }
+    }
+
+    /// The events that end its walk short of where it should end.
+    pub const fn stops(self) -> &'static [u32] {
+        match self {
+            Runtime::Cpython => &crate::python::reason::STOPS,
+            Runtime::Hotspot => &crate::hotspot::reason::STOPS,
+            Runtime::V8 => &crate::v8::reason::STOPS,
+        }
+    }
+
+    /// The counters map's index of its `event`.
+    #[inline(always)]
+    pub const fn counter(self, event: u32) -> u32 {
+        crate::Counter::COUNT + self as u32 * EVENTS + (event & (EVENTS - 1))
+    }
+}
+
+/// Size of the counters map: the [`crate::Counter`]s, then each runtime's
+/// block.
+pub const COUNTERS: u32 = crate::Counter::COUNT + Runtime::ALL.len() as u32 * EVENTS;
+const _: () = assert!(EVENTS.is_power_of_two());
+// Every runtime's names fit its block, and every counted stop has a name.
+const _: () = {
+    let mut r = 0;
+    while r < Runtime::ALL.len() {
+        let runtime = Runtime::ALL[r];
+        assert!(runtime as usize == r);
+        let names = runtime.events();
+        assert!(names.len() <= EVENTS as usize);
+        let stops = runtime.stops();
+        let mut s = 0;
+        while s < stops.len() {
+            assert!((stops[s] as usize) < names.len() && !names[stops[s] as usize].is_empty());
+            s += 1;
+        }
+        r += 1;
+    }
+};
+
 /// Runtime frames kept per sample.
 pub const MAX_FRAMES: usize = 128;
 const _: () = assert!(MAX_FRAMES.is_power_of_two());

@@ -104,6 +104,28 @@ pub mod reason {
     pub const BAD_FRAME: u32 = 3;
     /// `runtime::MAX_FRAMES` runtime frames kept, more left.
     pub const DEPTH_LIMIT: u32 = 4;
+    /// Those that stop a walk short of native code.
+    pub const STOPS: [u32; 4] = [NO_PROCESS, READ_FAULT, BAD_FRAME, DEPTH_LIMIT];
+}
+
+/// What the walks count (`runtime::Runtime::V8`'s counters): the
+/// [`reason`]s that stop a walk (a step that goes on is not counted), then
+/// these.
+pub mod event {
+    /// A JavaScript frame walked.
+    pub const FRAME: u32 = 5;
+    /// A frame whose function slot held no `JSFunction` (kept as native).
+    pub const NOT_FUNCTION: u32 = 6;
+    /// Names by number.
+    pub const NAMES: [&str; 7] = [
+        "",
+        "no_process",
+        "read_fault",
+        "bad_frame",
+        "depth_limit",
+        "frame",
+        "not_function",
+    ];
 }
 
 /// Instance types a `JSFunction` may have past the first: V8 9.6 and

@@ -18,7 +18,7 @@ use super::*;
 use super::{kernel::Kernel, unwinder::Entered};
 use hostprof_common::{
     hotspot::{self as hs, kind},
-    runtime::{self, tag},
+    runtime::{self, Runtime, tag},
 };
 
 #[map(name = "HOTSPOT_PROCS")]
@@ -45,12 +45,9 @@ const X86_POP_RBP: u8 = 0x5d;
 #[inline(always)]
 pub(super) fn step<K: Kernel>(state: &mut UnwindState) -> bool {
     let why = step_frame::<K>(state);
+    bump_runtime(Runtime::Hotspot, why);
     if why == hs::reason::NATIVE {
-        bump(Counter::HotspotFrames);
         return false;
-    }
-    if let Some(counter) = Counter::for_hotspot_reason(why) {
-        bump(counter);
     }
     state.reason = unwind::reason::NO_TABLE;
     true

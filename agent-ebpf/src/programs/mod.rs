@@ -120,7 +120,8 @@ static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
 
 #[map(name = "COUNTERS")]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+static COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(hostprof_common::runtime::COUNTERS, 0);
 
 #[map(name = "FILTER_TGIDS")]
 static FILTER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
@@ -217,7 +218,18 @@ const SLOT_OFF_CPU: u32 = 1;
 
 #[inline(always)]
 fn bump(counter: Counter) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+    bump_slot(counter as u32);
+}
+
+/// Counts `event` of `runtime`'s walk (its block of the counters).
+#[inline(always)]
+fn bump_runtime(runtime: hostprof_common::runtime::Runtime, event: u32) {
+    bump_slot(runtime.counter(event));
+}
+
+#[inline(always)]
+fn bump_slot(index: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // Per-CPU slot and perf_event programs do not nest on one CPU: a
         // plain increment is race-free.
         unsafe { *slot += 1 };

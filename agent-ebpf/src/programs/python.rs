@@ -14,6 +14,7 @@ use aya_ebpf::{bindings::bpf_pidns_info, helpers::generated::bpf_get_ns_current_
 use hostprof_common::{
     TAIL_PYTHON,
     python::{self as py, ABSENT, CODE_TAG_BITS, FRAME_ENTRY, MAX_FRAMES, MAX_THREADS},
+    runtime::Runtime,
 };
 
 #[map(name = "PYTHON_PROCS")]
@@ -95,8 +96,8 @@ pub(super) fn walk<K: Kernel, C: EbpfContext>(
 #[inline(always)]
 fn finish(stack: &mut py::Stack, reason: u32) {
     stack.reason = reason;
-    if let Some(counter) = Counter::for_python_reason(reason) {
-        bump(counter);
+    if reason != py::reason::NONE {
+        bump_runtime(Runtime::Cpython, reason);
     }
 }
 
@@ -107,7 +108,7 @@ fn walk_modern(tgid: u32, stack: &mut py::Stack) {
     };
     stack.len = 0;
     stack.reason = py::reason::NONE;
-    bump(Counter::PythonStacks);
+    bump_runtime(Runtime::Cpython, py::event::WALKED);
     let reason = walk_frames(tgid, process, stack);
     finish(stack, reason);
 }
@@ -196,7 +197,7 @@ fn walk_legacy<C: EbpfContext>(
     if unsafe { read_volatile(&walk.stage) } == START {
         stack.len = 0;
         stack.reason = py::reason::NONE;
-        bump(Counter::PythonStacks);
+        bump_runtime(Runtime::Cpython, py::event::WALKED);
         reason = legacy_begin(tgid, process, walk);
     }
     if reason == STEPPING {
@@ -307,7 +308,7 @@ fn search_start(tgid: u32, process: &py::Process, tid: u32) -> Result<Start, u32
     if let Some(&cached) = unsafe { PYTHON_THREADS.get(&key) }
         && thread_id(process, cached) == Some(u64::from(tid))
     {
-        bump(Counter::PythonThreadCached);
+        bump_runtime(Runtime::Cpython, py::event::THREAD_CACHED);
         return Ok(Start::Cached(cached));
     }
     let interpreter = read_user::<u64>(process.runtime + u64::from(process.interpreters_head))

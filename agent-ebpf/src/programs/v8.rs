@@ -17,7 +17,7 @@ use super::*;
 
 use super::unwinder::Entered;
 use hostprof_common::{
-    runtime::{self, tag},
+    runtime::{self, Runtime, tag},
     v8::{self, kind},
 };
 
@@ -38,9 +38,7 @@ pub(super) fn step(state: &mut UnwindState) -> bool {
     if why == v8::reason::NATIVE {
         return false;
     }
-    if let Some(counter) = Counter::for_v8_reason(why) {
-        bump(counter);
-    }
+    bump_runtime(Runtime::V8, why);
     state.reason = unwind::reason::NO_TABLE;
     true
 }
@@ -137,7 +135,7 @@ fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
     let frame = if marker & 1 == 0 {
         None
     } else if let Some(shared) = shared_info(process, slot(process.slot_function)) {
-        bump(Counter::V8Frames);
+        bump_runtime(Runtime::V8, v8::event::FRAME);
         let (kind, object, instr) = if in_builtins(process, regs.pc) {
             let offset = slot(process.slot_bytecode_offset);
             // The interpreter keeps the bytecode offset as a small
@@ -161,7 +159,7 @@ fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
             instr,
         })
     } else {
-        bump(Counter::V8NotFunction);
+        bump_runtime(Runtime::V8, v8::event::NOT_FUNCTION);
         None
     };
     let caller_sp = fp.wrapping_add(v8::FRAME_HEADER);

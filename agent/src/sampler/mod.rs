@@ -20,7 +20,10 @@ use aya::{
     programs::{RawTracePoint, perf_event::PerfEventLinkId},
 };
 pub use error::SamplerError;
-use hostprof_common::Counter;
+use hostprof_common::{
+    Counter,
+    runtime::{self, Runtime},
+};
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use memory::MapMemory;
 pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
@@ -123,20 +126,36 @@ impl Default for SamplerOptions {
     }
 }
 
-/// Totals of the per-CPU counters, indexed like [`Counter::ALL`].
+/// Totals of the per-CPU counters: the [`Counter`]s, then each runtime's
+/// events (`hostprof_common::runtime::Runtime::counter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counters(pub [u64; Counter::ALL.len()]);
+pub struct Counters(pub [u64; runtime::COUNTERS as usize]);
 
 // By hand: arrays of more than 32 elements have no derived `Default`.
 impl Default for Counters {
     fn default() -> Self {
-        Counters([0; Counter::ALL.len()])
+        Counters([0; runtime::COUNTERS as usize])
     }
 }
 
 impl Counters {
     pub fn get(&self, counter: Counter) -> u64 {
         self.0[counter as usize]
+    }
+
+    /// How often `runtime`'s walks counted `event` (one of its `reason`s
+    /// or `event`s in `hostprof_common`).
+    pub fn runtime(&self, runtime: Runtime, event: u32) -> u64 {
+        self.0[runtime.counter(event) as usize]
+    }
+
+    /// `runtime`'s walks stopped short, by any of its reasons.
+    pub fn runtime_stops(&self, runtime: Runtime) -> u64 {
+        runtime
+            .stops()
+            .iter()
+            .map(|&reason| self.runtime(runtime, reason))
+            .sum()
     }
 
     /// Samples that fired for a wanted process but never reached userspace.
@@ -620,9 +639,9 @@ impl Sampler {
             .ok_or(SamplerError::MissingObject(hostprof_common::MAP_COUNTERS))?;
         let array: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(SamplerError::map)?;
         let mut totals = Counters::default();
-        for counter in Counter::ALL {
-            let per_cpu = array.get(&(counter as u32), 0).map_err(SamplerError::map)?;
-            totals.0[counter as usize] = per_cpu.iter().sum();
+        for (index, total) in (0..).zip(totals.0.iter_mut()) {
+            let per_cpu = array.get(&index, 0).map_err(SamplerError::map)?;
+            *total = per_cpu.iter().sum();
         }
         Ok(totals)
     }

@@ -5,7 +5,7 @@ pub mod server;
 
 use std::fmt::Write as _;
 
-use hostprof_common::Counter;
+use hostprof_common::{Counter, runtime::Runtime};
 
 use crate::{export::ExportStats, sampler::Counters, sampler::ReaderStats};
 
@@ -91,6 +91,27 @@ impl Snapshot {
             "counter",
             "Events counted by the eBPF programs (samples fired, skipped, lost, damaged).",
             &kernel,
+        );
+        let walks: Vec<(String, u64)> = Runtime::ALL
+            .iter()
+            .flat_map(|&runtime| {
+                let kernel = &self.kernel;
+                (0..)
+                    .zip(runtime.events())
+                    .filter(|(_, name)| !name.is_empty())
+                    .map(move |(event, name)| {
+                        let labels = format!("{{runtime=\"{}\",event=\"{name}\"}}", runtime.name());
+                        (labels, kernel.runtime(runtime, event))
+                    })
+            })
+            .collect();
+        let walks: Vec<(&str, u64)> = walks.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "hostprof_runtime_walk_events_total",
+            "counter",
+            "How the eBPF programs' walks of runtime frames went, by runtime (as \
+             profile.frame.type names it) and event: frames walked, and each reason a walk stopped.",
+            &walks,
         );
         metric(
             "hostprof_samples_total",
@@ -391,6 +412,8 @@ mod tests {
     fn prometheus_text_has_help_type_and_every_kernel_counter() {
         let mut snapshot = Snapshot::default();
         snapshot.kernel.0[Counter::RingFull as usize] = 3;
+        let no_blob = hostprof_common::hotspot::reason::NO_BLOB;
+        snapshot.kernel.0[Runtime::Hotspot.counter(no_blob) as usize] = 4;
         snapshot.reader.samples = 10;
         snapshot.reader.dropped_backlog = 2;
         snapshot.export.queue_bytes = 77;
@@ -403,6 +426,15 @@ mod tests {
         for counter in Counter::ALL {
             assert!(text.contains(&format!("{{event=\"{}\"}}", counter.name())));
         }
+        // Each runtime's events under its frame type's name; none unnamed.
+        assert!(
+            text.contains(
+                "hostprof_runtime_walk_events_total{runtime=\"jvm\",event=\"no_blob\"} 4\n"
+            )
+        );
+        assert!(text.contains("{runtime=\"cpython\",event=\"thread_limit\"} 0\n"));
+        assert!(text.contains("{runtime=\"v8js\",event=\"not_function\"} 0\n"));
+        assert!(!text.contains("event=\"\""));
         // Every sample line belongs to a metric announced by # TYPE.
         let typed: Vec<&str> = text
             .lines()

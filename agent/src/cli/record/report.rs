@@ -73,30 +73,28 @@ pub(in crate::cli) fn unwind_report(
     counters: &Counters,
     tables: Option<crate::unwind::LoaderStats>,
 ) -> String {
-    use hostprof_common::Counter;
+    use hostprof_common::{
+        Counter, hotspot, python,
+        runtime::Runtime::{self, *},
+        v8,
+    };
     let Some(tables) = tables else {
         return String::new();
     };
     let reasons = stop_list(counters, &Counter::UNWIND_STOPS, "unwind_");
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-    let java_stopped: u64 = Counter::HOTSPOT_STOPS
-        .iter()
-        .map(|counter| counters.get(*counter))
-        .sum();
-    let java = if counters.get(Counter::HotspotFrames) + java_stopped > 0 {
+    let event = |runtime: Runtime, event: u32| counters.runtime(runtime, event);
+    let java_frames = event(Hotspot, hotspot::event::FRAME);
+    let java = if java_frames + counters.runtime_stops(Hotspot) > 0 {
         format!(
-            "hostprof: Java frames: {} walked in the kernel; walks stopped: {}\n",
-            counters.get(Counter::HotspotFrames),
-            stop_list(counters, &Counter::HOTSPOT_STOPS, "hotspot_")
+            "hostprof: Java frames: {java_frames} walked in the kernel; walks stopped: {}\n",
+            runtime_stops(counters, Hotspot)
         )
     } else {
         String::new()
     };
-    let javascript_stopped: u64 = Counter::V8_STOPS
-        .iter()
-        .map(|counter| counters.get(*counter))
-        .sum();
-    let javascript = if counters.get(Counter::V8Frames) + javascript_stopped > 0 {
+    let javascript_frames = event(V8, v8::event::FRAME);
+    let javascript = if javascript_frames + counters.runtime_stops(V8) > 0 {
         use crate::runtime::v8::{LineSource::*, line_count, line_counts};
         let counts = line_counts();
         let n = |source| line_count(&counts, source);
@@ -108,9 +106,9 @@ pub(in crate::cli) fn unwind_report(
              their function's first line: Sparkplug pc unmapped {}, pc outside the function's \
              current code {}, in inlined code not expanded {}, code or table unreadable {}, V8's code \
              layout unknown {}; frames of scripts without lines (node's own) {}\n",
-            counters.get(Counter::V8Frames),
-            counters.get(Counter::V8NotFunction),
-            stop_list(counters, &Counter::V8_STOPS, "v8_"),
+            javascript_frames,
+            event(V8, v8::event::NOT_FUNCTION),
+            runtime_stops(counters, V8),
             n(Interpreted),
             n(NoPositions),
             n(Unreadable),
@@ -125,14 +123,14 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
-    let python = if counters.get(Counter::PythonStacks) > 0 {
+    let python = if event(Cpython, python::event::WALKED) > 0 {
         format!(
             "hostprof: Python stacks: {} walked in the kernel ({} complete, {} threads found \
              in the agent's thread map); walks stopped: {}\n",
-            counters.get(Counter::PythonStacks),
-            counters.get(Counter::PythonComplete),
-            counters.get(Counter::PythonThreadCached),
-            stop_list(counters, &Counter::PYTHON_STOPS, "python_")
+            event(Cpython, python::event::WALKED),
+            event(Cpython, python::reason::COMPLETE),
+            event(Cpython, python::event::THREAD_CACHED),
+            runtime_stops(counters, Cpython)
         )
     } else {
         String::new()
@@ -280,6 +278,19 @@ fn stop_list(counters: &Counters, stops: &[hostprof_common::Counter], prefix: &s
         .map(|counter| {
             let name = counter.name().trim_start_matches(prefix).replace('_', " ");
             format!("{name} {}", counters.get(*counter))
+        })
+        .collect();
+    names.join(", ")
+}
+
+/// `name count, …` of each way `runtime`'s walks stop short.
+fn runtime_stops(counters: &Counters, runtime: hostprof_common::runtime::Runtime) -> String {
+    let names: Vec<String> = runtime
+        .stops()
+        .iter()
+        .map(|&reason| {
+            let name = runtime.events()[reason as usize].replace('_', " ");
+            format!("{name} {}", counters.runtime(runtime, reason))
         })
         .collect();
     names.join(", ")
