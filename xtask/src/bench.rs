@@ -17,6 +17,7 @@ mod node;
 mod program;
 mod python;
 mod scale;
+mod scale_agent;
 mod thread_ctx;
 
 pub use scale::COPIES as SCALE_COPIES;

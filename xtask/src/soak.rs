@@ -59,7 +59,7 @@ done
 
 /// What the sink collector received.
 #[derive(Default)]
-struct Received {
+pub(crate) struct Received {
     requests: AtomicU64,
     samples: AtomicU64,
     bytes: AtomicU64,
@@ -220,7 +220,7 @@ pub fn run(minutes: f64, load: Load, agent_args: &[String]) -> Result<()> {
 }
 
 /// Starts the sink collector and a thread counting what it reports.
-fn start_sink(binary: &Path, received: Arc<Received>) -> Result<(Child, String)> {
+pub(crate) fn start_sink(binary: &Path, received: Arc<Received>) -> Result<(Child, String)> {
     let mut sink = Command::new(binary)
         .stdout(Stdio::piped())
         .process_group(0)
@@ -268,7 +268,7 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     Ok(field(14)? + field(15)?)
 }
 
-fn rss_mib(pid: u32) -> Result<f64> {
+pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("the agent (pid {pid}) is gone"))?;
     let kib: f64 = status

@@ -371,6 +371,18 @@ pub(crate) fn bench_scale(hostprof: &Path, dir: &Path, count: usize) -> Result<(
         }
         tables = run.tables;
     }
+    let agent = super::scale_agent::agent_after(hostprof, &copies, &dir.join("agent-cache"))?;
+    println!(
+        "agent (host-wide, default rate, cold cache) 60-80 s after its start: {:.1}% of the \
+         {} user stacks the kernel walked reached their end; {} process loads; RSS {:.1} MiB + \
+         BPF maps {:.1} MiB = {:.1} MiB",
+        agent.complete as f64 * 100.0 / agent.walked.max(1) as f64,
+        agent.walked,
+        agent.loads,
+        agent.rss_mib,
+        agent.map_mib,
+        agent.rss_mib + agent.map_mib
+    );
     let bytes: u64 = fs::read_dir(&cache)?
         .flatten()
         .filter_map(|entry| entry.metadata().ok())
