@@ -218,11 +218,17 @@ fn python_frames_match_py_spy_on_every_version() {
             .spawn()
             .expect("start py-spy");
         let status = recording.wait().expect("wait for hostprof");
+        let said = log.finish();
         assert!(
             status.success(),
-            "{}: hostprof failed:\n{}",
-            interpreter.name,
-            log.finish()
+            "{}: hostprof failed:\n{said}",
+            interpreter.name
+        );
+        // The walk's program loaded once, at its first Python process.
+        assert!(
+            !said.contains("no Python frames on this kernel"),
+            "{}: {said}",
+            interpreter.name
         );
         let py_spy = py_spy.wait_with_output().expect("wait for py-spy");
         assert!(

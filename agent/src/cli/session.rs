@@ -320,9 +320,13 @@ impl<T: Send + 'static> Session<T> {
 }
 
 /// Replaces a lean sampling program with the whole one once a process
-/// needs the JIT runtimes' walks or Go's labels (`crate::runtime`); a
-/// failure is said once, and the lean program samples on.
+/// needs the JIT runtimes' walks or Go's labels (`crate::runtime`), and
+/// loads CPython's walk once a Python process was found; a failure is said
+/// once, and the lean program samples on.
 pub fn upgrade_when_wanted(sampler: &mut Sampler) {
+    if crate::runtime::python_walk_wanted() {
+        sampler.load_deferred_python_walk();
+    }
     if !sampler.can_upgrade() || !crate::runtime::walks_wanted() {
         return;
     }

@@ -185,7 +185,10 @@ impl Python {
         };
         if let (Some(interpreter), Some(map)) = (&found, &mut self.map) {
             match register(map, pid, interpreter) {
-                Ok(()) => self.threads.refresh(pid, &interpreter.layout.kernel),
+                Ok(()) => {
+                    crate::runtime::want_python_walk();
+                    self.threads.refresh(pid, &interpreter.layout.kernel);
+                }
                 Err(err) => {
                     tracing::info!("pid {pid}: cannot register its Python interpreter: {err}")
                 }

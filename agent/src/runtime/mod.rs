@@ -84,6 +84,20 @@ pub fn walks_wanted() -> bool {
     WALKS_WANTED.load(Ordering::Relaxed)
 }
 
+/// A Python interpreter was registered with the kernel: a lean start then
+/// loads CPython's walk (`Sampler::load_deferred_python_walk`).
+static PYTHON_WANTED: AtomicBool = AtomicBool::new(false);
+
+/// Says that a process needs CPython's walk (`crate::python`).
+pub fn want_python_walk() {
+    PYTHON_WANTED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a process needed CPython's walk so far.
+pub fn python_walk_wanted() -> bool {
+    PYTHON_WANTED.load(Ordering::Relaxed)
+}
+
 /// Processes a runtime was found in but could not be registered with the
 /// kernel because the map of its processes was full (sized at load by
 /// `crate::sampler`): sampled without that runtime's frames.

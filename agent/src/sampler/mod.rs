@@ -179,6 +179,11 @@ pub struct Sampler {
     runtime_walks: bool,
     /// CPython's walk is on: its programs go into the tails maps.
     python_walk: bool,
+    /// A lean start: the sampling program's CPython walk waits for
+    /// [`Sampler::load_deferred_python_walk`] (a Python process found).
+    python_deferred: bool,
+    /// The sampling program's CPython walk was loaded (or tried).
+    python_sampling_loaded: bool,
     /// The sampling program is the lean one (`SamplerOptions::lean_start`),
     /// until [`Sampler::upgrade`].
     lean: bool,
@@ -364,6 +369,8 @@ impl Sampler {
             runtime_walks: runtime_walk != 0,
             python_walk: python_walk != 0,
             lean: options.lean_start && variant == Variant::Modern,
+            python_deferred: options.lean_start && variant == Variant::Modern && python_walk != 0,
+            python_sampling_loaded: false,
             upgrade_failed: false,
             sampling_loaded: false,
             frequency_hz: 0,

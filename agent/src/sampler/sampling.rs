@@ -44,6 +44,30 @@ impl Sampler {
         self.lean && !self.upgrade_failed
     }
 
+    /// Whether a part of the sampling program waits until a process needs
+    /// it: the whole program, or CPython's walk.
+    pub fn has_deferred(&self) -> bool {
+        self.can_upgrade() || self.python_deferred
+    }
+
+    /// Loads the sampling program's CPython walk, deferred by a lean start
+    /// (its verification is about 0.01 s, which a `record` or `top` of
+    /// processes without Python need not pay). Its tail-call slot is filled whether or
+    /// not the sampling program is loaded yet; until then CPython's jump
+    /// fails, and samples go without Python frames.
+    pub fn load_deferred_python_walk(&mut self) {
+        if std::mem::take(&mut self.python_deferred) {
+            self.load_sampling_python_walk();
+        }
+    }
+
+    /// The sampling program's CPython walk, loaded once.
+    fn load_sampling_python_walk(&mut self) {
+        if !std::mem::replace(&mut self.python_sampling_loaded, true) {
+            self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[0]);
+        }
+    }
+
     /// Replaces the lean sampling program with the whole one, on every CPU
     /// it samples: loads it (the verifier's walk, ~0.1 s), attaches it,
     /// then detaches the lean one. True when it did; false when there was
@@ -133,7 +157,9 @@ impl Sampler {
                 &hostprof_common::LEGACY_TAIL_PROGRAMS[..hostprof_common::LEGACY_TAIL_PERF_EVENT],
             )?;
         }
-        self.load_python_walk(&hostprof_common::PYTHON_TAIL_PROGRAMS[0]);
+        if !self.python_deferred {
+            self.load_sampling_python_walk();
+        }
         let name = self.sample_program();
         self.program()?
             .load()

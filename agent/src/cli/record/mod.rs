@@ -239,8 +239,8 @@ const STACK_COPY_QUEUE: usize = 1024;
 /// progress line.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How often a lean start looks whether a process needs the whole sampling
-/// program (`Sampler::can_upgrade`); once it cannot, it no longer looks.
+/// How often a lean start looks whether a process needs what it deferred
+/// (`Sampler::has_deferred`); once nothing is, it no longer looks.
 const UPGRADE_POLL: Duration = Duration::from_millis(100);
 
 /// Why the recording ended.
@@ -293,8 +293,9 @@ async fn wait_for_end(
             }
         }
     };
-    // Every 100 ms while it can happen: the whole sampling program once a
-    // process needs it (a JVM found 0.1 s after it starts); once a second:
+    // Every 100 ms while it can happen: the whole sampling program, or
+    // CPython's walk, once a process needs it (a JVM found 0.1 s after it
+    // starts); once a second:
     // prune the filter, and redraw the progress line.
     let sweep = async {
         if let Some(progress) = progress {
@@ -303,7 +304,7 @@ async fn wait_for_end(
         let mut swept = Instant::now();
         loop {
             let until_sweep = SWEEP_INTERVAL.saturating_sub(swept.elapsed());
-            let wait = if sampler.can_upgrade() {
+            let wait = if sampler.has_deferred() {
                 until_sweep.min(UPGRADE_POLL)
             } else {
                 until_sweep
