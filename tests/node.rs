@@ -449,10 +449,10 @@ fn profile(node: &Node) -> Vec<String> {
     );
 
     let mut failures = Vec::new();
-    if total < 300 || main_total < 100 || truth_samples < 100 {
+    if total < 300 || main_total < 100 || hot_total < 100 || truth_samples < 100 {
         failures.push(format!(
-            "too few samples: hostprof {total} ({main_total} of the main thread's program), \
-             --cpu-prof {truth_samples}"
+            "too few samples: hostprof {total} ({main_total} of the main thread's program, \
+             {hot_total} in hotLoop), --cpu-prof {truth_samples}"
         ));
     }
     if complete < 0.95 {
@@ -493,7 +493,7 @@ fn profile(node: &Node) -> Vec<String> {
             ));
         }
     }
-    if hot_total >= 100 && expanded < 0.95 {
+    if expanded < 0.95 {
         failures.push(format!(
             "(d) {expanded:.3} of {hot_total} main-thread samples in hotLoop show \
              loop → round → handler above it"
