@@ -66,7 +66,7 @@ pub(crate) struct Received {
 }
 
 /// Children killed (whole process group) when dropped.
-struct Group(Vec<Child>);
+pub(crate) struct Group(pub Vec<Child>);
 
 impl Drop for Group {
     fn drop(&mut self) {

@@ -8,15 +8,16 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::Arc,
     time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::soak::{Received, rss_mib, start_sink};
+use crate::soak::{Group, Received, rss_mib, start_sink};
 
 /// How long the agent runs before the window: the "after 60 s".
 const WARM_UP: Duration = Duration::from_secs(60);
@@ -35,32 +36,22 @@ pub(super) struct AgentRun {
     pub loads: u64,
 }
 
-/// Children killed when dropped.
-struct Kill(Vec<Child>);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 pub(super) fn agent_after(hostprof: &Path, copies: &[PathBuf], cache: &Path) -> Result<AgentRun> {
     let _ = std::fs::remove_dir_all(cache);
+    let sink_binary = crate::build_example("otlp_sink", None)?;
     let seconds = (WARM_UP + WINDOW).as_secs() + 30;
-    let mut children = Kill(Vec::new());
+    // Each in a process group of its own, which `Group` kills.
+    let mut children = Group(Vec::new());
     for copy in copies {
         children.0.push(
             Command::new(copy)
                 .arg(seconds.to_string())
                 .stdout(Stdio::null())
+                .process_group(0)
                 .spawn()
                 .context("cannot start the copies")?,
         );
     }
-    let sink_binary = crate::build_example("otlp_sink", None)?;
     let (sink, addr) = start_sink(&sink_binary, Arc::new(Received::default()))?;
     children.0.push(sink);
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -73,6 +64,7 @@ pub(super) fn agent_after(hostprof: &Path, copies: &[PathBuf], cache: &Path) -> 
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .context("cannot start hostprof agent")?;
     let agent_pid = agent.id();
