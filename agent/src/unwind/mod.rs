@@ -15,6 +15,7 @@
 //!   `hostprof_unwind`, the code the eBPF program runs.
 //!
 //! [`UnwindRow`]: hostprof_unwind::UnwindRow
+mod budget;
 pub mod cache;
 pub mod early;
 mod loader;
@@ -369,9 +370,6 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 /// Live figures of the unwind service.
 pub type SharedStats = Arc<Mutex<LoaderStats>>;
 
-/// The agent's table threads' `nice`: the host's work comes first.
-const BACKGROUND_NICE: i32 = 10;
-
 /// `record`'s and `top`'s table thread's `nice`. A short foreground run's
 /// stacks are incomplete until their tables are in, and on a saturated
 /// host a thread at nice 0 gets one runnable thread's share of a CPU: the
@@ -387,10 +385,11 @@ pub const FOREGROUND_NICE: i32 = -10;
 /// `preload` right away, which the returned receiver signals when done); it
 /// ends when every [`Requests`] is dropped.
 ///
-/// `background`: the agent, which must not take CPU from the host's own
-/// work to build tables; the thread then runs at a lower priority. `record`
-/// and `top` want their tables at once: their thread runs ahead of the
-/// host's busy processes (see [`FOREGROUND_NICE`]). `eager`: ask for a process's
+/// `background`: the agent, which must take no more than a bounded share
+/// of the host's CPU to build tables: the thread runs ahead of the host's
+/// busy processes but within a CPU budget (`budget`). `record` and `top`
+/// want their tables at once: their thread runs ahead of the host's busy
+/// processes (see [`FOREGROUND_NICE`]) for as long as they run. `eager`: ask for a process's
 /// tables at its exec (a targeted session, where every exec is wanted).
 /// `runtime_code`: where processes' runtime code is (see
 /// [`crate::runtime::RuntimeCode`]). `cache`: where built tables are kept
@@ -427,10 +426,11 @@ pub fn spawn_service(
         .name("hostprof-unwind".into())
         .spawn(move || {
             let nice = if background {
-                BACKGROUND_NICE
+                budget::NICE
             } else {
                 FOREGROUND_NICE
             };
+            let budget = background.then(|| budget::CpuBudget::new(budget::SHARE, budget::BURST));
             // SAFETY: setpriority on our own thread id. Without the right to
             // raise it (CAP_SYS_NICE) the call fails: normal priority then.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
@@ -546,7 +546,12 @@ pub fn spawn_service(
                 };
                 match job {
                     Some(Job::Forget(pid)) => loader.forget_process(pid),
-                    Some(Job::Load(pid)) => load(&mut loader, pid),
+                    Some(Job::Load(pid)) => {
+                        load(&mut loader, pid);
+                        if let Some(budget) = &budget {
+                            budget.pause();
+                        }
+                    }
                     None if jobs.queue().closed => {
                         files::memo::save();
                         break;
