@@ -9,7 +9,9 @@
 //! What counts, in hostprof's pprof profile: samples whose innermost
 //! JavaScript frame is `hot`, by that frame's line. The share of them on
 //! the first loop's line must be within 0.05 of `--cpu-prof`'s share of
-//! `hot`'s ticks on that line, each over at least 100 samples; 0.95 of
+//! `hot`'s ticks on that line (or, where `--cpu-prof`'s is itself more
+//! than 0.05 off the program's three quarters, of those: see
+//! [`DESIGNED_SHARE`]), each over at least 100 samples; 0.95 of
 //! them must be on the lines of `hot`'s body (not its definition's); and
 //! every `hot` frame keeps its definition's line as its function's start
 //! line.
@@ -33,6 +35,16 @@ const RATE_HZ: &str = "499";
 /// the shares' difference has a standard deviation near 0.017.
 const CPU_SECONDS: f64 = 2.0;
 const SHARE_TOLERANCE: f64 = 0.05;
+/// The first loop's share of `hot`'s time by construction: three times the
+/// second's iterations of the same code (tests/programs/node/lines.js).
+/// `--cpu-prof` does not see a Sparkplug or optimized frame's line while
+/// the CPU is in a builtin it calls (it takes the caller's frame then), so
+/// its share can drift from this on some machines (a fresh CI machine:
+/// 0.636 to 0.695 in Sparkplug code, 0.688 once in node 22's compiled code,
+/// where hostprof saw 0.740 to 0.767); where it is further than
+/// [`SHARE_TOLERANCE`] from this, hostprof is judged against this instead,
+/// and the test says so.
+const DESIGNED_SHARE: f64 = 0.75;
 const MIN_SAMPLES: u64 = 100;
 /// The builds `cargo xtask setup` unpacks in target/node-roots.
 const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0"];
@@ -287,10 +299,20 @@ fn profile(
             "too few samples of `{FUNCTION}`: hostprof {seen_samples}, --cpu-prof {truth_samples}"
         ));
     }
-    if (seen_share - truth_share).abs() > SHARE_TOLERANCE {
+    let reference = if (truth_share - DESIGNED_SHARE).abs() > SHARE_TOLERANCE {
+        eprintln!(
+            "node {version} ({name}): --cpu-prof's {truth_share:.3} is off the program's \
+             {DESIGNED_SHARE}: hostprof judged against the program's"
+        );
+        DESIGNED_SHARE
+    } else {
+        truth_share
+    };
+    if (seen_share - reference).abs() > SHARE_TOLERANCE {
         failures.push(format!(
             "line {}: hostprof {seen_share:.3} of {seen_samples} samples ({seen:?}), \
-             --cpu-prof {truth_share:.3} of {truth_samples} ({truth:?})",
+             --cpu-prof {truth_share:.3} of {truth_samples} ({truth:?}), the program's \
+             {DESIGNED_SHARE}",
             lines.first_loop
         ));
     }
