@@ -79,11 +79,14 @@ pub enum Counter {
     /// past `exit_mm` in `do_exit`, its user memory is gone (not a wrong
     /// offset, unlike [`Counter::TraceReadFault`]).
     TraceExited = 29,
+    /// Unwinds stopped at an address whose rows a table built for the code
+    /// that runs does not have yet (the agent adds them).
+    UnwindNotLoaded = 30,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 31] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -114,10 +117,11 @@ impl Counter {
         Counter::GoReadFault,
         Counter::GoLabelsCut,
         Counter::TraceExited,
+        Counter::UnwindNotLoaded,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
-    pub const UNWIND_STOPS: [Counter; 7] = [
+    pub const UNWIND_STOPS: [Counter; 8] = [
         Counter::UnwindNoTable,
         Counter::UnwindPcNotCovered,
         Counter::UnwindUnsupportedRule,
@@ -125,6 +129,7 @@ impl Counter {
         Counter::UnwindDepthLimit,
         Counter::UnwindBadFrame,
         Counter::UnwindNoMapping,
+        Counter::UnwindNotLoaded,
     ];
     /// Counters of this kind (the map holds the runtimes' after them:
     /// [`crate::runtime::COUNTERS`]).
@@ -163,6 +168,7 @@ impl Counter {
             Counter::GoReadFault => "go_read_fault",
             Counter::GoLabelsCut => "go_labels_cut",
             Counter::TraceExited => "trace_exited",
+            Counter::UnwindNotLoaded => "unwind_not_loaded",
         }
     }
 
@@ -177,6 +183,7 @@ impl Counter {
             unwind::reason::DEPTH_LIMIT => Counter::UnwindDepthLimit,
             unwind::reason::UNKNOWN_PROCESS => Counter::UnwindUnknownProcess,
             unwind::reason::NO_MAPPING => Counter::UnwindNoMapping,
+            unwind::reason::NOT_LOADED => Counter::UnwindNotLoaded,
             _ => Counter::UnwindBadFrame,
         }
     }

@@ -61,6 +61,11 @@ pub mod cfa {
     pub const SIGNAL: u8 = 6;
     /// No FDE covers this address (a gap between functions).
     pub const NOT_COVERED: u8 = 7;
+    /// A table built for the code that runs ([`table::build_sparse`]) has
+    /// no rows here yet: the walk stops, and the agent adds the rows of
+    /// the function at this address (no frame-pointer guess: in code
+    /// without frame pointers it makes up frames).
+    pub const NOT_LOADED: u8 = 8;
 }
 
 /// Where the caller's frame pointer (rbp / x29) or return address is.
@@ -127,8 +132,12 @@ pub mod reason {
     /// An address outside every known mapping (the process mapped code since
     /// the agent read its maps).
     pub const NO_MAPPING: u32 = 8;
+    /// The mapping's table is built for the code that runs and has no rows
+    /// for this address yet ([`cfa::NOT_LOADED`]): the last frame is the
+    /// address, for the agent to add its function's rows.
+    pub const NOT_LOADED: u32 = 9;
     /// Number of reasons.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
 
     /// A short snake_case name.
     pub const fn name(reason: u32) -> &'static str {
@@ -142,6 +151,7 @@ pub mod reason {
             BAD_FRAME => "bad_frame",
             UNKNOWN_PROCESS => "unknown_process",
             NO_MAPPING => "no_mapping",
+            NOT_LOADED => "not_loaded",
             _ => "unknown",
         }
     }
@@ -330,6 +340,9 @@ fn row_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P, row: &Unwi
         cfa::SIGNAL => return Rules::Fallback(Fallback::SIGNAL),
         cfa::NOT_COVERED => {
             return Rules::Fallback(Fallback::SIGRETURN_OR_FRAME_POINTERS | reason::PC_NOT_COVERED);
+        }
+        cfa::NOT_LOADED => {
+            return Rules::Fallback(Fallback::SIGRETURN_OR_STOP | reason::NOT_LOADED);
         }
         // glibc's sigreturn trampolines describe themselves with
         // expressions; recognise them by their code instead.

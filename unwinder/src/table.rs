@@ -12,7 +12,7 @@
 //! delays a new process's tables.
 extern crate std;
 
-use std::{boxed::Box, vec::Vec};
+use std::{boxed::Box, vec, vec::Vec};
 
 use super::{Arch, UnwindRow, cfa, reg};
 use gimli::{
@@ -89,65 +89,261 @@ pub fn arch_of(file: &object::File) -> Option<Arch> {
     }
 }
 
-/// Builds the unwind table of an ELF image.
-pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
-    let file = object::File::parse(data).map_err(TableError::Parse)?;
-    let arch = arch_of(&file).ok_or(TableError::UnsupportedArch)?;
-    let text_bytes = file
-        .sections()
-        .filter(|section| section.kind() == object::SectionKind::Text)
-        .map(|section| section.size())
-        // Sizes come from the file: a hostile one may claim anything (fuzzing).
-        .fold(0u64, u64::saturating_add);
-    let endian = if file.is_little_endian() {
-        RunTimeEndian::Little
-    } else {
-        RunTimeEndian::Big
-    };
-    let mut rows = Vec::new();
-    if let Some(section) = file.section_by_name(".eh_frame")
-        && let Ok(bytes) = section.data()
-        && !bytes.is_empty()
-    {
-        let mut eh_frame = EhFrame::new(bytes, endian);
+/// An ELF image's parts every table needs.
+struct Image<'a> {
+    file: object::File<'a>,
+    arch: Arch,
+    text_bytes: u64,
+    endian: RunTimeEndian,
+}
+
+impl<'a> Image<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, TableError> {
+        let file = object::File::parse(data).map_err(TableError::Parse)?;
+        let arch = arch_of(&file).ok_or(TableError::UnsupportedArch)?;
+        let text_bytes = file
+            .sections()
+            .filter(|section| section.kind() == object::SectionKind::Text)
+            .map(|section| section.size())
+            // Sizes come from the file: a hostile one may claim anything (fuzzing).
+            .fold(0u64, u64::saturating_add);
+        let endian = if file.is_little_endian() {
+            RunTimeEndian::Little
+        } else {
+            RunTimeEndian::Big
+        };
+        Ok(Image {
+            file,
+            arch,
+            text_bytes,
+            endian,
+        })
+    }
+
+    /// Go keeps frame pointers on amd64 and arm64; its CFI (if any) adds nothing.
+    fn is_go(&self) -> bool {
+        self.file.section_by_name(".gopclntab").is_some()
+            || self.file.section_by_name(".note.go.buildid").is_some()
+    }
+
+    /// `.eh_frame`, its bytes and base addresses, when not empty.
+    fn eh_frame(&self) -> Option<(EhFrame<EndianSlice<'a, RunTimeEndian>>, BaseAddresses)> {
+        let section = self.file.section_by_name(".eh_frame")?;
+        let bytes = section.data().ok().filter(|bytes| !bytes.is_empty())?;
+        let mut eh_frame = EhFrame::new(bytes, self.endian);
         eh_frame.set_address_size(8);
         let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-        if let Some(text) = file.section_by_name(".text") {
+        if let Some(text) = self.file.section_by_name(".text") {
             bases = bases.set_text(text.address());
         }
-        if let Some(got) = file.section_by_name(".got") {
+        if let Some(got) = self.file.section_by_name(".got") {
             bases = bases.set_got(got.address());
         }
-        collect(arch, &eh_frame, &bases, &mut rows)?;
+        Some((eh_frame, bases))
+    }
+
+    /// `.debug_frame`'s bytes, decompressed, when not empty.
+    fn debug_frame_bytes(&self) -> Option<std::borrow::Cow<'a, [u8]>> {
+        let section = self.file.section_by_name(".debug_frame")?;
+        plausible_uncompressed(&section).filter(|bytes| !bytes.is_empty())
+    }
+
+    fn table(self, rows: Vec<UnwindRow>) -> UnwindTable {
+        UnwindTable {
+            arch: self.arch,
+            kind: TableKind::Rows(finish(rows)),
+            text_bytes: self.text_bytes,
+        }
+    }
+
+    fn frame_pointers(&self) -> UnwindTable {
+        UnwindTable {
+            arch: self.arch,
+            kind: TableKind::FramePointers,
+            text_bytes: self.text_bytes,
+        }
+    }
+}
+
+/// Builds the unwind table of an ELF image.
+pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
+    let image = Image::parse(data)?;
+    let arch = image.arch;
+    let mut rows = Vec::new();
+    if let Some((eh_frame, bases)) = image.eh_frame() {
+        collect(
+            arch,
+            &eh_frame,
+            &bases,
+            |_| true,
+            cfa::NOT_COVERED,
+            &mut rows,
+        );
     }
     if rows.is_empty()
-        && let Some(section) = file.section_by_name(".debug_frame")
-        && let Some(bytes) = plausible_uncompressed(&section)
-        && !bytes.is_empty()
+        && let Some(bytes) = image.debug_frame_bytes()
     {
-        let mut debug_frame = DebugFrame::new(&bytes, endian);
+        let mut debug_frame = DebugFrame::new(&bytes, image.endian);
         debug_frame.set_address_size(8);
-        collect(arch, &debug_frame, &BaseAddresses::default(), &mut rows)?;
-    }
-    let go = file.section_by_name(".gopclntab").is_some()
-        || file.section_by_name(".note.go.buildid").is_some();
-    if go {
-        // Go keeps frame pointers on amd64 and arm64; its CFI (if any) adds nothing.
-        return Ok(UnwindTable {
+        let bases = BaseAddresses::default();
+        collect(
             arch,
-            kind: TableKind::FramePointers,
-            text_bytes,
-        });
+            &debug_frame,
+            &bases,
+            |_| true,
+            cfa::NOT_COVERED,
+            &mut rows,
+        );
     }
-    add_plt_rows(arch, &file, &mut rows);
+    if image.is_go() {
+        return Ok(image.frame_pointers());
+    }
+    add_plt_rows(arch, &image.file, &mut rows);
     if rows.is_empty() {
         return Err(TableError::NoCfi);
     }
-    Ok(UnwindTable {
-        arch,
-        kind: TableKind::Rows(finish(rows)),
-        text_bytes,
-    })
+    Ok(image.table(rows))
+}
+
+/// Builds a table of an ELF image for the code that runs: the rows of the
+/// functions holding `pcs` (ELF virtual addresses) and of the PLT, and
+/// [`cfa::NOT_LOADED`] everywhere else, for the walk to stop and the agent
+/// to add the function there. A binary has tens of thousands of functions
+/// and a busy process runs in a few dozen: its whole table costs a build
+/// of every FDE (150 ms of CPU for a 3 MiB interpreter on a saturated
+/// host) and 8 bytes a row in the kernel for code that never runs.
+///
+/// The functions are found through `.eh_frame_hdr`'s sorted table, else
+/// by a scan of the FDEs' headers (no CFI evaluated but theirs). An
+/// address no FDE covers gets a [`cfa::NOT_COVERED`] row (frame pointers
+/// may walk it), so it is not asked for again.
+pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError> {
+    let image = Image::parse(data)?;
+    if image.is_go() {
+        return Ok(image.frame_pointers());
+    }
+    let arch = image.arch;
+    let mut rows = vec![not_loaded(0)];
+    let mut wanted: Vec<u32> = pcs.to_vec();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let wants = |fde_start: u64, fde_len: u64| {
+        let first = wanted.partition_point(|&pc| u64::from(pc) < fde_start);
+        wanted
+            .get(first)
+            .is_some_and(|&pc| u64::from(pc) - fde_start < fde_len)
+    };
+    let mut found_cfi = false;
+    if let Some((eh_frame, bases)) = image.eh_frame() {
+        found_cfi = true;
+        if !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
+            collect(
+                arch,
+                &eh_frame,
+                &bases,
+                |fde| wants(fde.initial_address(), fde.len()),
+                cfa::NOT_LOADED,
+                &mut rows,
+            );
+        }
+    } else if let Some(bytes) = image.debug_frame_bytes() {
+        found_cfi = true;
+        let mut debug_frame = DebugFrame::new(&bytes, image.endian);
+        debug_frame.set_address_size(8);
+        let bases = BaseAddresses::default();
+        collect(
+            arch,
+            &debug_frame,
+            &bases,
+            |fde| wants(fde.initial_address(), fde.len()),
+            cfa::NOT_LOADED,
+            &mut rows,
+        );
+    }
+    if !found_cfi {
+        return Err(TableError::NoCfi);
+    }
+    add_plt_rows(arch, &image.file, &mut rows);
+    // What no function covers: a gap, for frame pointers.
+    for &pc in &wanted {
+        if !covered_by_fde(&rows, pc) {
+            rows.push(UnwindRow {
+                pc,
+                cfa_rule: cfa::NOT_COVERED,
+                ..Default::default()
+            });
+            rows.push(not_loaded(pc.saturating_add(1)));
+        }
+    }
+    Ok(image.table(rows))
+}
+
+/// The rows of the FDEs holding `wanted`, found through `.eh_frame_hdr`;
+/// false when the file has no usable header table (scan instead).
+fn sparse_by_header<'a>(
+    image: &Image<'a>,
+    eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
+    bases: &BaseAddresses,
+    wanted: &[u32],
+    rows: &mut Vec<UnwindRow>,
+) -> bool {
+    let Some(section) = image.file.section_by_name(".eh_frame_hdr") else {
+        return false;
+    };
+    let Ok(bytes) = section.data() else {
+        return false;
+    };
+    let bases = bases.clone().set_eh_frame_hdr(section.address());
+    let Ok(header) = gimli::EhFrameHdr::new(bytes, image.endian).parse(&bases, 8) else {
+        return false;
+    };
+    let Some(table) = header.table() else {
+        return false;
+    };
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut done: Vec<u64> = Vec::new();
+    for &pc in wanted {
+        let Ok(fde) =
+            table.fde_for_address(eh_frame, &bases, u64::from(pc), EhFrame::cie_from_offset)
+        else {
+            continue;
+        };
+        if done.contains(&fde.initial_address()) {
+            continue;
+        }
+        done.push(fde.initial_address());
+        fde_rows(
+            image.arch,
+            eh_frame,
+            &bases,
+            &mut ctx,
+            &fde,
+            cfa::NOT_LOADED,
+            rows,
+        );
+    }
+    true
+}
+
+fn not_loaded(pc: u32) -> UnwindRow {
+    UnwindRow {
+        pc,
+        cfa_rule: cfa::NOT_LOADED,
+        ..Default::default()
+    }
+}
+
+/// Whether a function's row (not a marker) covers `pc` in unsorted `rows`.
+fn covered_by_fde(rows: &[UnwindRow], pc: u32) -> bool {
+    let mut sorted: Vec<&UnwindRow> = rows.iter().filter(|row| row.pc <= pc).collect();
+    sorted.sort_by_key(|row| (row.pc, is_marker(row)));
+    sorted.last().is_some_and(|row| !is_marker(row))
+}
+
+/// End markers: [`cfa::NOT_COVERED`] and [`cfa::NOT_LOADED`], which a
+/// function's row at the same address replaces.
+fn is_marker(row: &UnwindRow) -> bool {
+    row.cfa_rule == cfa::NOT_COVERED || row.cfa_rule == cfa::NOT_LOADED
 }
 
 /// The section's bytes, decompressed, unless its header claims a size no
@@ -170,13 +366,16 @@ fn plausible_uncompressed<'a>(
     compressed.decompress().ok()
 }
 
-/// Rows of every FDE of `section`, each followed by a not-covered row at its end.
+/// Rows of the FDEs of `section` that `keep`, each followed by an `end`
+/// marker row at its end.
 fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
     arch: Arch,
     section: &S,
     bases: &BaseAddresses,
+    mut keep: impl FnMut(&gimli::FrameDescriptionEntry<EndianSlice<'a, RunTimeEndian>>) -> bool,
+    end: u8,
     rows: &mut Vec<UnwindRow>,
-) -> Result<(), TableError> {
+) {
     let mut ctx = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
     loop {
@@ -192,32 +391,46 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
         let Ok(fde) = partial.parse(S::cie_from_offset) else {
             continue;
         };
-        let signal = fde.is_signal_trampoline();
-        let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
-            continue;
-        };
-        let mut end = fde.initial_address();
-        while let Ok(Some(row)) = table.next_row() {
-            let Ok(pc) = u32::try_from(row.start_address()) else {
-                break;
-            };
-            let mut out = convert(arch, section, row.cfa(), |reg| row.register(reg));
-            if signal {
-                out.cfa_rule = cfa::SIGNAL;
-            }
-            out.pc = pc;
-            push_row(rows, out);
-            end = row.end_address();
-        }
-        if let Ok(end) = u32::try_from(end) {
-            rows.push(UnwindRow {
-                pc: end,
-                cfa_rule: cfa::NOT_COVERED,
-                ..Default::default()
-            });
+        if keep(&fde) {
+            fde_rows(arch, section, bases, &mut ctx, &fde, end, rows);
         }
     }
-    Ok(())
+}
+
+/// The rows of one FDE, and an `end` marker row at its end.
+fn fde_rows<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
+    arch: Arch,
+    section: &S,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    fde: &gimli::FrameDescriptionEntry<EndianSlice<'a, RunTimeEndian>>,
+    end_rule: u8,
+    rows: &mut Vec<UnwindRow>,
+) {
+    let signal = fde.is_signal_trampoline();
+    let Ok(mut table) = fde.rows(section, bases, ctx) else {
+        return;
+    };
+    let mut end = fde.initial_address();
+    while let Ok(Some(row)) = table.next_row() {
+        let Ok(pc) = u32::try_from(row.start_address()) else {
+            break;
+        };
+        let mut out = convert(arch, section, row.cfa(), |reg| row.register(reg));
+        if signal {
+            out.cfa_rule = cfa::SIGNAL;
+        }
+        out.pc = pc;
+        push_row(rows, out);
+        end = row.end_address();
+    }
+    if let Ok(end) = u32::try_from(end) {
+        rows.push(UnwindRow {
+            pc: end,
+            cfa_rule: end_rule,
+            ..Default::default()
+        });
+    }
 }
 
 /// Adds `row` of an FDE. The function before's end marker at its address
@@ -226,7 +439,7 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
 /// adjacent functions had made every function a run of its own).
 fn push_row(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
     match rows.last_mut() {
-        Some(last) if last.pc == row.pc && last.cfa_rule == cfa::NOT_COVERED => *last = row,
+        Some(last) if last.pc == row.pc && is_marker(last) => *last = row,
         _ => rows.push(row),
     }
 }
@@ -350,16 +563,15 @@ fn add_plt_rows(arch: Arch, file: &object::File, rows: &mut Vec<UnwindRow>) {
 
 fn covered(rows: &[UnwindRow], pc: u32) -> bool {
     // Rows are not sorted yet: any FDE row at exactly this address counts.
-    rows.iter()
-        .any(|row| row.pc == pc && row.cfa_rule != cfa::NOT_COVERED)
+    rows.iter().any(|row| row.pc == pc && !is_marker(row))
 }
 
 /// Sorts rows, lets a function's first row win over the previous function's
 /// end marker at the same address, and merges repeated rules.
 fn finish(mut rows: Vec<UnwindRow>) -> Vec<UnwindRow> {
     // Stable: within one address, real rows (pushed before or after) must win
-    // over NOT_COVERED; sort those last and keep the first per address.
-    rows.sort_by_key(|row| (row.pc, row.cfa_rule == cfa::NOT_COVERED));
+    // over end markers; sort those last and keep the first per address.
+    rows.sort_by_key(|row| (row.pc, is_marker(row)));
     rows.dedup_by_key(|row| row.pc);
     // A row that says what the one before it says adds nothing. In place:
     // a compiler's shared library has millions of rows, and a second vector
@@ -491,3 +703,7 @@ mod tests {
         assert_eq!(table[4].cfa_rule, cfa::SP);
     }
 }
+
+#[cfg(test)]
+#[path = "table_sparse_tests.rs"]
+mod sparse_tests;

@@ -1,0 +1,127 @@
+//! [`build_sparse`] on a real binary: this test's own executable (built
+//! with `.eh_frame_hdr`, like nearly every binary a host runs).
+use super::*;
+
+/// The row a lookup finds for `pc` in sorted `rows`.
+fn row_at(rows: &[UnwindRow], pc: u32) -> Option<UnwindRow> {
+    let index = rows.partition_point(|row| row.pc <= pc);
+    index.checked_sub(1).map(|index| rows[index])
+}
+
+/// Rules only: a sparse table's rows start where its functions start,
+/// a whole one's may merge across functions.
+fn rules(row: Option<UnwindRow>) -> Option<UnwindRule> {
+    row.map(|row| crate::UnwindRule::of(&row))
+}
+
+use crate::{Lookup, UnwindRule};
+
+fn own_executable() -> Vec<u8> {
+    std::fs::read(std::env::current_exe().unwrap()).unwrap()
+}
+
+/// Addresses inside functions with CFI: one row start out of every
+/// `every` in the whole table, past its first function.
+fn function_pcs(whole: &[UnwindRow], every: usize) -> Vec<u32> {
+    whole
+        .iter()
+        .filter(|row| !is_marker(row) && row.cfa_rule != cfa::SIGNAL)
+        .step_by(every)
+        .map(|row| row.pc)
+        .collect()
+}
+
+#[test]
+fn a_sparse_table_has_the_rules_of_the_functions_asked_for_and_nothing_else() {
+    let data = own_executable();
+    let whole = build(&data).unwrap();
+    let whole = whole.rows();
+    let pcs = function_pcs(whole, 997);
+    assert!(pcs.len() >= 5, "{} rows", whole.len());
+    let sparse = build_sparse(&data, &pcs).unwrap();
+    let sparse = sparse.rows();
+    assert!(
+        sparse.len() * 10 < whole.len(),
+        "{} sparse rows of {}",
+        sparse.len(),
+        whole.len()
+    );
+    // Where asked, and everywhere in the same function after it up to
+    // the next row of the whole table: the same rules.
+    for &pc in &pcs {
+        for at in [pc, pc + 1] {
+            let expected = row_at(whole, at).unwrap();
+            if at != pc && is_marker(&expected) {
+                continue;
+            }
+            assert_eq!(rules(row_at(sparse, at)), rules(Some(expected)), "{at:#x}");
+        }
+    }
+    // Another function, not asked for: not loaded, so the walk stops there.
+    let others = function_pcs(whole, 1);
+    let other = others
+        .iter()
+        .find(|&&pc| {
+            !pcs.iter().any(|&asked| {
+                let (low, high) = (asked.min(pc), asked.max(pc));
+                high - low < 0x1000
+            })
+        })
+        .expect("a function far from every asked one");
+    assert_eq!(row_at(sparse, *other).unwrap().cfa_rule, cfa::NOT_LOADED);
+    // Below every function, and past the last.
+    assert_eq!(sparse[0].pc, 0);
+    assert_eq!(sparse[0].cfa_rule, cfa::NOT_LOADED);
+}
+
+#[test]
+fn a_sparse_table_grows_to_the_whole_tables_rules_where_asked() {
+    // Asked for every function start: the same rules as the whole table
+    // at every row of it (what the header's search finds is what the
+    // scan of every FDE found).
+    let data = own_executable();
+    let whole = build(&data).unwrap();
+    let whole = whole.rows();
+    let pcs = function_pcs(whole, 1);
+    let sparse = build_sparse(&data, &pcs).unwrap();
+    for row in whole {
+        let found = row_at(sparse.rows(), row.pc).unwrap();
+        if is_marker(row) {
+            assert!(is_marker(&found), "{:#x}: {found:?}", row.pc);
+        } else {
+            assert_eq!(UnwindRule::of(&found), UnwindRule::of(row), "{:#x}", row.pc);
+        }
+    }
+}
+
+#[test]
+fn an_address_no_function_covers_is_a_gap_not_asked_for_again() {
+    let data = own_executable();
+    // The ELF header's own address: code nowhere near it.
+    let sparse = build_sparse(&data, &[0x10]).unwrap();
+    let rows = sparse.rows();
+    assert_eq!(row_at(rows, 0x10).unwrap().cfa_rule, cfa::NOT_COVERED);
+    assert_eq!(row_at(rows, 0x11).unwrap().cfa_rule, cfa::NOT_LOADED);
+}
+
+#[test]
+fn a_not_loaded_row_stops_the_walk_there_without_frame_pointers() {
+    struct Table(Vec<UnwindRow>);
+    impl crate::Process for Table {
+        fn read_u64(&mut self, _address: u64) -> Option<u64> {
+            // Frame pointers would find a caller: they must not be tried.
+            Some(0x7000)
+        }
+        fn lookup(&mut self, pc: u64) -> Lookup {
+            match row_at(&self.0, pc as u32) {
+                Some(row) => Lookup::Row(row),
+                None => Lookup::NotCovered,
+            }
+        }
+    }
+    let mut table = Table(vec![not_loaded(0)]);
+    let mut regs = crate::Regs::interrupted(0x1234, 0x8000, 0x8100, 0);
+    let step = crate::step(Arch::X86_64, &mut regs, &mut table);
+    assert_eq!(step, crate::Step::Stop(crate::reason::NOT_LOADED));
+    assert_eq!(regs.pc, 0x1234);
+}
