@@ -198,11 +198,20 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
     if image.is_go() {
         return Ok(image.frame_pointers());
     }
-    add_plt_rows(arch, &image.file, &mut rows);
+    add_plt_rows(arch, &image.file, cfa::NOT_COVERED, &mut rows);
     if rows.is_empty() {
         return Err(TableError::NoCfi);
     }
     Ok(image.table(rows))
+}
+
+/// Bytes of CFI an ELF image holds (`.eh_frame`, else `.debug_frame`):
+/// what its whole table costs to build, without building it.
+pub fn cfi_bytes(data: &[u8]) -> Option<u64> {
+    let file = object::File::parse(data).ok()?;
+    [".eh_frame", ".debug_frame"]
+        .iter()
+        .find_map(|name| file.section_by_name(name).map(|section| section.size()))
 }
 
 /// Builds a table of an ELF image for the code that runs: the rows of the
@@ -263,7 +272,7 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
     if !found_cfi {
         return Err(TableError::NoCfi);
     }
-    add_plt_rows(arch, &image.file, &mut rows);
+    add_plt_rows(arch, &image.file, cfa::NOT_LOADED, &mut rows);
     // What no function covers: a gap, for frame pointers.
     for &pc in &wanted {
         if !covered_by_fde(&rows, pc) {
@@ -521,7 +530,7 @@ pub fn plt_expression(bytes: &[u8]) -> Option<(i32, u8)> {
 
 /// PLT sections without CFI (`.plt.sec`, `.plt.got`, and aarch64's `.plt`)
 /// hold only jumps: the return address is where the call left it.
-fn add_plt_rows(arch: Arch, file: &object::File, rows: &mut Vec<UnwindRow>) {
+fn add_plt_rows(arch: Arch, file: &object::File, end_rule: u8, rows: &mut Vec<UnwindRow>) {
     for name in [".plt", ".plt.sec", ".plt.got", ".iplt"] {
         let Some(section) = file.section_by_name(name) else {
             continue;
@@ -555,7 +564,7 @@ fn add_plt_rows(arch: Arch, file: &object::File, rows: &mut Vec<UnwindRow>) {
         rows.push(row);
         rows.push(UnwindRow {
             pc: end,
-            cfa_rule: cfa::NOT_COVERED,
+            cfa_rule: end_rule,
             ..Default::default()
         });
     }

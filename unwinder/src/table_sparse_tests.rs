@@ -72,6 +72,11 @@ fn a_sparse_table_has_the_rules_of_the_functions_asked_for_and_nothing_else() {
     // Below every function, and past the last.
     assert_eq!(sparse[0].pc, 0);
     assert_eq!(sparse[0].cfa_rule, cfa::NOT_LOADED);
+    assert_eq!(sparse.last().unwrap().cfa_rule, cfa::NOT_LOADED);
+    // Nothing but the functions asked for, and the PLT, is ever a gap
+    // (which frame pointers would walk): the rest is to be loaded.
+    let gap = sparse.iter().find(|row| row.cfa_rule == cfa::NOT_COVERED);
+    assert!(gap.is_none(), "a gap at {gap:x?} in {sparse:#x?}");
 }
 
 #[test]

@@ -205,7 +205,15 @@ impl<T: Send + 'static> Session<T> {
                 let (tx, rx) = mpsc::sync_channel(crate::unwind::early::MAX_QUEUED);
                 (
                     Some(tx),
-                    Some((rx, crate::unwind::early::EarlyStacks::new(mirror))),
+                    Some((rx, {
+                        let early = crate::unwind::early::EarlyStacks::new(mirror);
+                        match requests.clone() {
+                            Some(requests) => early.wanting_functions(Box::new(move |pid, pc| {
+                                requests.request_function(pid, pc)
+                            })),
+                            None => early,
+                        }
+                    })),
                 )
             }
             _ => (None, None),
@@ -225,7 +233,10 @@ impl<T: Send + 'static> Session<T> {
                 all: copies,
                 early: early_tx,
                 tables: requests.clone().map(|requests| {
-                    Box::new(move |pid| requests.request(pid)) as Box<dyn Fn(u32) + Send + Sync>
+                    Box::new(move |pid, pc: Option<u64>| match pc {
+                        Some(pc) => requests.request_function(pid, pc),
+                        None => requests.request(pid),
+                    }) as crate::sampler::AskTables
                 }),
             },
             match mode {

@@ -26,10 +26,10 @@ use hostprof_common::{
 };
 pub use kernel::{VARIANT_ENV, Variant, kernel_release};
 pub use memory::MapMemory;
-pub use reader::{CopySinks, ReaderStats, read_ring, read_ring_with_copies};
+pub use reader::{AskTables, CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{
     EarlyCopy, Records, StackCopy, decode_early_copy, decode_sample, decode_sample_into,
-    decode_stack_copy, encode_sample, needs_tables,
+    decode_stack_copy, encode_sample, function_wanted, needs_tables,
 };
 pub use sampling::ProgramStats;
 

@@ -32,6 +32,10 @@ pub struct ReaderStats {
     pub early_copies_dropped: u64,
 }
 
+/// The unwind service's request: a process's tables, or (with an
+/// address) the rows of the function there.
+pub type AskTables = Box<dyn Fn(u32, Option<u64>) + Send + Sync>;
+
 /// Where the stack copies of ring records go, and who hears of the
 /// processes whose tables the kernel lacked.
 #[derive(Default)]
@@ -42,12 +46,13 @@ pub struct CopySinks {
     /// (`crate::unwind::early`).
     pub early: Option<SyncSender<EarlyCopy>>,
     /// Called with the process of each record the kernel could not unwind
-    /// for want of tables ([`super::needs_tables`]): the unwind service's
-    /// request, made as the record arrives. Made by attribution instead,
+    /// for want of tables ([`super::needs_tables`]), and with the address
+    /// too where it wanted a function's rows ([`super::function_wanted`]):
+    /// the unwind service's request, made as the record arrives. Made by attribution instead,
     /// it waited behind whatever attribution was busy with (a co-tenant's
     /// huge binary read for names): on a saturated host, tables came after
     /// the recording while the copies waiting for them overflowed.
-    pub tables: Option<Box<dyn Fn(u32) + Send + Sync>>,
+    pub tables: Option<AskTables>,
 }
 
 /// Reads samples until `stop` turns true, then drains what is left and returns.
@@ -178,10 +183,12 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
     while let Some(record) = ring.next() {
         if !batch.push(&record, &mut scratch) {
             stats.malformed += 1;
-        } else if let Some(ask) = &copies.tables
-            && super::needs_tables(scratch.flags)
-        {
-            ask(scratch.tgid);
+        } else if let Some(ask) = &copies.tables {
+            if super::needs_tables(scratch.flags) {
+                ask(scratch.tgid, None);
+            } else if let Some(pc) = super::function_wanted(&scratch) {
+                ask(scratch.tgid, Some(pc));
+            }
         }
         // A stack-copy record's registers and stack are read once, for
         // both sinks.

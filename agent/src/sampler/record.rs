@@ -247,6 +247,20 @@ pub fn needs_tables(flags: u32) -> bool {
     why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
 }
 
+/// Where a sample's walk stopped for want of its function's rows (a table
+/// built for the code that runs, `reason::NOT_LOADED`): the address to
+/// add, inside the call for a return address, as the walk looked it up.
+pub fn function_wanted(sample: &Sample) -> Option<u64> {
+    use hostprof_unwind::reason;
+    let why = (sample.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
+    if why != reason::NOT_LOADED {
+        return None;
+    }
+    let len = (sample.user_stack_len as usize).min(sample.user_stack.len());
+    let pc = *sample.user_stack[..len].last()?;
+    Some(if len == 1 { pc } else { pc.wrapping_sub(1) })
+}
+
 /// Ring records as they came, back to back: the samples of a drain, on
 /// their way to the pipeline, at their compact size (a header and 8 bytes
 /// per frame: some 200 bytes where a decoded [`Sample`] is 4 KiB). The

@@ -213,6 +213,12 @@ impl Snapshot {
             "Processes whose mappings and unwind tables were (re)loaded into the kernel.",
             &[("", loads)],
         );
+        metric(
+            "hostprof_unwind_table_growths_total",
+            "counter",
+            "Times a large file's unwind table, built for the code that runs, grew by the functions stack walks stopped at (unwind_not_loaded).",
+            &[("", crate::unwind::sparse_growths())],
+        );
         let cache = crate::unwind::cache::totals();
         metric(
             "hostprof_unwind_table_cache_total",

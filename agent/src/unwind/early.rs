@@ -153,6 +153,10 @@ impl<M: TableMaps> TableMaps for Mirrored<M> {
         self.inner.remove_process(tgid)
     }
 
+    fn process(&self, tgid: u32) -> Option<ProcessMappings> {
+        self.inner.process(tgid)
+    }
+
     fn process_capacity(&self) -> usize {
         self.inner.process_capacity()
     }
@@ -306,6 +310,9 @@ pub struct EarlyStacks {
     meter: Arc<AtomicUsize>,
     /// Bytes of the held samples themselves.
     held_bytes: usize,
+    /// Asks for the function a walk stopped at (a table built for the code
+    /// that runs, `reason::NOT_LOADED`): its sample waits for it.
+    want_function: Option<Box<dyn Fn(u32, u64) + Send>>,
     stats: EarlyStats,
 }
 
@@ -318,8 +325,17 @@ impl EarlyStacks {
             last: HashMap::new(),
             meter: Arc::default(),
             held_bytes: 0,
+            want_function: None,
             stats: EarlyStats::default(),
         }
+    }
+
+    /// Walks that stop for want of a function's rows ask for them with
+    /// `want(pid, pc)` and wait, like those that reached an unmapped
+    /// address (until [`MAX_WAIT`]).
+    pub fn wanting_functions(mut self, want: Box<dyn Fn(u32, u64) + Send>) -> Self {
+        self.want_function = Some(want);
+        self
     }
 
     pub fn stats(&self) -> EarlyStats {
@@ -404,11 +420,12 @@ impl EarlyStacks {
                 .get(&tgid)
                 .filter(|mappings| maps_pc(mappings, held.regs[0]));
             let timed_out = flush || held.since.elapsed() >= MAX_WAIT;
-            // A walk that reached an unmapped address is tried again after
-            // each write of the process's mappings, until one gets past it.
+            // A walk that reached an unmapped address, or a function not
+            // loaded yet, is tried again after each write of the process's
+            // mappings, until one gets past it.
             let unmapped = record_reason(&held.record) == unwind::reason::NO_MAPPING;
             let written = mirror.written(tgid);
-            let nothing_new = unmapped && held.tried == Some(written);
+            let nothing_new = held.tried == Some(written);
             if (current.is_none() || nothing_new) && !timed_out {
                 waiting.push_back(held);
                 continue;
@@ -429,7 +446,13 @@ impl EarlyStacks {
                 }
             };
             let why = (sample.flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
-            if unmapped && why == unwind::reason::NO_MAPPING && !timed_out {
+            let function = crate::sampler::function_wanted(&sample);
+            let retry = (unmapped && why == unwind::reason::NO_MAPPING)
+                || (function.is_some() && self.want_function.is_some());
+            if retry && !timed_out {
+                if let (Some(want), Some(pc)) = (&self.want_function, function) {
+                    want(tgid, pc);
+                }
                 held.tried = Some(written);
                 waiting.push_back(held);
                 continue;

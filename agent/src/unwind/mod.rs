@@ -19,13 +19,14 @@ mod budget;
 pub mod cache;
 pub mod early;
 mod loader;
+mod queue;
 pub mod replay;
 pub(crate) mod slow;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::Path,
-    sync::{Arc, Condvar, Mutex, MutexGuard, mpsc},
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -36,7 +37,10 @@ use hostprof_unwind::table::{TableError, UnwindTable};
 use crate::{files, model::Mapping};
 pub use loader::{
     FileKey, FileSource, LoaderStats, TableLoader, TableMaps, capacity_totals, file_totals,
+    sparse_growths,
 };
+pub use queue::Requests;
+use queue::{Closer, Job, MAX_PENDING, Shared};
 
 /// Why a table could not be built or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +79,10 @@ impl TableMaps for KernelMaps {
                 map: hostprof_common::MAP_PROCESS_MAPPINGS,
                 source,
             })
+    }
+
+    fn process(&self, tgid: u32) -> Option<ProcessMappings> {
+        self.processes.get(&tgid, 0).ok()
     }
 
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError> {
@@ -216,151 +224,6 @@ pub fn process_mappings(pid: u32) -> Option<Vec<Mapping>> {
     )
 }
 
-/// Requests waiting for the service at most; past it a new process's
-/// request is dropped and counted (its next sample asks again).
-const MAX_PENDING: usize = 1024;
-
-/// What the unwind service has been asked and not yet done: tables to load
-/// (one entry per process, with how many samples asked since), processes
-/// to forget. The loads are served busiest first: on a host where a build
-/// starts hundreds of processes, the one burning CPU gets its tables before
-/// short-lived compilers queued ahead of it.
-#[derive(Debug, Default)]
-struct Queue {
-    /// pid → (samples that asked, order of its first ask).
-    loads: HashMap<u32, (u64, u64)>,
-    forgets: Vec<u32>,
-    /// Processes to load even if loaded a moment ago: a large file's
-    /// table they wanted is ready (see `slow`).
-    forced: HashSet<u32>,
-    asked: u64,
-    /// Every [`Requests`] is gone: the service ends.
-    closed: bool,
-}
-
-/// What the service does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Job {
-    /// Load (or reload) the tables of a process's mappings.
-    Load(u32),
-    /// The process exited: drop its mappings from the kernel now.
-    Forget(u32),
-}
-
-impl Queue {
-    /// One more sample asks for `pid`'s tables; false when the queue is
-    /// full and `pid` was not in it.
-    fn ask(&mut self, pid: u32) -> bool {
-        if let Some((samples, _)) = self.loads.get_mut(&pid) {
-            *samples += 1;
-            return true;
-        }
-        if self.loads.len() >= MAX_PENDING {
-            return false;
-        }
-        self.asked += 1;
-        self.loads.insert(pid, (1, self.asked));
-        true
-    }
-
-    fn forget(&mut self, pid: u32) {
-        if self.forgets.len() < MAX_PENDING {
-            self.forgets.push(pid);
-        }
-    }
-
-    /// Exits first (cheap, and they free room), then the process with the
-    /// most samples waiting, the longest waiting among equals.
-    fn next(&mut self) -> Option<Job> {
-        if let Some(pid) = self.forgets.pop() {
-            return Some(Job::Forget(pid));
-        }
-        let (&pid, _) = self
-            .loads
-            .iter()
-            .max_by_key(|&(_, &(samples, order))| (samples, std::cmp::Reverse(order)))?;
-        self.loads.remove(&pid);
-        Some(Job::Load(pid))
-    }
-}
-
-/// The queue and the service's wakeup.
-#[derive(Default)]
-struct Shared {
-    queue: Mutex<Queue>,
-    ready: Condvar,
-}
-
-impl Shared {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Closes the queue when the last [`Requests`] goes.
-struct Closer(Arc<Shared>);
-
-impl Drop for Closer {
-    fn drop(&mut self) {
-        self.0.queue().closed = true;
-        self.0.ready.notify_all();
-    }
-}
-
-/// Asks the unwind service to load processes' tables; cheap to call per
-/// sample (a process already waiting only has its count raised).
-#[derive(Clone)]
-pub struct Requests {
-    shared: Arc<Shared>,
-    _closer: Arc<Closer>,
-    /// Ask at every exec, not only at samples the kernel could not
-    /// unwind (targeted recordings: every event is of a wanted process).
-    eager: bool,
-    stats: SharedStats,
-}
-
-impl Requests {
-    /// Asks for `pid`'s tables (again).
-    pub fn request(&self, pid: u32) {
-        let (asked, new) = {
-            let mut queue = self.shared.queue();
-            let before = queue.loads.len();
-            let asked = queue.ask(pid);
-            (asked, queue.loads.len() > before)
-        };
-        if !asked {
-            self.count_dropped();
-        } else if new {
-            self.shared.ready.notify_one();
-        }
-    }
-
-    /// Acts on a process event: a new image's tables are asked for at once
-    /// (eager), an exited process's mappings leave the kernel.
-    pub fn on_event(&self, event: &hostprof_common::ProcessEvent) {
-        match event.kind {
-            // Not at a fork: the child usually execs at once, and its
-            // parent's maps read meanwhile would be written over the new
-            // image's (a child that does not exec is asked for at its first
-            // sample, whose stack copy covers the wait).
-            hostprof_common::PROCESS_EVENT_EXEC if self.eager => self.request(event.tgid),
-            // Best effort: the periodic sweep catches what does not fit.
-            hostprof_common::PROCESS_EVENT_EXIT => {
-                self.shared.queue().forget(event.tgid);
-                self.shared.ready.notify_one();
-            }
-            _ => {}
-        }
-    }
-
-    fn count_dropped(&self) {
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .requests_dropped += 1;
-    }
-}
-
 /// How often new content ids are written at most while the service is busy.
 const MEMO_SAVE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -449,7 +312,12 @@ pub fn spawn_service(
                 files::memo::persist(dir.join(cache::MEMO_FILE));
                 Some(Arc::new(cache))
             });
-            let mut loader = TableLoader::new(maps, capacity_chunks).with_cache(cache.clone());
+            // Targeted sessions are short and want every stack whole from
+            // the start: whole tables. The agent and host-wide sessions
+            // meet every binary of the host: tables for the code that runs.
+            let mut loader = TableLoader::new(maps, capacity_chunks)
+                .with_cache(cache.clone())
+                .with_sparse(!eager);
             let mut files = ProcFiles::default();
             let asker = jobs.clone();
             let lane = slow::SlowLane::spawn(
@@ -475,7 +343,9 @@ pub fn spawn_service(
             }
             let own_exe = std::env::current_exe().unwrap_or_default();
             let mut own_loaded = false;
-            let mut load = |loader: &mut TableLoader<early::Mirrored<KernelMaps>>, pid: u32| {
+            let mut load = |loader: &mut TableLoader<early::Mirrored<KernelMaps>>,
+                            files: &mut ProcFiles,
+                            pid: u32| {
                 // Left to frame pointers for now: not even /proc is read.
                 if loader.backing_off(pid) {
                     return;
@@ -498,7 +368,7 @@ pub fn spawn_service(
                     return;
                 }
                 let started = Instant::now();
-                if let Err(err) = loader.load_process(pid, &mappings, &mut files) {
+                if let Err(err) = loader.load_process(pid, &mappings, files) {
                     tracing::debug!("pid {pid}: cannot load unwind tables: {err}");
                 }
                 // An exec while the tables were built: the loader wrote
@@ -506,7 +376,7 @@ pub fn spawn_service(
                 if pid != std::process::id()
                     && let Some(again) = process_mappings(pid)
                     && !loader.recently_loaded(pid, &again)
-                    && let Err(err) = loader.load_process(pid, &again, &mut files)
+                    && let Err(err) = loader.load_process(pid, &again, files)
                 {
                     tracing::debug!("pid {pid}: cannot load unwind tables: {err}");
                 }
@@ -514,9 +384,9 @@ pub fn spawn_service(
             };
             // Our own libraries first (libc, ld.so, the vDSO): nearly every
             // process maps them, and they are the largest tables to build.
-            load(&mut loader, std::process::id());
+            load(&mut loader, &mut files, std::process::id());
             for pid in preload {
-                load(&mut loader, pid);
+                load(&mut loader, &mut files, pid);
             }
             publish(&published, loader.stats());
             files::memo::save();
@@ -546,8 +416,9 @@ pub fn spawn_service(
                 };
                 match job {
                     Some(Job::Forget(pid)) => loader.forget_process(pid),
+                    Some(Job::Functions(pid, pcs)) => loader.add_functions(pid, &pcs, &mut files),
                     Some(Job::Load(pid)) => {
-                        load(&mut loader, pid);
+                        load(&mut loader, &mut files, pid);
                         if let Some(budget) = &budget {
                             budget.pause();
                         }
@@ -597,7 +468,7 @@ fn publish(shared: &SharedStats, stats: LoaderStats) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Job, MAX_PENDING, Queue};
+    use super::queue::{Job, MAX_PENDING, Queue};
     use hostprof_unwind::{
         cfa, reg,
         table::{build, plt_expression},

@@ -23,6 +23,8 @@ use std::{
 use crate::model::{CodeRange, Mapping};
 mod pieces;
 mod source;
+mod space;
+mod sparse;
 mod stats;
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
@@ -33,8 +35,9 @@ use hostprof_common::{
 };
 use pieces::{fitting, runtime_pieces};
 pub use source::{FileKey, FileSource};
+pub use sparse::MAX_PCS_PER_REQUEST;
 use stats::{CACHED_UNREAD, FILES_READ, PROCESS_LOADS, PROCESSES_DEGRADED, READ_FOR_CACHED};
-pub use stats::{LoaderStats, capacity_totals, file_totals};
+pub use stats::{LoaderStats, capacity_totals, file_totals, sparse_growths};
 
 use hostprof_unwind::table::{self, LoadSegment, TableError, TableKind, UnwindTable};
 
@@ -45,6 +48,8 @@ pub trait TableMaps {
     fn write_chunk(&mut self, index: u32, chunk: &RowChunk) -> Result<(), UnwindError>;
     fn set_process(&mut self, tgid: u32, mappings: &ProcessMappings) -> Result<(), UnwindError>;
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError>;
+    /// What the kernel holds for `tgid` (to point it at a grown table).
+    fn process(&self, tgid: u32) -> Option<ProcessMappings>;
     /// Processes the kernel's map holds at most (sized at load by
     /// `crate::sampler`).
     fn process_capacity(&self) -> usize {
@@ -88,6 +93,8 @@ struct Loaded {
     /// The file's loadable segments: a process mapping the file, at any
     /// offset, needs no read of it.
     segments: Vec<LoadSegment>,
+    /// Built for the code that runs (see `sparse`).
+    sparse: Option<sparse::Sparse>,
 }
 
 /// The tables and processes currently in the kernel.
@@ -125,6 +132,11 @@ pub struct TableLoader<M: TableMaps> {
     cache: Option<Arc<TableCache>>,
     /// The file whose cached table was just found unusable (and counted).
     unusable: Option<FileKey>,
+    /// Files with this many bytes of CFI or more get tables for the code
+    /// that runs (none: whole tables only).
+    sparse_from: Option<u64>,
+    /// Per process: its mappings whose tables are built for the code that runs.
+    sparse_slots: HashMap<u32, Vec<sparse::Slot>>,
     stats: LoaderStats,
 }
 
@@ -156,6 +168,8 @@ impl<M: TableMaps> TableLoader<M> {
             runtime_code: HashMap::new(),
             cache: None,
             unusable: None,
+            sparse_from: None,
+            sparse_slots: HashMap::new(),
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -289,6 +303,7 @@ impl<M: TableMaps> TableLoader<M> {
         PROCESS_LOADS.fetch_add(1, Ordering::Relaxed);
         let mut entries = ProcessMappings::default();
         let mut keys = Vec::new();
+        let mut sparse_slots = Vec::new();
         let runtime_code = self.runtime_code.get(&pid).cloned().unwrap_or_default();
         let pieces = runtime_pieces(mappings, &runtime_code);
         let (sorted, dropped) = fitting(&pieces, MAX_PROCESS_MAPPINGS);
@@ -336,6 +351,18 @@ impl<M: TableMaps> TableLoader<M> {
                 entry.table_len = loaded.1;
                 keys.push(key);
             }
+            if entry.table_len != 0
+                && let Some(key) = keys.last()
+                && self.is_sparse(key)
+            {
+                sparse_slots.push(sparse::Slot {
+                    start: entry.start,
+                    end: entry.end,
+                    bias: entry.bias,
+                    key: key.clone(),
+                    mapping: mapping.clone(),
+                });
+            }
             entries.mappings[slot] = entry;
             entries.len = slot as u32 + 1;
         }
@@ -361,6 +388,7 @@ impl<M: TableMaps> TableLoader<M> {
             return Ok(());
         }
         let digest = self.digest(pid, mappings);
+        self.note_sparse(pid, sparse_slots);
         let previous = self
             .processes
             .insert(pid, (keys, digest, Instant::now(), first));
@@ -408,6 +436,7 @@ impl<M: TableMaps> TableLoader<M> {
 
     /// Drops a process's mappings from the kernel and its table references.
     fn unload(&mut self, pid: u32) {
+        self.sparse_slots.remove(&pid);
         if let Some((keys, _, _, _)) = self.processes.remove(&pid) {
             for key in keys {
                 self.release(&key);
@@ -459,6 +488,9 @@ impl<M: TableMaps> TableLoader<M> {
                 return None;
             }
         };
+        if self.skips_cached(found.table.rows().len()) {
+            return None;
+        }
         let vaddr = table::vaddr_in(&found.segments, file_offset)?;
         let placed = self.place(key, &found.table, found.segments)?;
         self.stats.cached_unread += 1;
@@ -479,6 +511,26 @@ impl<M: TableMaps> TableLoader<M> {
         }
         if self.failed.contains_key(key) {
             return None;
+        }
+        if built.is_none() && self.wants_sparse(data) {
+            // Microseconds, and never cached: it grows as the process runs.
+            let table = match table::build_sparse(data, &[]) {
+                Ok(table) => table,
+                Err(err) => {
+                    tracing::debug!("no unwind table for {key:?}: {err}");
+                    self.stats.build_failures += 1;
+                    self.remember_failure(key);
+                    return None;
+                }
+            };
+            let placed = self.place(key, &table, segments)?;
+            if let Some(loaded) = self.loaded.get_mut(key)
+                && placed.1 != 0
+            {
+                loaded.sparse = Some(sparse::Sparse::default());
+                self.stats.sparse_tables += 1;
+            }
+            return Some(placed);
         }
         let lookup = self.unusable.take().as_ref() != Some(key);
         let built = built.unwrap_or_else(|| {
@@ -531,6 +583,7 @@ impl<M: TableMaps> TableLoader<M> {
                     refs: 1,
                     idle_seq: None,
                     segments: Vec::new(),
+                    sparse: None,
                 });
             }
             TableKind::Rows(rows) => rows,
@@ -564,6 +617,7 @@ impl<M: TableMaps> TableLoader<M> {
             refs: 1,
             idle_seq: None,
             segments: Vec::new(),
+            sparse: None,
         })
     }
 
@@ -607,6 +661,9 @@ impl<M: TableMaps> TableLoader<M> {
         self.stats.rows -= loaded.rows as u64;
         self.stats.text_bytes -= loaded.text_bytes;
         self.stats.bytes_used -= loaded.chunks as u64 * size_of::<RowChunk>() as u64;
+        if loaded.sparse.is_some() {
+            self.stats.sparse_tables -= 1;
+        }
         if loaded.first_chunk != FRAME_POINTER_TABLE {
             self.free_range(loaded.first_chunk, loaded.chunks);
         }
@@ -625,41 +682,6 @@ impl<M: TableMaps> TableLoader<M> {
         }
         self.failed.insert(key.clone(), self.failed_seq);
         self.failed_seq += 1;
-    }
-
-    /// First fit over the free list.
-    fn allocate(&mut self, chunks: u32) -> Option<u32> {
-        if chunks == 0 || chunks > self.capacity_chunks {
-            return None;
-        }
-        let index = self.free.iter().position(|&(_, len)| len >= chunks)?;
-        let (start, len) = self.free[index];
-        if len == chunks {
-            self.free.remove(index);
-        } else {
-            self.free[index] = (start + chunks, len - chunks);
-        }
-        Some(start)
-    }
-
-    fn free_range(&mut self, start: u32, len: u32) {
-        let index = self.free.partition_point(|&(s, _)| s < start);
-        self.free.insert(index, (start, len));
-        // Merge with the next, then with the previous range.
-        if index + 1 < self.free.len() && start + len == self.free[index + 1].0 {
-            self.free[index].1 += self.free[index + 1].1;
-            self.free.remove(index + 1);
-        }
-        if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == start {
-            self.free[index - 1].1 += self.free[index].1;
-            self.free.remove(index);
-        }
-    }
-
-    /// Free chunk ranges (for tests).
-    #[cfg(test)]
-    fn free_list(&self) -> &[(u32, u32)] {
-        &self.free
     }
 }
 

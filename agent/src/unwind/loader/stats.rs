@@ -52,6 +52,12 @@ pub struct LoaderStats {
     /// Tables taken from the disk cache without reading their file (its
     /// content id known from the memo, its segments from the cache).
     pub cached_unread: u64,
+    /// Tables built for the code that runs, in the kernel now.
+    pub sparse_tables: u64,
+    /// Times such a table grew by the functions walks stopped at.
+    pub sparse_growths: u64,
+    /// Requests to grow such a table past its most functions, refused.
+    pub sparse_full: u64,
 }
 
 /// Process-wide totals of [`LoaderStats::process_full`] and
@@ -61,6 +67,12 @@ pub(super) static PROCESS_LOADS: AtomicU64 = AtomicU64::new(0);
 pub(super) static FILES_READ: AtomicU64 = AtomicU64::new(0);
 pub(super) static READ_FOR_CACHED: AtomicU64 = AtomicU64::new(0);
 pub(super) static CACHED_UNREAD: AtomicU64 = AtomicU64::new(0);
+pub(super) static SPARSE_GROWTHS: AtomicU64 = AtomicU64::new(0);
+
+/// Process-wide [`LoaderStats::sparse_growths`], for the agent's metrics.
+pub fn sparse_growths() -> u64 {
+    SPARSE_GROWTHS.load(Ordering::Relaxed)
+}
 
 /// Process-wide [`LoaderStats::files_read`], [`LoaderStats::read_for_cached`]
 /// and [`LoaderStats::cached_unread`], for the agent's metrics.

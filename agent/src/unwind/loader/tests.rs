@@ -4,9 +4,9 @@ use super::*;
 use hostprof_common::runtime::tag;
 
 #[derive(Default)]
-struct FakeMaps {
-    chunks: HashMap<u32, Box<RowChunk>>,
-    processes: HashMap<u32, Box<ProcessMappings>>,
+pub(super) struct FakeMaps {
+    pub(super) chunks: HashMap<u32, Box<RowChunk>>,
+    pub(super) processes: HashMap<u32, Box<ProcessMappings>>,
 }
 
 impl TableMaps for &mut FakeMaps {
@@ -22,11 +22,14 @@ impl TableMaps for &mut FakeMaps {
         self.processes.remove(&tgid);
         Ok(())
     }
+    fn process(&self, tgid: u32) -> Option<ProcessMappings> {
+        self.processes.get(&tgid).map(|mappings| **mappings)
+    }
 }
 
 /// Every mapping is our own executable, under the key its inode names;
 /// counts the files opened.
-struct OwnExe(FileData, usize);
+pub(super) struct OwnExe(pub(super) FileData, pub(super) usize);
 
 impl FileSource for OwnExe {
     fn open(&mut self, _pid: u32, mapping: &Mapping) -> Option<(FileKey, FileData)> {

@@ -1,0 +1,209 @@
+//! Tables for the code that runs (issue 31): a large file's table starts
+//! with no function's rows ([`table::build_sparse`]); a walk that reaches
+//! one of its functions stops there (`reason::NOT_LOADED`) with the
+//! address as its last frame, the reader asks for it, and the table is
+//! built again with that function's rows, placed anew, and every process
+//! mapping the file pointed at it.
+//!
+//! A busy process runs in a few dozen of its binary's tens of thousands of
+//! functions: its table costs microseconds instead of a build of every FDE
+//! (150 ms of CPU for a 3 MiB interpreter on a saturated host), and a few
+//! KiB of the rows map instead of hundreds. A stack is complete after one
+//! round trip per function it reaches for the first time.
+use super::*;
+
+/// Files with at least this many bytes of CFI get a table for the code
+/// that runs (when the loader makes them: [`TableLoader::with_sparse`]).
+/// libc's is 150 KiB: it and the smaller libraries every process shares
+/// keep whole tables, built once, complete from a process's first sample.
+pub const SPARSE_FROM: u64 = 256 << 10;
+
+/// Functions asked for per file at most: past it, the table stays as it is
+/// (a process that runs so much of a binary is better served by frame
+/// pointers than by ever larger rebuilds).
+const MAX_PCS: usize = 4096;
+
+/// Addresses asked for per request at most (the reader asks once per
+/// sample that stopped).
+pub const MAX_PCS_PER_REQUEST: usize = 64;
+
+/// A loaded table built for the code that runs: the addresses it was
+/// built for.
+#[derive(Debug, Default)]
+pub(super) struct Sparse {
+    /// ELF virtual addresses, sorted.
+    pcs: Vec<u32>,
+}
+
+/// A mapping of a process whose table is sparse: where it is, to find the
+/// file of an address the walk stopped at.
+#[derive(Clone, Debug)]
+pub(super) struct Slot {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) bias: u64,
+    pub(super) key: FileKey,
+    pub(super) mapping: Mapping,
+}
+
+impl<M: TableMaps> TableLoader<M> {
+    /// Makes tables for the code that runs for files of [`SPARSE_FROM`]
+    /// bytes of CFI or more.
+    pub fn with_sparse(mut self, sparse: bool) -> Self {
+        self.sparse_from = sparse.then_some(SPARSE_FROM);
+        self
+    }
+
+    /// Whether `data`'s table is to be built for the code that runs.
+    pub(super) fn wants_sparse(&self, data: &[u8]) -> bool {
+        self.sparse_from
+            .is_some_and(|from| table::cfi_bytes(data).is_some_and(|bytes| bytes >= from))
+    }
+
+    /// Whether a cached table of `rows` rows is passed over for one built
+    /// for the code that runs (the same file, as the cache keys it: its
+    /// CFI is about as large as its rows).
+    pub(super) fn skips_cached(&self, rows: usize) -> bool {
+        self.sparse_from.is_some_and(|from| rows as u64 * 8 >= from)
+    }
+
+    /// Adds the functions at `pcs` (addresses in `pid`, where its walks
+    /// stopped for want of them) to the tables of the files they are in.
+    pub fn add_functions(&mut self, pid: u32, pcs: &[u64], files: &mut dyn FileSource) {
+        let Some(slots) = self.sparse_slots.get(&pid) else {
+            return;
+        };
+        let mut wanted: HashMap<FileKey, (Mapping, Vec<u32>)> = HashMap::new();
+        for &pc in pcs.iter().take(MAX_PCS_PER_REQUEST) {
+            let Some(slot) = slots
+                .iter()
+                .find(|slot| (slot.start..slot.end).contains(&pc))
+            else {
+                continue;
+            };
+            let Ok(vaddr) = u32::try_from(pc.wrapping_sub(slot.bias)) else {
+                continue;
+            };
+            wanted
+                .entry(slot.key.clone())
+                .or_insert_with(|| (slot.mapping.clone(), Vec::new()))
+                .1
+                .push(vaddr);
+        }
+        for (key, (mapping, vaddrs)) in wanted {
+            self.grow(pid, &key, &mapping, &vaddrs, files);
+        }
+    }
+
+    /// Builds `key`'s table again with `vaddrs` too, and points every
+    /// process mapping it at the new one.
+    fn grow(
+        &mut self,
+        pid: u32,
+        key: &FileKey,
+        mapping: &Mapping,
+        vaddrs: &[u32],
+        files: &mut dyn FileSource,
+    ) {
+        let Some(sparse) = self
+            .loaded
+            .get(key)
+            .and_then(|loaded| loaded.sparse.as_ref())
+        else {
+            return;
+        };
+        let mut pcs = sparse.pcs.clone();
+        let before = pcs.len();
+        for &vaddr in vaddrs {
+            if let Err(at) = pcs.binary_search(&vaddr) {
+                pcs.insert(at, vaddr);
+            }
+        }
+        if pcs.len() == before {
+            // Asked for by samples taken before the last growth landed.
+            return;
+        }
+        if pcs.len() > MAX_PCS {
+            self.stats.sparse_full += 1;
+            return;
+        }
+        // The file again (its parts for unwinding; its content id is
+        // known): the same bytes, or it changed and is not grown.
+        let Some((opened, data)) = files.open(pid, mapping) else {
+            return;
+        };
+        if opened != *key {
+            return;
+        }
+        let Ok(table) = table::build_sparse((*data).as_ref(), &pcs) else {
+            return;
+        };
+        let Some(mut grown) = self.store(&table) else {
+            return;
+        };
+        // Room for it may have evicted the old one (idle: no process uses it).
+        let Some(old) = self.loaded.remove(key) else {
+            self.free_range(grown.first_chunk, grown.chunks);
+            return;
+        };
+        grown.refs = old.refs;
+        grown.idle_seq = old.idle_seq;
+        grown.segments = old.segments.clone();
+        grown.sparse = Some(Sparse { pcs });
+        let (from, to) = (placement(&old), placement(&grown));
+        self.stats.rows = self.stats.rows - u64::from(old.rows) + u64::from(grown.rows);
+        self.stats.bytes_used = self.stats.bytes_used
+            - old.chunks as u64 * size_of::<RowChunk>() as u64
+            + grown.chunks as u64 * size_of::<RowChunk>() as u64;
+        self.stats.sparse_growths += 1;
+        super::stats::SPARSE_GROWTHS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.loaded.insert(key.clone(), grown);
+        self.repoint(key, from, to);
+        self.free_range(old.first_chunk, old.chunks);
+    }
+
+    /// Points every process whose mappings use the table at `from` at `to`
+    /// (the kernel's copy, read back: the loader keeps none of 8 KiB each).
+    fn repoint(&mut self, key: &FileKey, from: (u32, u32), to: (u32, u32)) {
+        let users: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, (keys, _, _, _))| keys.contains(key))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in users {
+            let Some(mut entries) = self.maps.process(pid) else {
+                continue;
+            };
+            let len = (entries.len as usize).min(MAX_PROCESS_MAPPINGS);
+            for entry in &mut entries.mappings[..len] {
+                if (entry.table_start, entry.table_len) == from {
+                    (entry.table_start, entry.table_len) = to;
+                }
+            }
+            if let Err(err) = self.maps.set_process(pid, &entries) {
+                tracing::debug!("pid {pid}: cannot point at a grown unwind table: {err}");
+            }
+        }
+    }
+
+    /// Notes `pid`'s mappings whose tables are sparse (after its load).
+    pub(super) fn note_sparse(&mut self, pid: u32, slots: Vec<Slot>) {
+        if slots.is_empty() {
+            self.sparse_slots.remove(&pid);
+        } else {
+            self.sparse_slots.insert(pid, slots);
+        }
+    }
+
+    /// Whether `key`'s loaded table is sparse.
+    pub(super) fn is_sparse(&self, key: &FileKey) -> bool {
+        self.loaded
+            .get(key)
+            .is_some_and(|loaded| loaded.sparse.is_some())
+    }
+}
+
+#[cfg(test)]
+#[path = "sparse_tests.rs"]
+mod tests;

@@ -1,0 +1,154 @@
+//! Tables for the code that runs, on fake kernel maps: this test's own
+//! executable (more than [`SPARSE_FROM`] bytes of CFI) mapped by two
+//! processes.
+use std::sync::Arc;
+
+use hostprof_common::unwind::{self, Lookup, Sorted, cfa};
+
+use super::super::tests::{FakeMaps, OwnExe};
+use super::*;
+
+const START: u64 = 0x10_0000;
+
+fn whole_file() -> Mapping {
+    Mapping {
+        start: START,
+        end: START + (1 << 30),
+        file_offset: 0,
+        path: "/x".into(),
+        dev: 0,
+        inode: 10,
+        build_ids: Default::default(),
+    }
+}
+
+/// What the kernel would find for `pc` in `pid`, from the fake maps.
+fn lookup(maps: &FakeMaps, pid: u32, pc: u64) -> Lookup {
+    let mappings = maps.processes.get(&pid).expect("loaded");
+    let word = |index: u32| {
+        let chunk = maps.chunks.get(&(index / ROW_CHUNK as u32))?;
+        Some(chunk.0[index as usize % ROW_CHUNK])
+    };
+    let rule = |index: u32| Some([word(index)?, word(index + 1)?]);
+    let search = |what: Sorted, len: u32, target: u64| {
+        unwind::search_last_le(len, target, |i| match what {
+            Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
+            Sorted::Rows { start } => word(start + i).map(|word| u64::from(word as u32)),
+        })
+    };
+    unwind::lookup_in(mappings, pc, search, |start, len, found| {
+        unwind::packed_row(start, len, found, word, rule)
+    })
+}
+
+/// Addresses of a few functions of the file, far apart (ELF addresses).
+fn functions(data: &[u8]) -> Vec<u32> {
+    let whole = table::build(data).unwrap();
+    whole
+        .rows()
+        .iter()
+        .filter(|row| row.cfa_rule == cfa::SP)
+        .step_by(5000)
+        .map(|row| row.pc)
+        .take(4)
+        .collect()
+}
+
+#[test]
+fn a_large_files_table_grows_by_the_functions_walks_stop_at_in_every_process() {
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let data: &[u8] = (*exe).as_ref();
+    assert!(table::cfi_bytes(data).unwrap() >= SPARSE_FROM);
+    let wanted = functions(data);
+    assert_eq!(wanted.len(), 4);
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(exe.clone(), 0);
+    let mut loader = TableLoader::new(&mut maps, 4096).with_sparse(true);
+    for pid in [1, 2] {
+        loader
+            .load_process(pid, &[whole_file()], &mut files)
+            .unwrap();
+    }
+    let first = loader.stats();
+    assert_eq!((first.tables, first.sparse_tables), (1, 1));
+    assert!(first.rows < 100, "{} rows before any function", first.rows);
+    let (bias, vaddr) = (START, wanted[0]);
+    let pc = bias + u64::from(vaddr);
+    drop(loader);
+    // Not loaded: the walk is to stop there.
+    for pid in [1, 2] {
+        let Lookup::Row(row) = lookup(&maps, pid, pc) else {
+            panic!("no row at all");
+        };
+        assert_eq!(row.cfa_rule, cfa::NOT_LOADED);
+    }
+
+    let mut loader = TableLoader::new(&mut maps, 4096).with_sparse(true);
+    for pid in [1, 2] {
+        loader
+            .load_process(pid, &[whole_file()], &mut files)
+            .unwrap();
+    }
+    // Two walks of process 1 stopped at two functions, one of them twice.
+    let pcs: Vec<u64> = [wanted[0], wanted[1], wanted[0]]
+        .iter()
+        .map(|&vaddr| bias + u64::from(vaddr))
+        .collect();
+    loader.add_functions(1, &pcs, &mut files);
+    let grown = loader.stats();
+    assert_eq!(grown.sparse_growths, 1);
+    assert_eq!((grown.tables, grown.sparse_tables), (1, 1));
+    assert!(grown.rows > first.rows);
+    // Asked again (samples taken before the growth landed): nothing to do.
+    loader.add_functions(2, &pcs[..1], &mut files);
+    assert_eq!(loader.stats().sparse_growths, 1);
+    // A function past the file's mapping, or of a process without a
+    // sparse table: ignored.
+    loader.add_functions(1, &[START - 1], &mut files);
+    loader.add_functions(3, &pcs, &mut files);
+    assert_eq!(loader.stats().sparse_growths, 1);
+    let used = loader.stats().bytes_used;
+    drop(loader);
+
+    let whole = table::build(data).unwrap();
+    let whole_rule = |vaddr: u32| {
+        let rows = whole.rows();
+        rows[rows.partition_point(|row| row.pc <= vaddr) - 1]
+    };
+    for pid in [1, 2] {
+        for &vaddr in &wanted[..2] {
+            let Lookup::Row(row) = lookup(&maps, pid, bias + u64::from(vaddr)) else {
+                panic!("pid {pid}: no row at {vaddr:#x}");
+            };
+            assert_eq!(
+                unwind::UnwindRule::of(&row),
+                unwind::UnwindRule::of(&whole_rule(vaddr)),
+                "pid {pid} at {vaddr:#x}"
+            );
+        }
+        let Lookup::Row(row) = lookup(&maps, pid, bias + u64::from(wanted[2])) else {
+            panic!("no row at all");
+        };
+        assert_eq!(row.cfa_rule, cfa::NOT_LOADED, "not asked for");
+    }
+    // The old placement was freed: one table's chunks in use.
+    assert!(
+        used <= 2 * size_of::<RowChunk>() as u64,
+        "{used} bytes in use"
+    );
+}
+
+#[test]
+fn whole_tables_unless_the_loader_is_made_sparse() {
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(exe, 0);
+    let mut loader = TableLoader::new(&mut maps, 16384);
+    loader.load_process(1, &[whole_file()], &mut files).unwrap();
+    let stats = loader.stats();
+    assert_eq!(stats.sparse_tables, 0);
+    assert!(stats.rows > 10_000, "{} rows", stats.rows);
+    // A pc asked for in a whole table: nothing to grow.
+    loader.add_functions(1, &[START + 0x1000], &mut files);
+    assert_eq!(loader.stats().sparse_growths, 0);
+}
