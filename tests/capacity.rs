@@ -160,3 +160,104 @@ fn thousands_of_processes_degrade_to_frame_pointers_without_a_reload_loop() {
         peak_kib / 1024
     );
 }
+
+/// Functions of the filler a large binary is built with: 12,000 of them,
+/// about 400 KiB of CFI, past the size from which host-wide sessions build
+/// tables for the code that runs (256 KiB).
+const FILLER_FUNCTIONS: usize = 12_000;
+
+/// Assembly of [`FILLER_FUNCTIONS`] small functions with CFI, none called.
+fn filler_asm() -> std::path::PathBuf {
+    use std::fmt::Write as _;
+    let mut asm = String::from(".text\n");
+    for i in 0..FILLER_FUNCTIONS {
+        let size = 16 + (i % 8) * 8;
+        let _ = writeln!(
+            asm,
+            ".globl filler{i}\n.type filler{i},@function\nfiller{i}:\n.cfi_startproc\n\
+             sub ${size}, %rsp\n.cfi_adjust_cfa_offset {size}\nadd ${size}, %rsp\n\
+             .cfi_adjust_cfa_offset -{size}\nret\n.cfi_endproc\n.size filler{i},.-filler{i}"
+        );
+    }
+    asm.push_str(".section .note.GNU-stack,\"\",@progbits\n");
+    let path = work_dir().join("capacity_filler.s");
+    std::fs::write(&path, asm).expect("write the filler");
+    path
+}
+
+/// Issue 31: a host-wide recording builds a large binary's table for the
+/// code that runs, and its stacks still reach `main`: two FP-less programs
+/// with 12,000 functions each, one dynamic (its functions found through
+/// `.eh_frame_hdr`) and one static (no such header: a scan of the FDEs).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_large_binarys_table_holds_the_code_that_runs_and_its_stacks_are_whole() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    let filler = filler_asm();
+    let filler = filler.to_str().expect("a UTF-8 path");
+    let flags = ["-O2", "-fomit-frame-pointer", filler];
+    let dynamic = build_c("unwind_c.c", "cap_big_dynamic", &flags);
+    let mut static_flags = flags.to_vec();
+    static_flags.push("-static");
+    let fixed = build_c("unwind_c.c", "cap_big_static", &static_flags);
+    let programs: Vec<common::running::KillOnDrop> = [&dynamic, &fixed]
+        .iter()
+        .map(|program| {
+            common::running::KillOnDrop(
+                std::process::Command::new(program)
+                    .args(["split", "600"])
+                    .spawn()
+                    .expect("start the program"),
+            )
+        })
+        .collect();
+    let output = work_dir().join("capacity_large.folded");
+    let (mut record, stderr) =
+        start_recording(hostprof().args(["record", "-F", "999", "-o"]).arg(&output));
+    // Four seconds of each program's CPU under the recording, however long
+    // a loaded machine takes to give it.
+    for program in &programs {
+        let ran = common::running::wait_for_cpu(program.0.id(), 4.0, Duration::from_secs(120));
+        assert_eq!(ran, Some(true), "the program ran under the recording");
+    }
+    let status = common::running::interrupt(&mut record);
+    let mut stderr = stderr;
+    let text = stderr.finish();
+    assert!(status.success(), "record failed:\n{text}");
+    drop(programs);
+    let summary: String = text
+        .lines()
+        .filter(|line| line.starts_with("hostprof: "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("{summary}");
+    let sparse = number_before(&summary, " for the code that runs")
+        .unwrap_or_else(|| panic!("no tables line:\n{summary}"));
+    assert!(
+        sparse >= 2,
+        "both programs' tables are for the code that runs:\n{summary}"
+    );
+    let folded = std::fs::read_to_string(&output).expect("output");
+    let stacks = parse_folded(&folded);
+    for name in ["cap_big_dynamic", "cap_big_static"] {
+        let of_program = stacks.iter().filter(|(frames, _)| frames[0] == name);
+        let total: u64 = of_program.clone().map(|(_, count)| count).sum();
+        let reaching_main: u64 = of_program
+            .filter(|(frames, _)| {
+                frames.iter().any(|frame| frame == "main")
+                    && frames.iter().any(|frame| frame == "run_split")
+            })
+            .map(|(_, count)| count)
+            .sum();
+        eprintln!("{name}: {reaching_main} of {total} samples reach main");
+        assert!(total >= 100, "only {total} samples of {name}\n{summary}");
+        // The first of them stop where a function is not loaded yet: a
+        // round trip to the agent per new function on the stack.
+        assert!(
+            reaching_main as f64 >= 0.9 * total as f64,
+            "{reaching_main} of {total} samples of {name} reach main\n{summary}"
+        );
+    }
+}
