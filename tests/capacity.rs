@@ -253,10 +253,11 @@ fn a_large_binarys_table_holds_the_code_that_runs_and_its_stacks_are_whole() {
             .sum();
         eprintln!("{name}: {reaching_main} of {total} samples reach main");
         assert!(total >= 100, "only {total} samples of {name}\n{summary}");
-        // The first of them stop where a function is not loaded yet: a
-        // round trip to the agent per new function on the stack.
+        // The first walks stop where a function is not loaded yet (a round
+        // trip to hostprof per new function on the stack); their stack
+        // copies are walked again on the host once it is.
         assert!(
-            reaching_main as f64 >= 0.9 * total as f64,
+            reaching_main as f64 >= 0.95 * total as f64,
             "{reaching_main} of {total} samples of {name} reach main\n{summary}"
         );
     }

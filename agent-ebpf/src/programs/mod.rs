@@ -440,13 +440,18 @@ const RUNTIME_FRAMES_AT: usize =
 #[inline(always)]
 fn wakeup_flags(flags: u32) -> u64 {
     // A selected process the unwinder does not know yet (just started or
-    // exec'd): wake the agent now, so its tables load within a few
+    // exec'd), or a walk that stopped at a function not loaded yet: wake
+    // the agent now, so its tables load within a few
     // samples rather than a drain interval. Host-wide, where unknown
     // processes are many, the usual batching stays.
     let why = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
     let filtering = unsafe { read_volatile(&FILTER_BY_TGID) } != 0;
-    let urgent =
-        filtering && (why == unwind::reason::UNKNOWN_PROCESS || why == unwind::reason::NO_MAPPING);
+    // A function not loaded yet, host-wide too: each is a round trip to
+    // the agent before stacks through it are whole, and there are only a
+    // few dozen per process, once.
+    let urgent = (filtering
+        && (why == unwind::reason::UNKNOWN_PROCESS || why == unwind::reason::NO_MAPPING))
+        || why == unwind::reason::NOT_LOADED;
     let wakeup = if urgent || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
         BPF_RB_FORCE_WAKEUP
     } else {

@@ -150,9 +150,10 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
 #[inline(always)]
 fn send_cpu_sample<K: Kernel>(scratch: *mut Sample, pid_tgid: u64) {
     let mut copy = unsafe { read_volatile(&STACK_COPY_BYTES) };
-    // A process without tables in the kernel yet, or one whose walk reached
-    // an address its loaded mappings do not hold yet (`COPY_UNMAPPED`):
-    // copy the top of its stack for the agent to unwind once they are.
+    // A process without tables in the kernel yet, one whose walk reached
+    // an address its loaded mappings do not hold yet (`COPY_UNMAPPED`), or
+    // a function whose rows are not loaded yet: copy the top of its stack
+    // for the agent to unwind once they are.
     if copy == 0 {
         let early = unsafe { read_volatile(&EARLY_COPY_BYTES) };
         let tgid = (pid_tgid >> 32) as u32;
@@ -161,7 +162,11 @@ fn send_cpu_sample<K: Kernel>(scratch: *mut Sample, pid_tgid: u64) {
                 None => true,
                 Some(process) => {
                     let why = (unsafe { (*scratch).flags } >> SAMPLE_UNWIND_SHIFT) & 0xff;
-                    process.flags & unwind::COPY_UNMAPPED != 0 && why == unwind::reason::NO_MAPPING
+                    // Or one that stopped at a function whose rows are
+                    // not loaded yet: unwound on the host once they are.
+                    (process.flags & unwind::COPY_UNMAPPED != 0
+                        && why == unwind::reason::NO_MAPPING)
+                        || why == unwind::reason::NOT_LOADED
                 }
             };
             if wanted {

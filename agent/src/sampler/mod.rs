@@ -29,7 +29,7 @@ pub use memory::MapMemory;
 pub use reader::{AskTables, CopySinks, ReaderStats, read_ring, read_ring_with_copies};
 pub use record::{
     EarlyCopy, Records, StackCopy, decode_early_copy, decode_sample, decode_sample_into,
-    decode_stack_copy, encode_sample, function_wanted, needs_tables,
+    decode_stack_copy, encode_sample, function_wanted, needs_tables, stopped_not_loaded,
 };
 pub use sampling::ProgramStats;
 

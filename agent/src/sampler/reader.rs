@@ -194,14 +194,14 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
         // both sinks.
         if let Some(mut copy) = super::decode_early_copy(&record) {
             stats.stack_copies += 1;
-            // Held for the tables the sample wanted (its process, or the
-            // mapping its walk reached): not our own, whose executable's
+            // Held for the tables the sample wanted (its process, the
+            // mapping its walk reached, or a function's rows): not our own, whose executable's
             // are left out on purpose (with `--stack-copy` every sample
             // has a copy).
-            let early = copies
-                .early
-                .as_ref()
-                .filter(|_| super::needs_tables(copy.flags) && scratch.tgid != std::process::id());
+            let early = copies.early.as_ref().filter(|_| {
+                (super::needs_tables(copy.flags) || super::stopped_not_loaded(copy.flags))
+                    && scratch.tgid != std::process::id()
+            });
             if let Some(all) = &copies.all
                 && let Some(sample) = super::decode_sample(&record)
             {

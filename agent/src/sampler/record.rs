@@ -247,13 +247,17 @@ pub fn needs_tables(flags: u32) -> bool {
     why == reason::UNKNOWN_PROCESS || why == reason::NO_MAPPING
 }
 
+/// Whether a sample with these `flags` stopped at a function whose rows
+/// are not loaded yet: its stack copy waits for them.
+pub fn stopped_not_loaded(flags: u32) -> bool {
+    (flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff == hostprof_unwind::reason::NOT_LOADED
+}
+
 /// Where a sample's walk stopped for want of its function's rows (a table
 /// built for the code that runs, `reason::NOT_LOADED`): the address to
 /// add, inside the call for a return address, as the walk looked it up.
 pub fn function_wanted(sample: &Sample) -> Option<u64> {
-    use hostprof_unwind::reason;
-    let why = (sample.flags >> hostprof_common::SAMPLE_UNWIND_SHIFT) & 0xff;
-    if why != reason::NOT_LOADED {
+    if !stopped_not_loaded(sample.flags) {
         return None;
     }
     let len = (sample.user_stack_len as usize).min(sample.user_stack.len());

@@ -79,8 +79,12 @@ fn load_tables(mirror: &SharedMirror) {
 
 /// [`load_tables`] with the mapping ending at `end`.
 fn load_tables_up_to(mirror: &SharedMirror, end: u64) {
+    load_rows(mirror, end, rows());
+}
+
+/// What the loader writes: `rows` and the process's mapping, up to `end`.
+fn load_rows(mirror: &SharedMirror, end: u64, rows: Vec<UnwindRow>) {
     let mut mirror = mirror.write().unwrap();
-    let rows = rows();
     let mut mappings = ProcessMappings::default();
     mappings.mappings[0] = ExecMapping {
         start: MAP_START,
@@ -163,6 +167,42 @@ fn a_walk_that_reached_an_unmapped_address_goes_on_once_it_is_mapped() {
     // `_start`'s return address is found, but not walked from.
     assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
     assert_eq!(out[0].user_stack[DEPTH as usize], BIAS + 0x3010);
+    assert_eq!(early.bytes(), 0, "everything freed");
+}
+
+#[test]
+fn a_walk_that_reached_a_function_not_loaded_asks_for_it_and_goes_on_once_it_is() {
+    // A table for the code that runs, with `work` but not `_start`.
+    let mirror = SharedMirror::default();
+    let mut sparse = rows();
+    sparse[1] = UnwindRow {
+        pc: 0x3000,
+        cfa_rule: cfa::NOT_LOADED,
+        ..Default::default()
+    };
+    load_rows(&mirror, MAP_START + 0x10_0000, sparse);
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let asking = asked.clone();
+    let mut early = EarlyStacks::new(mirror.clone()).wanting_functions(Box::new(move |pid, pc| {
+        asking.lock().unwrap().push((pid, pc))
+    }));
+    let mut sample = early_sample(1);
+    sample.flags = reason::NOT_LOADED << SAMPLE_UNWIND_SHIFT;
+    early.add_copy(copy(&sample, deep_stack()));
+    assert!(early.hold(&sample));
+    assert!(early.ready(false).is_empty(), "stopped at _start: it waits");
+    // Asked for `_start`, inside the call that returns there.
+    assert_eq!(*asked.lock().unwrap(), [(42, BIAS + 0x3010 - 1)]);
+    assert!(early.ready(false).is_empty(), "and is not walked again");
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    // The table grew: the walk reaches the end.
+    load_tables(&mirror);
+    let out = early.ready(false);
+    assert_eq!(out.len(), 1);
+    let why = (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+    assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
+    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
+    assert_eq!(early.stats().complete, 1);
     assert_eq!(early.bytes(), 0, "everything freed");
 }
 
