@@ -245,7 +245,8 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
     let mut found_cfi = false;
     if let Some((eh_frame, bases)) = image.eh_frame() {
         found_cfi = true;
-        if !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
+        // A first table (no function yet) needs no FDE at all.
+        if !wanted.is_empty() && !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
             collect(
                 arch,
                 &eh_frame,
@@ -264,7 +265,7 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
             arch,
             &debug_frame,
             &bases,
-            |fde| wants(fde.initial_address(), fde.len()),
+            |fde| !wanted.is_empty() && wants(fde.initial_address(), fde.len()),
             cfa::NOT_LOADED,
             &mut rows,
         );
@@ -387,6 +388,13 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
 ) {
     let mut ctx = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
+    // Each FDE names its CIE, which `parse` would read again: a file has
+    // a handful of CIEs and tens of thousands of FDEs, and a scan that
+    // keeps few of them (`build_sparse`) was mostly CIE parsing.
+    let mut cies: Vec<(
+        usize,
+        gimli::CommonInformationEntry<EndianSlice<'a, RunTimeEndian>>,
+    )> = Vec::new();
     loop {
         let entry = match entries.next() {
             Ok(Some(entry)) => entry,
@@ -397,7 +405,18 @@ fn collect<'a, S: UnwindSection<EndianSlice<'a, RunTimeEndian>>>(
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+        let parsed = partial.parse(|section, bases, offset| {
+            let at: usize = gimli::UnwindOffset::into(offset);
+            if let Some((_, cie)) = cies.iter().find(|(seen, _)| *seen == at) {
+                return Ok(cie.clone());
+            }
+            let cie = S::cie_from_offset(section, bases, offset)?;
+            if cies.len() < 64 {
+                cies.push((at, cie.clone()));
+            }
+            Ok(cie)
+        });
+        let Ok(fde) = parsed else {
             continue;
         };
         if keep(&fde) {

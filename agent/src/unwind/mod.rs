@@ -416,7 +416,13 @@ pub fn spawn_service(
                 };
                 match job {
                     Some(Job::Forget(pid)) => loader.forget_process(pid),
-                    Some(Job::Functions(pid, pcs)) => loader.add_functions(pid, &pcs, &mut files),
+                    Some(Job::Functions(pid, pcs)) => {
+                        loader.add_functions(pid, &pcs, &mut files);
+                        // Cheap, but a process can ask for thousands.
+                        if let Some(budget) = &budget {
+                            budget.pause();
+                        }
+                    }
                     Some(Job::Load(pid)) => {
                         load(&mut loader, &mut files, pid);
                         if let Some(budget) = &budget {
