@@ -503,6 +503,30 @@ mod tests {
     }
 
     #[test]
+    fn functions_to_add_and_processes_to_load_take_turns() {
+        let mut queue = Queue::default();
+        for pid in [1, 2] {
+            assert!(queue.ask(pid));
+        }
+        for (pid, pc) in [(3, 0x10), (4, 0x20), (3, 0x30), (3, 0x10)] {
+            assert!(queue.ask_function(pid, pc));
+        }
+        let order: Vec<Job> = std::iter::from_fn(|| queue.next()).collect();
+        let kinds: Vec<&str> = order
+            .iter()
+            .map(|job| match job {
+                Job::Functions(..) => "functions",
+                Job::Load(_) => "load",
+                Job::Forget(_) => "forget",
+            })
+            .collect();
+        assert_eq!(kinds, ["functions", "load", "functions", "load"]);
+        // One job per process, its addresses once each, in order.
+        assert!(order.contains(&Job::Functions(3, vec![0x10, 0x30])));
+        assert!(order.contains(&Job::Functions(4, vec![0x20])));
+    }
+
+    #[test]
     fn a_full_queue_still_counts_the_processes_in_it() {
         let mut queue = Queue::default();
         for pid in 0..MAX_PENDING as u32 {

@@ -25,6 +25,8 @@ pub(super) struct Queue {
     /// rows (see `loader::sparse`), at most
     /// [`MAX_PCS_PER_REQUEST`](super::loader::MAX_PCS_PER_REQUEST) each.
     functions: HashMap<u32, Vec<u64>>,
+    /// Function jobs served since the last load.
+    functions_in_a_row: u32,
     /// Processes to load even if loaded a moment ago: a large file's
     /// table they wanted is ready (see `slow`).
     pub(super) forced: HashSet<u32>,
@@ -68,7 +70,7 @@ impl Queue {
 
     /// One more sample of `pid` stopped at `pc` for want of its function's
     /// rows; false when the queue is full.
-    fn ask_function(&mut self, pid: u32, pc: u64) -> bool {
+    pub(super) fn ask_function(&mut self, pid: u32, pc: u64) -> bool {
         if !self.functions.contains_key(&pid) && self.functions.len() >= MAX_PENDING {
             return false;
         }
@@ -86,11 +88,16 @@ impl Queue {
         if let Some(pid) = self.forgets.pop() {
             return Some(Job::Forget(pid));
         }
-        // Microseconds each, and each completes stacks at once.
-        if let Some(&pid) = self.functions.keys().next() {
+        // Cheap, and each completes stacks at once; but taking turns with
+        // loads, or a wave of new processes converging function by
+        // function would keep the next ones from being loaded at all.
+        let load_turn = self.functions_in_a_row > 0 && !self.loads.is_empty();
+        if !load_turn && let Some(&pid) = self.functions.keys().next() {
             let pcs = self.functions.remove(&pid).unwrap_or_default();
+            self.functions_in_a_row += 1;
             return Some(Job::Functions(pid, pcs));
         }
+        self.functions_in_a_row = 0;
         let (&pid, _) = self
             .loads
             .iter()

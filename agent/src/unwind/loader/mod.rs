@@ -137,6 +137,8 @@ pub struct TableLoader<M: TableMaps> {
     sparse_from: Option<u64>,
     /// Per process: its mappings whose tables are built for the code that runs.
     sparse_slots: HashMap<u32, Vec<sparse::Slot>>,
+    /// The files of the tables grown last, oldest first (see `sparse`).
+    growing: Vec<(FileKey, FileData)>,
     stats: LoaderStats,
 }
 
@@ -170,6 +172,7 @@ impl<M: TableMaps> TableLoader<M> {
             unusable: None,
             sparse_from: None,
             sparse_slots: HashMap::new(),
+            growing: Vec::new(),
             stats: LoaderStats {
                 bytes_capacity: capacity_chunks as u64 * size_of::<RowChunk>() as u64,
                 ..Default::default()
@@ -641,6 +644,8 @@ impl<M: TableMaps> TableLoader<M> {
             return;
         }
         loaded.idle_seq = Some(self.idle_seq);
+        // No process left to grow it for.
+        self.growing.retain(|(kept, _)| kept != key);
         self.idle.insert(self.idle_seq, key.clone());
         self.idle_seq += 1;
         self.stats.idle_tables += 1;

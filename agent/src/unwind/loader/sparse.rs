@@ -23,6 +23,13 @@ pub const SPARSE_FROM: u64 = 256 << 10;
 /// pointers than by ever larger rebuilds).
 const MAX_PCS: usize = 4096;
 
+/// Files kept between growths, the most recently grown: reading one again
+/// (an image of its size, its CFI copied in) was most of a growth's cost on
+/// a saturated host, and a new process's functions come one round trip
+/// after another. Their other pages are never touched: about their CFI's
+/// size each.
+const KEPT_FILES: usize = 8;
+
 /// Addresses asked for per request at most (the reader asks once per
 /// sample that stopped).
 pub const MAX_PCS_PER_REQUEST: usize = 64;
@@ -127,14 +134,9 @@ impl<M: TableMaps> TableLoader<M> {
             self.stats.sparse_full += 1;
             return;
         }
-        // The file again (its parts for unwinding; its content id is
-        // known): the same bytes, or it changed and is not grown.
-        let Some((opened, data)) = files.open(pid, mapping) else {
+        let Some(data) = self.file_of(pid, key, mapping, files) else {
             return;
         };
-        if opened != *key {
-            return;
-        }
         let Ok(table) = table::build_sparse((*data).as_ref(), &pcs) else {
             return;
         };
@@ -160,6 +162,34 @@ impl<M: TableMaps> TableLoader<M> {
         self.loaded.insert(key.clone(), grown);
         self.repoint(key, from, to);
         self.free_range(old.first_chunk, old.chunks);
+    }
+
+    /// The bytes of `key`'s file: kept from its last growth (a process's
+    /// functions come one round trip after another, each a growth), else
+    /// read again (its parts for unwinding; its content id is known): the
+    /// same bytes, or it changed and is not grown.
+    fn file_of(
+        &mut self,
+        pid: u32,
+        key: &FileKey,
+        mapping: &Mapping,
+        files: &mut dyn FileSource,
+    ) -> Option<FileData> {
+        if let Some(at) = self.growing.iter().position(|(kept, _)| kept == key) {
+            let kept = self.growing.remove(at);
+            let data = kept.1.clone();
+            self.growing.push(kept);
+            return Some(data);
+        }
+        let (opened, data) = files.open(pid, mapping)?;
+        if opened != *key {
+            return None;
+        }
+        if self.growing.len() >= KEPT_FILES {
+            self.growing.remove(0);
+        }
+        self.growing.push((opened, data.clone()));
+        Some(data)
     }
 
     /// Points every process whose mappings use the table at `from` at `to`

@@ -107,6 +107,12 @@ fn a_large_files_table_grows_by_the_functions_walks_stop_at_in_every_process() {
     loader.add_functions(1, &[START - 1], &mut files);
     loader.add_functions(3, &pcs, &mut files);
     assert_eq!(loader.stats().sparse_growths, 1);
+    // The next function, asked for by the other process: the file kept
+    // from the last growth, not read again.
+    let opened = files.1;
+    loader.add_functions(2, &[bias + u64::from(wanted[3])], &mut files);
+    assert_eq!(loader.stats().sparse_growths, 2);
+    assert_eq!(files.1, opened, "the file was read again");
     let used = loader.stats().bytes_used;
     drop(loader);
 
@@ -116,7 +122,7 @@ fn a_large_files_table_grows_by_the_functions_walks_stop_at_in_every_process() {
         rows[rows.partition_point(|row| row.pc <= vaddr) - 1]
     };
     for pid in [1, 2] {
-        for &vaddr in &wanted[..2] {
+        for &vaddr in [wanted[0], wanted[1], wanted[3]].iter() {
             let Lookup::Row(row) = lookup(&maps, pid, bias + u64::from(vaddr)) else {
                 panic!("pid {pid}: no row at {vaddr:#x}");
             };
