@@ -503,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn functions_to_add_and_processes_to_load_take_turns() {
+    fn functions_to_add_come_before_processes_to_load() {
         let mut queue = Queue::default();
         for pid in [1, 2] {
             assert!(queue.ask(pid));
@@ -512,18 +512,11 @@ mod tests {
             assert!(queue.ask_function(pid, pc));
         }
         let order: Vec<Job> = std::iter::from_fn(|| queue.next()).collect();
-        let kinds: Vec<&str> = order
-            .iter()
-            .map(|job| match job {
-                Job::Functions(..) => "functions",
-                Job::Load(_) => "load",
-                Job::Forget(_) => "forget",
-            })
-            .collect();
-        assert_eq!(kinds, ["functions", "load", "functions", "load"]);
+        assert_eq!(order.len(), 4);
         // One job per process, its addresses once each, in order.
-        assert!(order.contains(&Job::Functions(3, vec![0x10, 0x30])));
-        assert!(order.contains(&Job::Functions(4, vec![0x20])));
+        assert!(order[..2].contains(&Job::Functions(3, vec![0x10, 0x30])));
+        assert!(order[..2].contains(&Job::Functions(4, vec![0x20])));
+        assert_eq!(order[2..], [Job::Load(1), Job::Load(2)]);
     }
 
     #[test]
