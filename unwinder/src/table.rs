@@ -148,6 +148,30 @@ impl<'a> Image<'a> {
         plausible_uncompressed(&section).filter(|bytes| !bytes.is_empty())
     }
 
+    /// The rows of `.debug_frame`'s FDEs that `keep` (see [`collect`]);
+    /// false when it has none.
+    fn debug_frame_rows(
+        &self,
+        keep: impl FnMut(&gimli::FrameDescriptionEntry<EndianSlice<'_, RunTimeEndian>>) -> bool,
+        end: u8,
+        rows: &mut Vec<UnwindRow>,
+    ) -> bool {
+        let Some(bytes) = self.debug_frame_bytes() else {
+            return false;
+        };
+        let mut debug_frame = DebugFrame::new(&bytes, self.endian);
+        debug_frame.set_address_size(8);
+        collect(
+            self.arch,
+            &debug_frame,
+            &BaseAddresses::default(),
+            keep,
+            end,
+            rows,
+        );
+        true
+    }
+
     fn table(self, rows: Vec<UnwindRow>) -> UnwindTable {
         UnwindTable {
             arch: self.arch,
@@ -180,20 +204,8 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
             &mut rows,
         );
     }
-    if rows.is_empty()
-        && let Some(bytes) = image.debug_frame_bytes()
-    {
-        let mut debug_frame = DebugFrame::new(&bytes, image.endian);
-        debug_frame.set_address_size(8);
-        let bases = BaseAddresses::default();
-        collect(
-            arch,
-            &debug_frame,
-            &bases,
-            |_| true,
-            cfa::NOT_COVERED,
-            &mut rows,
-        );
+    if rows.is_empty() {
+        image.debug_frame_rows(|_| true, cfa::NOT_COVERED, &mut rows);
     }
     if image.is_go() {
         return Ok(image.frame_pointers());
@@ -242,9 +254,7 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
             .get(first)
             .is_some_and(|&pc| u64::from(pc) - fde_start < fde_len)
     };
-    let mut found_cfi = false;
-    if let Some((eh_frame, bases)) = image.eh_frame() {
-        found_cfi = true;
+    let found_cfi = if let Some((eh_frame, bases)) = image.eh_frame() {
         // A first table (no function yet) needs no FDE at all.
         if !wanted.is_empty() && !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
             collect(
@@ -256,20 +266,14 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
                 &mut rows,
             );
         }
-    } else if let Some(bytes) = image.debug_frame_bytes() {
-        found_cfi = true;
-        let mut debug_frame = DebugFrame::new(&bytes, image.endian);
-        debug_frame.set_address_size(8);
-        let bases = BaseAddresses::default();
-        collect(
-            arch,
-            &debug_frame,
-            &bases,
+        true
+    } else {
+        image.debug_frame_rows(
             |fde| !wanted.is_empty() && wants(fde.initial_address(), fde.len()),
             cfa::NOT_LOADED,
             &mut rows,
-        );
-    }
+        )
+    };
     if !found_cfi {
         return Err(TableError::NoCfi);
     }

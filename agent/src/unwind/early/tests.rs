@@ -102,6 +102,18 @@ fn load_rows(mirror: &SharedMirror, end: u64, rows: Vec<UnwindRow>) {
     mirror.set(42, &mappings);
 }
 
+/// Loads the whole tables; the one sample held comes out walked to
+/// `_start`, its copy freed.
+fn comes_out_whole(early: &mut EarlyStacks, mirror: &SharedMirror) {
+    load_tables(mirror);
+    let out = early.ready(false);
+    assert_eq!(out.len(), 1);
+    let why = (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
+    assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
+    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
+    assert_eq!(early.bytes(), 0, "everything freed");
+}
+
 #[test]
 fn a_deep_early_stack_is_unwound_to_start_when_its_tables_come_late() {
     let mirror = SharedMirror::default();
@@ -143,13 +155,7 @@ fn a_walk_that_reached_an_unmapped_address_goes_on_once_it_is_mapped() {
     assert!(early.ready(false).is_empty(), "and is not walked again");
     assert_eq!(early.len(), 1);
     // The next load maps it: the walk reaches `_start`.
-    load_tables(&mirror);
-    let out = early.ready(false);
-    assert_eq!(out.len(), 1);
-    let why = (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
-    assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
-    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
-    assert_eq!(early.bytes(), 0, "everything freed");
+    comes_out_whole(&mut early, &mirror);
 
     // One that never gets past it leaves at the end, walked as far as it goes.
     let mirror = SharedMirror::default();
@@ -196,14 +202,8 @@ fn a_walk_that_reached_a_function_not_loaded_asks_for_it_and_goes_on_once_it_is(
     assert!(early.ready(false).is_empty(), "and is not walked again");
     assert_eq!(asked.lock().unwrap().len(), 1);
     // The table grew: the walk reaches the end.
-    load_tables(&mirror);
-    let out = early.ready(false);
-    assert_eq!(out.len(), 1);
-    let why = (out[0].flags >> SAMPLE_UNWIND_SHIFT) & 0xff;
-    assert_eq!(why, reason::COMPLETE, "stopped: {}", reason::name(why));
-    assert_eq!(out[0].user_stack_len as u64, DEPTH + 1);
+    comes_out_whole(&mut early, &mirror);
     assert_eq!(early.stats().complete, 1);
-    assert_eq!(early.bytes(), 0, "everything freed");
 }
 
 #[test]
