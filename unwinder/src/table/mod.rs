@@ -21,6 +21,9 @@ use gimli::{
 };
 use object::{Object, ObjectSection, ObjectSegment};
 
+mod sparse;
+pub use sparse::{build_sparse, cfi_bytes};
+
 /// Why a file has no table.
 #[derive(Debug)]
 pub enum TableError {
@@ -215,143 +218,6 @@ pub fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
         return Err(TableError::NoCfi);
     }
     Ok(image.table(rows))
-}
-
-/// Bytes of CFI an ELF image holds (`.eh_frame`, else `.debug_frame`):
-/// what its whole table costs to build, without building it.
-pub fn cfi_bytes(data: &[u8]) -> Option<u64> {
-    let file = object::File::parse(data).ok()?;
-    [".eh_frame", ".debug_frame"]
-        .iter()
-        .find_map(|name| file.section_by_name(name).map(|section| section.size()))
-}
-
-/// Builds a table of an ELF image for the code that runs: the rows of the
-/// functions holding `pcs` (ELF virtual addresses) and of the PLT, and
-/// [`cfa::NOT_LOADED`] everywhere else, for the walk to stop and the agent
-/// to add the function there. A binary has tens of thousands of functions
-/// and a busy process runs in a few dozen: its whole table costs a build
-/// of every FDE (150 ms of CPU for a 3 MiB interpreter on a saturated
-/// host) and 8 bytes a row in the kernel for code that never runs.
-///
-/// The functions are found through `.eh_frame_hdr`'s sorted table, else
-/// by a scan of the FDEs' headers (no CFI evaluated but theirs). An
-/// address no FDE covers gets a [`cfa::NOT_COVERED`] row (frame pointers
-/// may walk it), so it is not asked for again.
-pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError> {
-    let image = Image::parse(data)?;
-    if image.is_go() {
-        return Ok(image.frame_pointers());
-    }
-    let arch = image.arch;
-    let mut rows = vec![not_loaded(0)];
-    let mut wanted: Vec<u32> = pcs.to_vec();
-    wanted.sort_unstable();
-    wanted.dedup();
-    let wants = |fde_start: u64, fde_len: u64| {
-        let first = wanted.partition_point(|&pc| u64::from(pc) < fde_start);
-        wanted
-            .get(first)
-            .is_some_and(|&pc| u64::from(pc) - fde_start < fde_len)
-    };
-    let found_cfi = if let Some((eh_frame, bases)) = image.eh_frame() {
-        // A first table (no function yet) needs no FDE at all.
-        if !wanted.is_empty() && !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
-            collect(
-                arch,
-                &eh_frame,
-                &bases,
-                |fde| wants(fde.initial_address(), fde.len()),
-                cfa::NOT_LOADED,
-                &mut rows,
-            );
-        }
-        true
-    } else {
-        image.debug_frame_rows(
-            |fde| !wanted.is_empty() && wants(fde.initial_address(), fde.len()),
-            cfa::NOT_LOADED,
-            &mut rows,
-        )
-    };
-    if !found_cfi {
-        return Err(TableError::NoCfi);
-    }
-    add_plt_rows(arch, &image.file, cfa::NOT_LOADED, &mut rows);
-    // What no function covers: a gap, for frame pointers.
-    for &pc in &wanted {
-        if !covered_by_fde(&rows, pc) {
-            rows.push(UnwindRow {
-                pc,
-                cfa_rule: cfa::NOT_COVERED,
-                ..Default::default()
-            });
-            rows.push(not_loaded(pc.saturating_add(1)));
-        }
-    }
-    Ok(image.table(rows))
-}
-
-/// The rows of the FDEs holding `wanted`, found through `.eh_frame_hdr`;
-/// false when the file has no usable header table (scan instead).
-fn sparse_by_header<'a>(
-    image: &Image<'a>,
-    eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
-    bases: &BaseAddresses,
-    wanted: &[u32],
-    rows: &mut Vec<UnwindRow>,
-) -> bool {
-    let Some(section) = image.file.section_by_name(".eh_frame_hdr") else {
-        return false;
-    };
-    let Ok(bytes) = section.data() else {
-        return false;
-    };
-    let bases = bases.clone().set_eh_frame_hdr(section.address());
-    let Ok(header) = gimli::EhFrameHdr::new(bytes, image.endian).parse(&bases, 8) else {
-        return false;
-    };
-    let Some(table) = header.table() else {
-        return false;
-    };
-    let mut ctx = Box::new(UnwindContext::new());
-    let mut done: Vec<u64> = Vec::new();
-    for &pc in wanted {
-        let Ok(fde) =
-            table.fde_for_address(eh_frame, &bases, u64::from(pc), EhFrame::cie_from_offset)
-        else {
-            continue;
-        };
-        if done.contains(&fde.initial_address()) {
-            continue;
-        }
-        done.push(fde.initial_address());
-        fde_rows(
-            image.arch,
-            eh_frame,
-            &bases,
-            &mut ctx,
-            &fde,
-            cfa::NOT_LOADED,
-            rows,
-        );
-    }
-    true
-}
-
-fn not_loaded(pc: u32) -> UnwindRow {
-    UnwindRow {
-        pc,
-        cfa_rule: cfa::NOT_LOADED,
-        ..Default::default()
-    }
-}
-
-/// Whether a function's row (not a marker) covers `pc` in unsorted `rows`.
-fn covered_by_fde(rows: &[UnwindRow], pc: u32) -> bool {
-    let mut sorted: Vec<&UnwindRow> = rows.iter().filter(|row| row.pc <= pc).collect();
-    sorted.sort_by_key(|row| (row.pc, is_marker(row)));
-    sorted.last().is_some_and(|row| !is_marker(row))
 }
 
 /// End markers: [`cfa::NOT_COVERED`] and [`cfa::NOT_LOADED`], which a
@@ -735,7 +601,3 @@ mod tests {
         assert_eq!(table[4].cfa_rule, cfa::SP);
     }
 }
-
-#[cfg(test)]
-#[path = "table_sparse_tests.rs"]
-mod sparse_tests;
