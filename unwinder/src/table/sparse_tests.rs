@@ -130,3 +130,32 @@ fn a_not_loaded_row_stops_the_walk_there_without_frame_pointers() {
     assert_eq!(step, crate::Step::Stop(crate::reason::NOT_LOADED));
     assert_eq!(regs.pc, 0x1234);
 }
+
+#[test]
+fn a_damaged_file_gives_a_sorted_table_or_an_error_never_a_panic() {
+    // A tenant's binary is hostile input: bytes of its `.eh_frame_hdr`
+    // (the sorted search table) and `.eh_frame` overwritten, one place at
+    // a time, as `fuzz/unwind_table` does for whole tables.
+    let data = own_executable();
+    let whole = build(&data).unwrap();
+    let pcs = function_pcs(whole.rows(), 499);
+    let file = object::File::parse(&*data).unwrap();
+    let mut spots = Vec::new();
+    for name in [".eh_frame_hdr", ".eh_frame"] {
+        let (offset, size) = file.section_by_name(name).unwrap().file_range().unwrap();
+        spots.extend((0..64).map(|i| (offset + size * i / 64) as usize));
+    }
+    for (i, &at) in spots.iter().enumerate() {
+        let mut damaged = data.clone();
+        for (j, byte) in damaged[at..at + 8].iter_mut().enumerate() {
+            *byte = [0xff, 0x00, 0x7f, 0x80][(i + j) % 4];
+        }
+        if let Ok(table) = build_sparse(&damaged, &pcs) {
+            let rows = table.rows();
+            assert!(
+                rows.windows(2).all(|pair| pair[0].pc <= pair[1].pc),
+                "rows not sorted after damage at {at:#x}"
+            );
+        }
+    }
+}
