@@ -208,9 +208,11 @@ impl<T: Send + 'static> Session<T> {
                     Some((rx, {
                         let early = crate::unwind::early::EarlyStacks::new(mirror);
                         match requests.clone() {
-                            Some(requests) => early.wanting_functions(Box::new(move |pid, pc| {
-                                requests.request_function(pid, pc)
-                            })),
+                            Some(requests) => {
+                                early.wanting_functions(Box::new(move |pid, pc, stack| {
+                                    requests.request_function(pid, pc, Some(stack))
+                                }))
+                            }
                             None => early,
                         }
                     })),
@@ -234,7 +236,7 @@ impl<T: Send + 'static> Session<T> {
                 early: early_tx,
                 tables: requests.clone().map(|requests| {
                     Box::new(move |pid, pc: Option<u64>| match pc {
-                        Some(pc) => requests.request_function(pid, pc),
+                        Some(pc) => requests.request_function(pid, pc, None),
                         None => requests.request(pid),
                     }) as crate::sampler::AskTables
                 }),

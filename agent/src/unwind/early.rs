@@ -32,14 +32,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hostprof_common::{
-    RowChunk, SAMPLE_FLAG_USER_TABLES, SAMPLE_FLAG_USER_TRUNCATED, SAMPLE_UNWIND_SHIFT, Sample,
-};
-use hostprof_unwind::{
-    self as unwind, Lookup, PackedRow, ProcessMappings, ROW_CHUNK, Regs, Step, UnwindRow,
-};
+use hostprof_common::{RowChunk, SAMPLE_UNWIND_SHIFT, Sample};
+use hostprof_unwind::{self as unwind, ProcessMappings};
 
-use super::{TableMaps, UnwindError, replay::HOST_ARCH};
+use super::{TableMaps, UnwindError};
 use crate::sampler::EarlyCopy;
 
 /// Bytes the held samples and their stack copies take at most; a copy
@@ -76,6 +72,11 @@ const MAX_PENDING: usize = 4096;
 /// seconds of a busy 2-CPU host): the attribution thread can take in a
 /// copy several batches before its sample.
 const PENDING_WAIT: Duration = Duration::from_secs(5);
+
+/// Asks for the function at `pc` in a process (`tgid, pc`), where the walk
+/// of a held copy stopped; the copy goes along so that the functions its
+/// callers need come with it.
+pub type WantFunction = dyn Fn(u32, u64, &StackCopy) + Send;
 
 /// Reads chunk `index` of the kernel's rows map (`None`: unreadable).
 pub type ChunkReader = Box<dyn Fn(u32) -> Option<RowChunk> + Send + Sync>;
@@ -155,6 +156,10 @@ impl<M: TableMaps> TableMaps for Mirrored<M> {
 
     fn process(&self, tgid: u32) -> Option<ProcessMappings> {
         self.inner.process(tgid)
+    }
+
+    fn read_chunk(&self, index: u32) -> Option<RowChunk> {
+        self.inner.read_chunk(index)
     }
 
     fn process_capacity(&self) -> usize {
@@ -264,10 +269,59 @@ impl PackedStack {
     }
 }
 
-/// A copy whose sample has not been attributed yet.
-struct Pending {
+/// The registers and stack of a sample, as held: what a walk on the host
+/// needs (the unwind service walks one to find every function its stack
+/// needs at once, see `loader::sparse`). Cheap to clone: the blocks are
+/// shared.
+#[derive(Clone)]
+pub struct StackCopy {
+    /// pc, sp, frame pointer, link register.
     regs: [u64; 4],
     stack: PackedStack,
+}
+
+impl StackCopy {
+    /// `stack`, copied from `regs`' sp up (counted nowhere: for tests and
+    /// replays, not held samples).
+    pub fn new(regs: [u64; 4], stack: &[u8]) -> Self {
+        StackCopy {
+            regs,
+            stack: PackedStack::pack(regs[1], stack, None, &Arc::default()),
+        }
+    }
+
+    pub fn pc(&self) -> u64 {
+        self.regs[0]
+    }
+}
+
+impl std::fmt::Debug for StackCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackCopy")
+            .field("regs", &self.regs)
+            .field("len", &self.stack.len)
+            .finish()
+    }
+}
+
+impl Eq for StackCopy {}
+
+impl PartialEq for StackCopy {
+    fn eq(&self, other: &Self) -> bool {
+        let bytes = |copy: &StackCopy| -> Vec<u8> {
+            copy.stack
+                .blocks
+                .iter()
+                .flat_map(|block| block.bytes.iter().copied())
+                .collect()
+        };
+        self.regs == other.regs && self.stack.sp == other.stack.sp && bytes(self) == bytes(other)
+    }
+}
+
+/// A copy whose sample has not been attributed yet.
+struct Pending {
+    copy: StackCopy,
     since: Instant,
 }
 
@@ -276,8 +330,7 @@ struct Held {
     /// reads it back), its frame-pointer user frames kept for when the
     /// tables never come.
     record: Box<[u8]>,
-    regs: [u64; 4],
-    stack: PackedStack,
+    copy: StackCopy,
     since: Instant,
     /// For a sample whose kernel walk reached an unmapped address: the
     /// write of its process's mappings it was last walked again with.
@@ -286,7 +339,7 @@ struct Held {
 
 impl Held {
     fn cost(&self) -> usize {
-        size_of::<Held>() + self.record.len() + self.stack.blocks.len() * size_of::<usize>()
+        size_of::<Held>() + self.record.len() + self.copy.stack.blocks.len() * size_of::<usize>()
     }
 }
 
@@ -312,7 +365,7 @@ pub struct EarlyStacks {
     held_bytes: usize,
     /// Asks for the function a walk stopped at (a table built for the code
     /// that runs, `reason::NOT_LOADED`): its sample waits for it.
-    want_function: Option<Box<dyn Fn(u32, u64) + Send>>,
+    want_function: Option<Box<WantFunction>>,
     stats: EarlyStats,
 }
 
@@ -333,7 +386,7 @@ impl EarlyStacks {
     /// Walks that stop for want of a function's rows ask for them with
     /// `want(pid, pc)` and wait, like those that reached an unmapped
     /// address (until [`MAX_WAIT`]).
-    pub fn wanting_functions(mut self, want: Box<dyn Fn(u32, u64) + Send>) -> Self {
+    pub fn wanting_functions(mut self, want: Box<WantFunction>) -> Self {
         self.want_function = Some(want);
         self
     }
@@ -369,8 +422,7 @@ impl EarlyStacks {
         self.pending.insert(
             (tid, copy.ktime_ns),
             Pending {
-                regs,
-                stack,
+                copy: StackCopy { regs, stack },
                 since: Instant::now(),
             },
         );
@@ -379,14 +431,12 @@ impl EarlyStacks {
     /// Holds `sample` when it has a copy (returns true): it comes back from
     /// [`EarlyStacks::ready`].
     pub fn hold(&mut self, sample: &Sample) -> bool {
-        let Some(Pending { regs, stack, .. }) = self.pending.remove(&(sample.tid, sample.ktime_ns))
-        else {
+        let Some(Pending { copy, .. }) = self.pending.remove(&(sample.tid, sample.ktime_ns)) else {
             return false;
         };
         let held = Held {
             record: pack_sample(sample),
-            regs,
-            stack,
+            copy,
             since: Instant::now(),
             tried: None,
         };
@@ -418,7 +468,7 @@ impl EarlyStacks {
             let current = mirror
                 .processes
                 .get(&tgid)
-                .filter(|mappings| maps_pc(mappings, held.regs[0]));
+                .filter(|mappings| maps_pc(mappings, held.copy.pc()));
             let timed_out = flush || held.since.elapsed() >= MAX_WAIT;
             // A walk that reached an unmapped address, or a function not
             // loaded yet, is tried again after each write of the process's
@@ -436,7 +486,7 @@ impl EarlyStacks {
                 continue;
             };
             let sample = match current {
-                Some(mappings) => unwound(&mirror, mappings, sample, &held),
+                Some(mappings) => walk::unwound(&mirror, mappings, sample, &held.copy),
                 None => {
                     self.held_bytes -= held.cost();
                     self.stats.timed_out += 1;
@@ -451,7 +501,7 @@ impl EarlyStacks {
                 || (function.is_some() && self.want_function.is_some());
             if retry && !timed_out {
                 if let (Some(want), Some(pc)) = (&self.want_function, function) {
-                    want(tgid, pc);
+                    want(tgid, pc, &held.copy);
                 }
                 held.tried = Some(written);
                 waiting.push_back(held);
@@ -506,105 +556,8 @@ fn maps_pc(mappings: &ProcessMappings, pc: u64) -> bool {
         .any(|mapping| (mapping.start..mapping.end).contains(&pc))
 }
 
-/// `sample` (`held`'s) with the user stack the kernel's unwinder would have
-/// found with the tables now loaded.
-fn unwound(mirror: &Mirror, mappings: &ProcessMappings, mut sample: Sample, held: &Held) -> Sample {
-    let [pc, sp, fp, lr] = held.regs;
-    let mut regs = Regs::interrupted(pc, sp, fp, lr);
-    let mut process = CopyProcess {
-        rows: std::cell::RefCell::new(RowCache {
-            read: mirror.chunks.as_ref(),
-            chunks: HashMap::new(),
-        }),
-        mappings,
-        stack: &held.stack,
-    };
-    let max = sample.user_stack.len();
-    let mut frames = 1;
-    sample.user_stack[0] = regs.pc;
-    let reason = loop {
-        match unwind::step(HOST_ARCH, &mut regs, &mut process) {
-            Step::Caller if frames >= max => break unwind::reason::DEPTH_LIMIT,
-            Step::Caller => {
-                sample.user_stack[frames] = regs.pc;
-                frames += 1;
-            }
-            Step::Stop(reason) => break reason,
-            // Runtime frames are walked in the kernel only.
-            Step::Runtime(_) => break unwind::reason::NO_TABLE,
-        }
-    };
-    sample.user_stack_len = frames as u32;
-    sample.user_stack[frames..].fill(0);
-    let truncated = if reason == unwind::reason::DEPTH_LIMIT {
-        SAMPLE_FLAG_USER_TRUNCATED
-    } else {
-        0
-    };
-    let kept = sample.flags & !(0xff << SAMPLE_UNWIND_SHIFT) & !SAMPLE_FLAG_USER_TRUNCATED;
-    sample.flags = kept | SAMPLE_FLAG_USER_TABLES | truncated | (reason << SAMPLE_UNWIND_SHIFT);
-    sample
-}
-
-/// A stack copy and the kernel's tables, as `hostprof_unwind` sees a
-/// process.
-struct CopyProcess<'a> {
-    rows: std::cell::RefCell<RowCache<'a>>,
-    mappings: &'a ProcessMappings,
-    stack: &'a PackedStack,
-}
-
-/// The rows chunks one unwind read, each read once (a map lookup of 4 KiB;
-/// a binary search reads a dozen rows a frame, mostly in a few chunks).
-struct RowCache<'a> {
-    read: Option<&'a ChunkReader>,
-    chunks: HashMap<u32, Option<Box<RowChunk>>>,
-}
-
-impl RowCache<'_> {
-    /// Word `index` of the rows map.
-    fn word(&mut self, index: u32) -> Option<u64> {
-        let chunk = index / ROW_CHUNK as u32;
-        let read = self.read;
-        let words = self
-            .chunks
-            .entry(chunk)
-            .or_insert_with(|| read.and_then(|read| read(chunk)).map(Box::new));
-        words
-            .as_ref()
-            .map(|words| words.0[index as usize % ROW_CHUNK])
-    }
-
-    /// Row `found` of the table of `len` rows at word `start`.
-    fn row(&mut self, start: u32, len: u32, found: u32) -> Option<UnwindRow> {
-        let word = self.word(start.wrapping_add(found))?;
-        let rule = |at: u32| Some([self.word(at)?, self.word(at.wrapping_add(1))?]);
-        unwind::packed_row(start, len, found, |_| Some(word), rule)
-    }
-}
-
-impl unwind::Process for CopyProcess<'_> {
-    fn read_u64(&mut self, address: u64) -> Option<u64> {
-        self.stack.read_u64(address)
-    }
-
-    fn lookup(&mut self, pc: u64) -> Lookup {
-        let mappings = self.mappings;
-        let rows = &self.rows;
-        let search = |what, len, target| {
-            unwind::search_last_le(len, target, |i| match what {
-                unwind::Sorted::Mappings => mappings.mappings.get(i as usize).map(|m| m.start),
-                unwind::Sorted::Rows { start } => rows
-                    .borrow_mut()
-                    .word(start.wrapping_add(i))
-                    .map(|word| u64::from(PackedRow::from_word(word).pc)),
-            })
-        };
-        unwind::lookup_in(mappings, pc, search, |start, len, found| {
-            rows.borrow_mut().row(start, len, found)
-        })
-    }
-}
+mod walk;
+pub use walk::{ReadChunk, walk_copy};
 
 #[cfg(test)]
 mod tests;

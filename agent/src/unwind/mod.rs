@@ -85,6 +85,10 @@ impl TableMaps for KernelMaps {
         self.processes.get(&tgid, 0).ok()
     }
 
+    fn read_chunk(&self, index: u32) -> Option<RowChunk> {
+        self.rows.get(&index, 0).ok()
+    }
+
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError> {
         self.processes
             .remove(&tgid)
@@ -416,8 +420,8 @@ pub fn spawn_service(
                 };
                 match job {
                     Some(Job::Forget(pid)) => loader.forget_process(pid),
-                    Some(Job::Functions(pid, pcs)) => {
-                        loader.add_functions(pid, &pcs, &mut files);
+                    Some(Job::Functions(pid, pcs, stacks)) => {
+                        loader.add_functions(pid, &pcs, &stacks, &mut files);
                         // Cheap, but a process can ask for thousands.
                         if let Some(budget) = &budget {
                             budget.pause();
@@ -508,14 +512,24 @@ mod tests {
         for pid in [1, 2] {
             assert!(queue.ask(pid));
         }
-        for (pid, pc) in [(3, 0x10), (4, 0x20), (3, 0x30), (3, 0x10)] {
-            assert!(queue.ask_function(pid, pc));
+        let stack = |pc: u64| super::early::StackCopy::new([pc, 0x7000, 0, 0], &[1; 16]);
+        // The reader asks without a copy, the held copies' walks with one.
+        for (pid, pc, copy) in [
+            (3, 0x10, None),
+            (4, 0x20, None),
+            (3, 0x30, Some(stack(1))),
+            (3, 0x10, Some(stack(2))),
+            (3, 0x10, Some(stack(3))),
+        ] {
+            assert!(queue.ask_function(pid, pc, copy.as_ref()));
         }
         let order: Vec<Job> = std::iter::from_fn(|| queue.next()).collect();
         assert_eq!(order.len(), 4);
-        // One job per process, its addresses once each, in order.
-        assert!(order[..2].contains(&Job::Functions(3, vec![0x10, 0x30])));
-        assert!(order[..2].contains(&Job::Functions(4, vec![0x20])));
+        // One job per process, its addresses once each, in order, and one
+        // copy per address.
+        let three = Job::Functions(3, vec![0x10, 0x30], vec![stack(1), stack(2)]);
+        assert!(order[..2].contains(&three));
+        assert!(order[..2].contains(&Job::Functions(4, vec![0x20], vec![])));
         assert_eq!(order[2..], [Job::Load(1), Job::Load(2)]);
     }
 

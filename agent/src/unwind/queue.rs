@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, Condvar, Mutex, MutexGuard},
 };
 
-use super::SharedStats;
+use super::{SharedStats, early::StackCopy};
 
 /// Requests waiting for the service at most; past it a new process's
 /// request is dropped and counted (its next sample asks again).
@@ -25,6 +25,9 @@ pub(super) struct Queue {
     /// rows (see `loader::sparse`), at most
     /// [`MAX_PCS_PER_REQUEST`](super::loader::MAX_PCS_PER_REQUEST) each.
     functions: HashMap<u32, Vec<u64>>,
+    /// pid → copies of stacks that stopped so, walked on by the service
+    /// (at most [`MAX_STACKS_PER_REQUEST`](super::loader::MAX_STACKS_PER_REQUEST)).
+    stacks: HashMap<u32, Vec<(u64, StackCopy)>>,
     /// Processes to load even if loaded a moment ago: a large file's
     /// table they wanted is ready (see `slow`).
     pub(super) forced: HashSet<u32>,
@@ -40,8 +43,9 @@ pub(super) enum Job {
     Load(u32),
     /// The process exited: drop its mappings from the kernel now.
     Forget(u32),
-    /// Add the functions its walks stopped at to its tables.
-    Functions(u32, Vec<u64>),
+    /// Add the functions its walks stopped at to its tables, and those
+    /// the copies' walks need on from there.
+    Functions(u32, Vec<u64>, Vec<StackCopy>),
 }
 
 impl Queue {
@@ -68,13 +72,24 @@ impl Queue {
 
     /// One more sample of `pid` stopped at `pc` for want of its function's
     /// rows; false when the queue is full.
-    pub(super) fn ask_function(&mut self, pid: u32, pc: u64) -> bool {
+    /// `stack`: a copy of that sample's stack, if there is one.
+    pub(super) fn ask_function(&mut self, pid: u32, pc: u64, stack: Option<&StackCopy>) -> bool {
         if !self.functions.contains_key(&pid) && self.functions.len() >= MAX_PENDING {
             return false;
         }
         let pcs = self.functions.entry(pid).or_default();
         if !pcs.contains(&pc) && pcs.len() < super::loader::MAX_PCS_PER_REQUEST {
             pcs.push(pc);
+        }
+        // One copy per function asked for: the other samples that stopped
+        // there most likely share its callers.
+        if let Some(stack) = stack {
+            let stacks = self.stacks.entry(pid).or_default();
+            if stacks.len() < super::loader::MAX_STACKS_PER_REQUEST
+                && !stacks.iter().any(|(asked, _)| *asked == pc)
+            {
+                stacks.push((pc, stack.clone()));
+            }
         }
         true
     }
@@ -93,7 +108,9 @@ impl Queue {
         // process's stacks are whole only once its functions are in.
         if let Some(&pid) = self.functions.keys().next() {
             let pcs = self.functions.remove(&pid).unwrap_or_default();
-            return Some(Job::Functions(pid, pcs));
+            let stacks = self.stacks.remove(&pid).unwrap_or_default();
+            let stacks = stacks.into_iter().map(|(_, stack)| stack).collect();
+            return Some(Job::Functions(pid, pcs, stacks));
         }
         let (&pid, _) = self
             .loads
@@ -156,12 +173,13 @@ impl Requests {
     }
 
     /// Asks for the rows of the function at `pc` in `pid`, where one of
-    /// its walks stopped (`reason::NOT_LOADED`).
-    pub fn request_function(&self, pid: u32, pc: u64) {
+    /// its walks stopped (`reason::NOT_LOADED`), and, given that walk's
+    /// stack copy, for those of the functions its callers are in.
+    pub fn request_function(&self, pid: u32, pc: u64, stack: Option<&StackCopy>) {
         let (asked, new) = {
             let mut queue = self.shared.queue();
             let before = queue.functions.len();
-            let asked = queue.ask_function(pid, pc);
+            let asked = queue.ask_function(pid, pc, stack);
             (asked, queue.functions.len() > before)
         };
         if !asked {

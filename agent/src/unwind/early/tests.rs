@@ -1,6 +1,7 @@
 //! Early samples held, shared, unwound and freed, on synthetic stacks.
+use hostprof_common::RowChunk;
 use hostprof_common::{SAMPLE_FLAG_TRACE, SAMPLE_HEADER_BYTES};
-use hostprof_unwind::{ExecMapping, cfa, reason, reg};
+use hostprof_unwind::{ExecMapping, ROW_CHUNK, UnwindRow, cfa, reason, reg};
 
 use super::*;
 
@@ -189,9 +190,12 @@ fn a_walk_that_reached_a_function_not_loaded_asks_for_it_and_goes_on_once_it_is(
     load_rows(&mirror, MAP_START + 0x10_0000, sparse);
     let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let asking = asked.clone();
-    let mut early = EarlyStacks::new(mirror.clone()).wanting_functions(Box::new(move |pid, pc| {
-        asking.lock().unwrap().push((pid, pc))
-    }));
+    let mut early =
+        EarlyStacks::new(mirror.clone()).wanting_functions(Box::new(move |pid, pc, stack| {
+            asking.lock().unwrap().push((pid, pc));
+            // The sample's registers and stack go along.
+            assert_eq!(stack.pc(), BIAS + 0x1004);
+        }));
     let mut sample = early_sample(1);
     sample.flags = reason::NOT_LOADED << SAMPLE_UNWIND_SHIFT;
     early.add_copy(copy(&sample, deep_stack()));

@@ -35,7 +35,7 @@ use hostprof_common::{
 };
 use pieces::{fitting, runtime_pieces};
 pub use source::{FileKey, FileSource};
-pub use sparse::MAX_PCS_PER_REQUEST;
+pub use sparse::{MAX_PCS_PER_REQUEST, MAX_STACKS_PER_REQUEST};
 use stats::{CACHED_UNREAD, FILES_READ, PROCESS_LOADS, PROCESSES_DEGRADED, READ_FOR_CACHED};
 pub use stats::{LoaderStats, capacity_totals, file_totals, sparse_growths};
 
@@ -50,6 +50,9 @@ pub trait TableMaps {
     fn remove_process(&mut self, tgid: u32) -> Result<(), UnwindError>;
     /// What the kernel holds for `tgid` (to point it at a grown table).
     fn process(&self, tgid: u32) -> Option<ProcessMappings>;
+    /// Chunk `index` of the rows the kernel holds (to walk a stack copy as
+    /// the kernel would).
+    fn read_chunk(&self, index: u32) -> Option<RowChunk>;
     /// Processes the kernel's map holds at most (sized at load by
     /// `crate::sampler`).
     fn process_capacity(&self) -> usize {

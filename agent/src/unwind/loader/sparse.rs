@@ -9,8 +9,15 @@
 //! functions: its table costs microseconds instead of a build of every FDE
 //! (150 ms of CPU for a 3 MiB interpreter on a saturated host), and a few
 //! KiB of the rows map instead of hundreds. A stack is complete after one
-//! round trip per function it reaches for the first time.
+//! round trip per function it reaches for the first time, or, when the
+//! sample's stack copy comes with the request, after one: the service walks
+//! the copy on, past each function the kernel lacks with that function's
+//! rows built from the file alone, and adds every function the walk needed
+//! in one growth.
 use super::*;
+use crate::unwind::early::{self, StackCopy};
+use hostprof_common::{MAX_USER_STACK_DEPTH, unwind::cfa};
+use hostprof_unwind::Lookup;
 
 /// Files with at least this many bytes of CFI get a table for the code
 /// that runs (when the loader makes them: [`TableLoader::with_sparse`]).
@@ -33,6 +40,10 @@ const KEPT_FILES: usize = 8;
 /// Addresses asked for per request at most (the reader asks once per
 /// sample that stopped).
 pub const MAX_PCS_PER_REQUEST: usize = 64;
+
+/// Stack copies walked per request at most (a process's threads stopped in
+/// different places).
+pub const MAX_STACKS_PER_REQUEST: usize = 4;
 
 /// A loaded table built for the code that runs: the addresses it was
 /// built for.
@@ -75,13 +86,32 @@ impl<M: TableMaps> TableLoader<M> {
     }
 
     /// Adds the functions at `pcs` (addresses in `pid`, where its walks
-    /// stopped for want of them) to the tables of the files they are in.
-    pub fn add_functions(&mut self, pid: u32, pcs: &[u64], files: &mut dyn FileSource) {
+    /// stopped for want of them) to the tables of the files they are in,
+    /// and those the walks of `stacks` (copies of its samples' stacks) need
+    /// on from there.
+    pub fn add_functions(
+        &mut self,
+        pid: u32,
+        pcs: &[u64],
+        stacks: &[StackCopy],
+        files: &mut dyn FileSource,
+    ) {
+        if !self.sparse_slots.contains_key(&pid) {
+            return;
+        }
+        let mut pcs: Vec<u64> = pcs.iter().take(MAX_PCS_PER_REQUEST).copied().collect();
+        for stack in stacks.iter().take(MAX_STACKS_PER_REQUEST) {
+            for pc in self.functions_needed(pid, stack, files) {
+                if !pcs.contains(&pc) {
+                    pcs.push(pc);
+                }
+            }
+        }
         let Some(slots) = self.sparse_slots.get(&pid) else {
             return;
         };
         let mut wanted: HashMap<FileKey, (Mapping, Vec<u32>)> = HashMap::new();
-        for &pc in pcs.iter().take(MAX_PCS_PER_REQUEST) {
+        for &pc in &pcs {
             let Some(slot) = slots
                 .iter()
                 .find(|slot| (slot.start..slot.end).contains(&pc))
@@ -164,10 +194,6 @@ impl<M: TableMaps> TableLoader<M> {
         self.free_range(old.first_chunk, old.chunks);
     }
 
-    /// The bytes of `key`'s file: kept from its last growth (a process's
-    /// functions come one round trip after another, each a growth), else
-    /// read again (its parts for unwinding; its content id is known): the
-    /// same bytes, or it changed and is not grown.
     fn file_of(
         &mut self,
         pid: u32,
@@ -175,21 +201,54 @@ impl<M: TableMaps> TableLoader<M> {
         mapping: &Mapping,
         files: &mut dyn FileSource,
     ) -> Option<FileData> {
-        if let Some(at) = self.growing.iter().position(|(kept, _)| kept == key) {
-            let kept = self.growing.remove(at);
-            let data = kept.1.clone();
-            self.growing.push(kept);
-            return Some(data);
-        }
-        let (opened, data) = files.open(pid, mapping)?;
-        if opened != *key {
-            return None;
-        }
-        if self.growing.len() >= KEPT_FILES {
-            self.growing.remove(0);
-        }
-        self.growing.push((opened, data.clone()));
-        Some(data)
+        kept_file(&mut self.growing, pid, key, mapping, files)
+    }
+
+    /// The addresses in `pid`'s sparse tables of the functions the walk of
+    /// `stack` needs and the kernel lacks, the walk going on past each with
+    /// rows built for that function alone (its FDE found through the
+    /// header: microseconds).
+    fn functions_needed(
+        &mut self,
+        pid: u32,
+        stack: &StackCopy,
+        files: &mut dyn FileSource,
+    ) -> Vec<u64> {
+        let (Some(slots), Some(mappings)) = (self.sparse_slots.get(&pid), self.maps.process(pid))
+        else {
+            return Vec::new();
+        };
+        let maps = &self.maps;
+        let growing = &mut self.growing;
+        let mut needed = Vec::new();
+        // A recursive function's frames ask once.
+        let mut found: HashMap<u64, Option<Lookup>> = HashMap::new();
+        let mut fill = |pc: u64| {
+            *found.entry(pc).or_insert_with(|| {
+                let slot = slots
+                    .iter()
+                    .find(|slot| (slot.start..slot.end).contains(&pc))?;
+                let vaddr = u32::try_from(pc.wrapping_sub(slot.bias)).ok()?;
+                let data = kept_file(growing, pid, &slot.key, &slot.mapping, files)?;
+                let table = table::build_sparse((*data).as_ref(), &[vaddr]).ok()?;
+                let row = table.rows()[..table.rows().partition_point(|row| row.pc <= vaddr)]
+                    .last()
+                    .copied()?;
+                match row.cfa_rule {
+                    cfa::NOT_LOADED => None,
+                    cfa::NOT_COVERED => Some(Lookup::NotCovered),
+                    _ => {
+                        needed.push(pc);
+                        Some(Lookup::Row(row))
+                    }
+                }
+            })
+        };
+        let read = |index| maps.read_chunk(index);
+        let mut frames = [0u64; MAX_USER_STACK_DEPTH];
+        early::walk_copy(&mappings, Some(&read), stack, &mut frames, &mut fill);
+        needed.truncate(MAX_PCS_PER_REQUEST);
+        needed
     }
 
     /// Points every process whose mappings use the table at `from` at `to`
@@ -232,6 +291,34 @@ impl<M: TableMaps> TableLoader<M> {
             .get(key)
             .is_some_and(|loaded| loaded.sparse.is_some())
     }
+}
+
+/// The bytes of `key`'s file: kept from its last growth (a process's
+/// functions come one round trip after another, each a growth), else read
+/// again (its parts for unwinding; its content id is known): the same
+/// bytes, or it changed and is not grown.
+fn kept_file(
+    growing: &mut Vec<(FileKey, FileData)>,
+    pid: u32,
+    key: &FileKey,
+    mapping: &Mapping,
+    files: &mut dyn FileSource,
+) -> Option<FileData> {
+    if let Some(at) = growing.iter().position(|(kept, _)| kept == key) {
+        let kept = growing.remove(at);
+        let data = kept.1.clone();
+        growing.push(kept);
+        return Some(data);
+    }
+    let (opened, data) = files.open(pid, mapping)?;
+    if opened != *key {
+        return None;
+    }
+    if growing.len() >= KEPT_FILES {
+        growing.remove(0);
+    }
+    growing.push((opened, data.clone()));
+    Some(data)
 }
 
 #[cfg(test)]

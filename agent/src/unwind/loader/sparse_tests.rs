@@ -7,6 +7,8 @@ use hostprof_common::unwind::{self, Lookup, Sorted, cfa};
 
 use super::super::tests::{FakeMaps, OwnExe};
 use super::*;
+use crate::unwind::early::{self, StackCopy};
+use hostprof_unwind::UnwindRow;
 
 const START: u64 = 0x10_0000;
 
@@ -94,23 +96,23 @@ fn a_large_files_table_grows_by_the_functions_walks_stop_at_in_every_process() {
         .iter()
         .map(|&vaddr| bias + u64::from(vaddr))
         .collect();
-    loader.add_functions(1, &pcs, &mut files);
+    loader.add_functions(1, &pcs, &[], &mut files);
     let grown = loader.stats();
     assert_eq!(grown.sparse_growths, 1);
     assert_eq!((grown.tables, grown.sparse_tables), (1, 1));
     assert!(grown.rows > first.rows);
     // Asked again (samples taken before the growth landed): nothing to do.
-    loader.add_functions(2, &pcs[..1], &mut files);
+    loader.add_functions(2, &pcs[..1], &[], &mut files);
     assert_eq!(loader.stats().sparse_growths, 1);
     // A function past the file's mapping, or of a process without a
     // sparse table: ignored.
-    loader.add_functions(1, &[START - 1], &mut files);
-    loader.add_functions(3, &pcs, &mut files);
+    loader.add_functions(1, &[START - 1], &[], &mut files);
+    loader.add_functions(3, &pcs, &[], &mut files);
     assert_eq!(loader.stats().sparse_growths, 1);
     // The next function, asked for by the other process: the file kept
     // from the last growth, not read again.
     let opened = files.1;
-    loader.add_functions(2, &[bias + u64::from(wanted[3])], &mut files);
+    loader.add_functions(2, &[bias + u64::from(wanted[3])], &[], &mut files);
     assert_eq!(loader.stats().sparse_growths, 2);
     assert_eq!(files.1, opened, "the file was read again");
     let used = loader.stats().bytes_used;
@@ -155,6 +157,70 @@ fn whole_tables_unless_the_loader_is_made_sparse() {
     assert_eq!(stats.sparse_tables, 0);
     assert!(stats.rows > 10_000, "{} rows", stats.rows);
     // A pc asked for in a whole table: nothing to grow.
-    loader.add_functions(1, &[START + 0x1000], &mut files);
+    loader.add_functions(1, &[START + 0x1000], &[], &mut files);
     assert_eq!(loader.stats().sparse_growths, 0);
+}
+
+#[test]
+fn a_stack_copy_brings_every_function_its_walk_needs_in_one_growth() {
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let data: &[u8] = (*exe).as_ref();
+    let whole = table::build(data).unwrap();
+    // Rows of four functions far apart whose caller's frame is found from
+    // sp alone: the return address saved at cfa + offset.
+    let framed: Vec<UnwindRow> = whole
+        .rows()
+        .iter()
+        .filter(|row| {
+            row.cfa_rule == cfa::SP
+                && row.cfa_offset > 0
+                && row.ra_rule == unwind::reg::AT_CFA
+                && row.fp_rule != unwind::reg::UNKNOWN
+        })
+        .step_by(3000)
+        .take(4)
+        .copied()
+        .collect();
+    assert_eq!(framed.len(), 4);
+    // A stack in which each calls the one before, the leaf in the first,
+    // the outermost returning to 0 (the end).
+    const SP: u64 = 0x7f00_0000;
+    let mut stack = vec![0u8; 64 << 10];
+    let mut sp = SP;
+    for (at, row) in framed.iter().enumerate() {
+        let cfa = sp + row.cfa_offset as u64;
+        let ra = framed
+            .get(at + 1)
+            .map_or(0, |next| START + u64::from(next.pc) + 1);
+        let slot = (cfa.wrapping_add_signed(i64::from(row.ra_offset)) - SP) as usize;
+        stack[slot..slot + 8].copy_from_slice(&ra.to_le_bytes());
+        sp = cfa;
+    }
+    stack.truncate((sp - SP) as usize + 64);
+    let leaf = START + u64::from(framed[0].pc);
+    let copy = StackCopy::new([leaf, SP, 0, 0], &stack);
+
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(exe.clone(), 0);
+    let mut loader = TableLoader::new(&mut maps, 4096).with_sparse(true);
+    loader.load_process(1, &[whole_file()], &mut files).unwrap();
+    // The kernel's walk stopped at the leaf; the copy came with the ask.
+    loader.add_functions(1, &[leaf], std::slice::from_ref(&copy), &mut files);
+    assert_eq!(loader.stats().sparse_growths, 1, "one growth for the stack");
+    drop(loader);
+    for row in &framed {
+        let Lookup::Row(loaded) = lookup(&maps, 1, START + u64::from(row.pc)) else {
+            panic!("no row at {:#x}", row.pc);
+        };
+        assert_eq!(unwind::UnwindRule::of(&loaded), unwind::UnwindRule::of(row));
+    }
+    // And the walk the kernel would do now goes through all four.
+    let mappings = *maps.processes[&1];
+    let read = |index: u32| maps.chunks.get(&index).map(|chunk| **chunk);
+    let mut frames = [0u64; 16];
+    let (len, _) = early::walk_copy(&mappings, Some(&read), &copy, &mut frames, &mut |_| None);
+    let expected: Vec<u64> = std::iter::once(leaf)
+        .chain(framed[1..].iter().map(|row| START + u64::from(row.pc) + 1))
+        .collect();
+    assert_eq!(frames[..len.min(4)], expected[..]);
 }

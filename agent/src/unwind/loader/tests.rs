@@ -25,6 +25,9 @@ impl TableMaps for &mut FakeMaps {
     fn process(&self, tgid: u32) -> Option<ProcessMappings> {
         self.processes.get(&tgid).map(|mappings| **mappings)
     }
+    fn read_chunk(&self, index: u32) -> Option<RowChunk> {
+        self.chunks.get(&index).map(|chunk| **chunk)
+    }
 }
 
 /// Every mapping is our own executable, under the key its inode names;
