@@ -22,7 +22,7 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment};
 
 mod sparse;
-pub use sparse::{build_sparse, cfi_bytes};
+pub use sparse::{FdeIndex, build_sparse, build_sparse_with, cfi_bytes, fde_index};
 
 /// Why a file has no table.
 #[derive(Debug)]

@@ -24,6 +24,76 @@ pub fn cfi_bytes(data: &[u8]) -> Option<u64> {
 /// address no FDE covers gets a [`cfa::NOT_COVERED`] row (frame pointers
 /// may walk it), so it is not asked for again.
 pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError> {
+    build_sparse_with(data, pcs, None)
+}
+
+/// The FDEs of a file's `.eh_frame` by address, for a file without a
+/// usable `.eh_frame_hdr` (gcc links static binaries without one): made
+/// once by a scan of the FDEs' headers ([`fde_index`]), it lets every
+/// later [`build_sparse_with`] of the file find its functions as the
+/// header would, where each had scanned every FDE (a growth of a 20,000
+/// function static binary's table, or each frame of a walk that finds the
+/// functions a stack needs).
+#[derive(Clone, Debug, Default)]
+pub struct FdeIndex {
+    /// (first address, length, offset in `.eh_frame`), by address.
+    fdes: Vec<(u32, u32, u32)>,
+}
+
+impl FdeIndex {
+    /// Bytes it takes.
+    pub fn bytes(&self) -> usize {
+        self.fdes.len() * size_of::<(u32, u32, u32)>()
+    }
+
+    /// Where the FDE holding `pc` is in `.eh_frame`.
+    fn offset_of(&self, pc: u64) -> Option<usize> {
+        let after = self
+            .fdes
+            .partition_point(|&(start, _, _)| u64::from(start) <= pc);
+        let &(start, len, offset) = self.fdes.get(after.checked_sub(1)?)?;
+        (pc - u64::from(start) < u64::from(len)).then_some(offset as usize)
+    }
+}
+
+/// The index of `data`'s FDEs, when it has `.eh_frame` and no usable
+/// `.eh_frame_hdr` (which is one already).
+pub fn fde_index(data: &[u8]) -> Option<FdeIndex> {
+    let image = Image::parse(data).ok()?;
+    let (eh_frame, bases) = image.eh_frame()?;
+    if header_table(&image, &bases).is_some() {
+        return None;
+    }
+    let mut fdes = Vec::new();
+    collect(
+        image.arch,
+        &eh_frame,
+        &bases,
+        |fde| {
+            let fits = (
+                u32::try_from(fde.initial_address()),
+                u32::try_from(fde.len()),
+                u32::try_from(fde.offset()),
+            );
+            if let (Ok(start), Ok(len), Ok(offset)) = fits {
+                fdes.push((start, len, offset));
+            }
+            false
+        },
+        cfa::NOT_LOADED,
+        &mut Vec::new(),
+    );
+    fdes.sort_unstable();
+    Some(FdeIndex { fdes })
+}
+
+/// [`build_sparse`], its functions found through `index` (of this file's
+/// FDEs, [`fde_index`]) when the file has no header.
+pub fn build_sparse_with(
+    data: &[u8],
+    pcs: &[u32],
+    index: Option<&FdeIndex>,
+) -> Result<UnwindTable, TableError> {
     let image = Image::parse(data)?;
     if image.is_go() {
         return Ok(image.frame_pointers());
@@ -41,7 +111,19 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
     };
     let found_cfi = if let Some((eh_frame, bases)) = image.eh_frame() {
         // A first table (no function yet) needs no FDE at all.
-        if !wanted.is_empty() && !sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows) {
+        let found = wanted.is_empty()
+            || sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows)
+            || index.is_some_and(|index| {
+                let find = |pc: u64| {
+                    let offset = gimli::EhFrameOffset(index.offset_of(pc)?);
+                    eh_frame
+                        .fde_from_offset(&bases, offset, EhFrame::cie_from_offset)
+                        .ok()
+                };
+                fdes_rows(image.arch, &eh_frame, &bases, &wanted, find, &mut rows);
+                true
+            });
+        if !found {
             collect(
                 arch,
                 &eh_frame,
@@ -77,8 +159,27 @@ pub fn build_sparse(data: &[u8], pcs: &[u32]) -> Result<UnwindTable, TableError>
     Ok(image.table(rows))
 }
 
+/// `.eh_frame_hdr`'s parsed header and the base addresses it needs, when
+/// it has a search table.
+fn header_table<'a>(
+    image: &Image<'a>,
+    bases: &BaseAddresses,
+) -> Option<(
+    gimli::ParsedEhFrameHdr<EndianSlice<'a, RunTimeEndian>>,
+    BaseAddresses,
+)> {
+    let section = image.file.section_by_name(".eh_frame_hdr")?;
+    let bytes = section.data().ok()?;
+    let bases = bases.clone().set_eh_frame_hdr(section.address());
+    let header = gimli::EhFrameHdr::new(bytes, image.endian)
+        .parse(&bases, 8)
+        .ok()?;
+    header.table()?;
+    Some((header, bases))
+}
+
 /// The rows of the FDEs holding `wanted`, found through `.eh_frame_hdr`;
-/// false when the file has no usable header table (scan instead).
+/// false when the file has no usable header table.
 fn sparse_by_header<'a>(
     image: &Image<'a>,
     eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
@@ -86,42 +187,42 @@ fn sparse_by_header<'a>(
     wanted: &[u32],
     rows: &mut Vec<UnwindRow>,
 ) -> bool {
-    let Some(section) = image.file.section_by_name(".eh_frame_hdr") else {
-        return false;
-    };
-    let Ok(bytes) = section.data() else {
-        return false;
-    };
-    let bases = bases.clone().set_eh_frame_hdr(section.address());
-    let Ok(header) = gimli::EhFrameHdr::new(bytes, image.endian).parse(&bases, 8) else {
+    let Some((header, bases)) = header_table(image, bases) else {
         return false;
     };
     let Some(table) = header.table() else {
         return false;
     };
+    let find = |pc: u64| {
+        table
+            .fde_for_address(eh_frame, &bases, pc, EhFrame::cie_from_offset)
+            .ok()
+    };
+    fdes_rows(image.arch, eh_frame, &bases, wanted, find, rows);
+    true
+}
+
+/// The rows of the FDEs holding `wanted`, each FDE found by `find`.
+fn fdes_rows<'a>(
+    arch: Arch,
+    eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
+    bases: &BaseAddresses,
+    wanted: &[u32],
+    mut find: impl FnMut(u64) -> Option<gimli::FrameDescriptionEntry<EndianSlice<'a, RunTimeEndian>>>,
+    rows: &mut Vec<UnwindRow>,
+) {
     let mut ctx = Box::new(UnwindContext::new());
     let mut done: Vec<u64> = Vec::new();
     for &pc in wanted {
-        let Ok(fde) =
-            table.fde_for_address(eh_frame, &bases, u64::from(pc), EhFrame::cie_from_offset)
-        else {
+        let Some(fde) = find(u64::from(pc)) else {
             continue;
         };
         if done.contains(&fde.initial_address()) {
             continue;
         }
         done.push(fde.initial_address());
-        fde_rows(
-            image.arch,
-            eh_frame,
-            &bases,
-            &mut ctx,
-            &fde,
-            cfa::NOT_LOADED,
-            rows,
-        );
+        fde_rows(arch, eh_frame, bases, &mut ctx, &fde, cfa::NOT_LOADED, rows);
     }
-    true
 }
 
 fn not_loaded(pc: u32) -> UnwindRow {

@@ -159,3 +159,39 @@ fn a_damaged_file_gives_a_sorted_table_or_an_error_never_a_panic() {
         }
     }
 }
+
+#[test]
+fn a_file_without_a_header_finds_its_functions_through_its_index() {
+    // This executable with its `.eh_frame_hdr` renamed away: a file as
+    // gcc links static binaries.
+    let data = own_executable();
+    assert!(fde_index(&data).is_none(), "the header is an index already");
+    let mut bare = data.clone();
+    let name = b".eh_frame_hdr\0";
+    let at = bare
+        .windows(name.len())
+        .position(|window| window == name)
+        .expect("the section's name");
+    bare[at + name.len() - 2] = b'X';
+    let index = fde_index(&bare).expect("an index of a file without a header");
+    let whole = build(&data).unwrap();
+    let pcs = function_pcs(whole.rows(), 1);
+    // One entry per FDE: at least one per function end the whole table
+    // marks, at most one per row.
+    let fdes = index.bytes() / 12;
+    let ends = whole.rows().iter().filter(|row| is_marker(row)).count();
+    assert!(
+        (ends..=pcs.len()).contains(&fdes),
+        "{fdes} FDEs, {ends} ends"
+    );
+    // Every function asked for: the rules the header's search finds.
+    let by_header = build_sparse(&data, &pcs).unwrap();
+    let by_index = build_sparse_with(&bare, &pcs, Some(&index)).unwrap();
+    assert_eq!(by_index.rows(), by_header.rows());
+    // A few: the same rows as a scan of every FDE finds.
+    let few = function_pcs(whole.rows(), 997);
+    let scanned = build_sparse(&bare, &few).unwrap();
+    let indexed = build_sparse_with(&bare, &few, Some(&index)).unwrap();
+    assert_eq!(indexed.rows(), scanned.rows());
+    assert!(indexed.rows().len() < whole.rows().len() / 10);
+}

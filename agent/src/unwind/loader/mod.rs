@@ -141,7 +141,7 @@ pub struct TableLoader<M: TableMaps> {
     /// Per process: its mappings whose tables are built for the code that runs.
     sparse_slots: HashMap<u32, Vec<sparse::Slot>>,
     /// The files of the tables grown last, oldest first (see `sparse`).
-    growing: Vec<(FileKey, FileData)>,
+    growing: Vec<sparse::Kept>,
     stats: LoaderStats,
 }
 
@@ -599,7 +599,7 @@ impl<M: TableMaps> TableLoader<M> {
         }
         loaded.idle_seq = Some(self.idle_seq);
         // No process left to grow it for.
-        self.growing.retain(|(kept, _)| kept != key);
+        self.growing.retain(|kept| kept.key != *key);
         self.idle.insert(self.idle_seq, key.clone());
         self.idle_seq += 1;
         self.stats.idle_tables += 1;

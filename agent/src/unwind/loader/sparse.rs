@@ -34,7 +34,8 @@ const MAX_PCS: usize = 4096;
 /// (an image of its size, its CFI copied in) was most of a growth's cost on
 /// a saturated host, and a new process's functions come one round trip
 /// after another. Their other pages are never touched: about their CFI's
-/// size each.
+/// size each, and an index of their FDEs (12 bytes each) when they have no
+/// `.eh_frame_hdr`.
 const KEPT_FILES: usize = 8;
 
 /// Addresses asked for per request at most (the reader asks once per
@@ -164,10 +165,10 @@ impl<M: TableMaps> TableLoader<M> {
             self.stats.sparse_full += 1;
             return;
         }
-        let Some(data) = self.file_of(pid, key, mapping, files) else {
+        let Some(kept) = kept_file(&mut self.growing, pid, key, mapping, files) else {
             return;
         };
-        let Ok(table) = table::build_sparse((*data).as_ref(), &pcs) else {
+        let Ok(table) = kept.build(&pcs) else {
             return;
         };
         let Some(mut grown) = self.store(&table) else {
@@ -192,16 +193,6 @@ impl<M: TableMaps> TableLoader<M> {
         self.loaded.insert(key.clone(), grown);
         self.repoint(key, from, to);
         self.free_range(old.first_chunk, old.chunks);
-    }
-
-    fn file_of(
-        &mut self,
-        pid: u32,
-        key: &FileKey,
-        mapping: &Mapping,
-        files: &mut dyn FileSource,
-    ) -> Option<FileData> {
-        kept_file(&mut self.growing, pid, key, mapping, files)
     }
 
     /// The addresses in `pid`'s sparse tables of the functions the walk of
@@ -229,8 +220,8 @@ impl<M: TableMaps> TableLoader<M> {
                     .iter()
                     .find(|slot| (slot.start..slot.end).contains(&pc))?;
                 let vaddr = u32::try_from(pc.wrapping_sub(slot.bias)).ok()?;
-                let data = kept_file(growing, pid, &slot.key, &slot.mapping, files)?;
-                let table = table::build_sparse((*data).as_ref(), &[vaddr]).ok()?;
+                let kept = kept_file(growing, pid, &slot.key, &slot.mapping, files)?;
+                let table = kept.build(&[vaddr]).ok()?;
                 let row = table.rows()[..table.rows().partition_point(|row| row.pc <= vaddr)]
                     .last()
                     .copied()?;
@@ -293,22 +284,37 @@ impl<M: TableMaps> TableLoader<M> {
     }
 }
 
-/// The bytes of `key`'s file: kept from its last growth (a process's
-/// functions come one round trip after another, each a growth), else read
-/// again (its parts for unwinding; its content id is known): the same
-/// bytes, or it changed and is not grown.
-fn kept_file(
-    growing: &mut Vec<(FileKey, FileData)>,
+/// A file kept between growths of its table.
+pub(super) struct Kept {
+    pub(super) key: FileKey,
+    data: FileData,
+    /// Its FDEs by address when it has no `.eh_frame_hdr`: made once, each
+    /// growth finds its functions without a scan of them all.
+    index: Option<table::FdeIndex>,
+}
+
+impl Kept {
+    /// Its table for the code at `pcs`.
+    fn build(&self, pcs: &[u32]) -> Result<table::UnwindTable, table::TableError> {
+        table::build_sparse_with((*self.data).as_ref(), pcs, self.index.as_ref())
+    }
+}
+
+/// `key`'s file: kept from its last growth (a process's functions come
+/// one round trip after another, each a growth), else read again (its
+/// parts for unwinding; its content id is known): the same bytes, or it
+/// changed and is not grown.
+fn kept_file<'a>(
+    growing: &'a mut Vec<Kept>,
     pid: u32,
     key: &FileKey,
     mapping: &Mapping,
     files: &mut dyn FileSource,
-) -> Option<FileData> {
-    if let Some(at) = growing.iter().position(|(kept, _)| kept == key) {
+) -> Option<&'a Kept> {
+    if let Some(at) = growing.iter().position(|kept| kept.key == *key) {
         let kept = growing.remove(at);
-        let data = kept.1.clone();
         growing.push(kept);
-        return Some(data);
+        return growing.last();
     }
     let (opened, data) = files.open(pid, mapping)?;
     if opened != *key {
@@ -317,8 +323,13 @@ fn kept_file(
     if growing.len() >= KEPT_FILES {
         growing.remove(0);
     }
-    growing.push((opened, data.clone()));
-    Some(data)
+    let index = table::fde_index((*data).as_ref());
+    growing.push(Kept {
+        key: opened,
+        data,
+        index,
+    });
+    growing.last()
 }
 
 #[cfg(test)]
