@@ -2,8 +2,8 @@
 //! weight of 110 against each busy process's 1024: on a 2-CPU node with
 //! 200 busy processes about 1 ms of CPU a second, seven process loads in
 //! 80 s (`cargo xtask bench --only scale --copies 200`), so most stacks
-//! stayed incomplete for good. Now it runs ahead of them (`nice` -10, as
-//! `record` does) but within a budget of its own CPU time: [`SHARE`] of
+//! stayed incomplete for good. Now it runs ahead of them (`nice`
+//! [`super::TABLES_NICE`], as `record`'s does) but within a budget of its own CPU time: [`SHARE`] of
 //! one CPU over its life, with [`BURST`] of it up front, so a start or a
 //! wave of new binaries is served at once and a steady churn of execs
 //! costs the node at most [`SHARE`].
@@ -14,9 +14,6 @@ pub const SHARE: f64 = 0.05;
 /// CPU time it may use ahead of that average (the first tables of a
 /// start, a deploy's new binaries).
 pub const BURST: Duration = Duration::from_secs(3);
-
-/// The thread's `nice` under the budget.
-pub const NICE: i32 = -10;
 
 /// A thread's spending against the budget.
 pub struct CpuBudget {
