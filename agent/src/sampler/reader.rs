@@ -181,15 +181,11 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
     // SAFETY: all-zero is a valid `Sample` (integers only).
     let mut scratch: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
     while let Some(record) = ring.next() {
-        if !batch.push(&record, &mut scratch) {
+        let pushed = batch.push(&record, &mut scratch);
+        if !pushed {
             stats.malformed += 1;
-        } else if let Some(ask) = &copies.tables {
-            if super::needs_tables(scratch.flags) {
-                ask(scratch.tgid, None);
-            } else if let Some(pc) = super::function_wanted(&scratch) {
-                ask(scratch.tgid, Some(pc));
-            }
         }
+        let mut held = false;
         // A stack-copy record's registers and stack are read once, for
         // both sinks.
         if let Some(mut copy) = super::decode_early_copy(&record) {
@@ -223,9 +219,20 @@ fn drain(ring: &mut RingBuf<MapData>, copies: &CopySinks, stats: &mut ReaderStat
             }
             if let Some(early) = early {
                 stats.early_copies += 1;
-                if let Err(TrySendError::Full(_)) = early.try_send(copy) {
-                    stats.early_copies_dropped += 1;
+                match early.try_send(copy) {
+                    Ok(()) => held = true,
+                    Err(TrySendError::Full(_)) => stats.early_copies_dropped += 1,
+                    Err(TrySendError::Disconnected(_)) => {}
                 }
+            }
+        }
+        if pushed && let Some(ask) = &copies.tables {
+            if super::needs_tables(scratch.flags) {
+                ask(scratch.tgid, None);
+            } else if let Some(pc) = super::function_wanted(&scratch).filter(|_| !held) {
+                // A held copy asks itself, its stack along (the functions
+                // its callers need come in the same growth).
+                ask(scratch.tgid, Some(pc));
             }
         }
     }
