@@ -89,6 +89,28 @@ fn thread_capabilities(pid: u32) -> Vec<(String, u64, u64)> {
     threads
 }
 
+/// (thread name, nice) of every thread of `pid`.
+fn thread_nices(pid: u32) -> Vec<(String, i64)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the name (which may hold spaces): state is 3rd,
+        // nice the 19th.
+        let after = stat.rsplit_once(") ").map_or("", |(_, after)| after);
+        let nice = after
+            .split(' ')
+            .nth(16)
+            .and_then(|nice| nice.parse().ok())
+            .unwrap_or(i64::MAX);
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        threads.push((name.trim().to_owned(), nice));
+    }
+    threads
+}
+
 /// Every BPF program loaded in the kernel, by id.
 fn loaded_program_ids() -> Vec<u32> {
     aya::programs::loaded_programs()
@@ -179,7 +201,15 @@ fn sigterm_detaches_every_bpf_program_and_exits() {
             assert_eq!(permitted & (1 << bit), 0, "{thread} may regain {name}");
         }
         assert_ne!(effective & (1 << 19), 0, "{thread} lost CAP_SYS_PTRACE");
+        assert_eq!(effective & (1 << 23), 0, "{thread} still has CAP_SYS_NICE");
     }
+    // Without CAP_SYS_NICE, the table thread still runs ahead of the
+    // host's busy processes (within its CPU budget); the others do not.
+    let nice = thread_nices(agent.pid());
+    let tables = nice.iter().find(|(thread, _)| thread == "hostprof-unwind");
+    assert_eq!(tables.map(|(_, nice)| *nice), Some(-20), "{nice:?}");
+    let raised = nice.iter().filter(|(_, nice)| *nice < 0).count();
+    assert_eq!(raised, 1, "{nice:?}");
     // ... and still samples and reads its counters.
     let now = agent.wait_for_samples_above(0);
     agent.wait_for_samples_above(now);

@@ -36,6 +36,13 @@ pub const KEPT_FOR_MAPS: (Capability, &str) = (
      CAP_PERFMON it loads no tracing program",
 );
 
+/// Kept after setup only until the table thread has raised its priority
+/// (see [`drop_nice`]).
+pub const KEPT_FOR_PRIORITY: (Capability, &str) = (
+    Capability::CAP_SYS_NICE,
+    "raise the unwind table thread's priority (then dropped)",
+);
+
 /// True when this kernel refuses a `bpf()` map operation to a thread
 /// without `CAP_BPF` and `CAP_SYS_ADMIN`. Linux 5.10 checks
 /// `kernel.unprivileged_bpf_disabled` on entry to every command; newer
@@ -73,26 +80,45 @@ pub fn map_access_needs_cap_bpf() -> bool {
 /// Drops every capability but [`KEPT`] (and [`KEPT_FOR_MAPS`] when
 /// `keep_bpf`) from the effective, permitted, inheritable and ambient sets
 /// (and the bounding set, when allowed to): nothing dropped can come back.
-/// Returns the capabilities still effective.
+/// [`KEPT_FOR_PRIORITY`] stays in the effective and permitted sets for
+/// the table thread, which is started next, raises itself and drops it
+/// (as the caller does once it is started: [`drop_nice`]). Returns the
+/// capabilities still effective.
 pub fn drop_after_setup(keep_bpf: bool) -> Result<CapsHashSet, caps::errors::CapsError> {
     let mut kept: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
     if keep_bpf {
         kept.insert(KEPT_FOR_MAPS.0);
     }
+    let bounded = kept.clone();
+    kept.insert(KEPT_FOR_PRIORITY.0);
     // The bounding set first: changing it needs CAP_SETPCAP, dropped below.
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)? {
         for cap in caps::read(None, CapSet::Bounding)? {
-            if !kept.contains(&cap) {
+            if !bounded.contains(&cap) {
                 caps::drop(None, CapSet::Bounding, cap)?;
             }
         }
     }
     caps::clear(None, CapSet::Ambient)?;
-    for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+    for (set, keep) in [
+        (CapSet::Inheritable, &bounded),
+        (CapSet::Effective, &kept),
+        (CapSet::Permitted, &kept),
+    ] {
         let now = caps::read(None, set)?;
-        caps::set(None, set, &now.intersection(&kept).copied().collect())?;
+        caps::set(None, set, &now.intersection(keep).copied().collect())?;
     }
     caps::read(None, CapSet::Effective)
+}
+
+/// Drops [`KEPT_FOR_PRIORITY`] from the calling thread for good (threads
+/// it starts from now on do not have it either).
+pub fn drop_nice() {
+    for set in [CapSet::Effective, CapSet::Permitted] {
+        if let Err(err) = caps::drop(None, set, KEPT_FOR_PRIORITY.0) {
+            tracing::warn!("cannot drop CAP_SYS_NICE: {err}");
+        }
+    }
 }
 
 #[cfg(test)]

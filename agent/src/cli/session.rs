@@ -198,6 +198,11 @@ impl<T: Send + 'static> Session<T> {
             }
             UnwindMode::FramePointers => (None, None, None),
         };
+        if mode == Mode::Agent {
+            // The table thread has raised its priority: the only use of
+            // CAP_SYS_NICE after setup.
+            crate::privileges::drop_nice();
+        }
         // Samples taken before their process's tables were loaded: their
         // stack copies wait in a bounded queue, in memory only.
         let (early_tx, early) = match mirror {

@@ -294,6 +294,7 @@ pub fn spawn_service(
         mirror: mirror.clone(),
     };
     let (preloaded_tx, preloaded) = mpsc::sync_channel(1);
+    let (raised_tx, raised) = mpsc::sync_channel(1);
     let stats: SharedStats = Arc::default();
     let published = stats.clone();
     let shared = Arc::new(Shared::default());
@@ -301,11 +302,21 @@ pub fn spawn_service(
     std::thread::Builder::new()
         .name("hostprof-unwind".into())
         .spawn(move || {
-            let nice = TABLES_NICE;
             let budget = background.then(|| budget::CpuBudget::new(budget::SHARE, budget::BURST));
             // SAFETY: setpriority on our own thread id. Without the right to
             // raise it (CAP_SYS_NICE) the call fails: normal priority then.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+            unsafe {
+                libc::setpriority(
+                    libc::PRIO_PROCESS,
+                    libc::gettid() as libc::id_t,
+                    TABLES_NICE,
+                )
+            };
+            if background {
+                // The agent kept it after setup for this alone.
+                crate::privileges::drop_nice();
+            }
+            let _ = raised_tx.send(());
             let cache = cache.and_then(|options| {
                 let dir = options.dir.clone();
                 let cache = cache::TableCache::open(options)
@@ -462,6 +473,9 @@ pub fn spawn_service(
                 publish(&published, loader.stats());
             }
         })?;
+    // Raised (and, in the agent, CAP_SYS_NICE dropped) before the caller
+    // goes on: it drops the capability next.
+    let _ = raised.recv();
     let requests = Requests {
         _closer: Arc::new(Closer(shared.clone())),
         shared,

@@ -66,7 +66,8 @@ pub struct SlowLane {
 }
 
 impl SlowLane {
-    /// Starts the lane's thread (at `nice` 10 when `background`); it ends
+    /// Starts the lane's thread (at `nice` 10 when `background`, else at
+    /// [`super::FOREGROUND_NICE`], not the table thread's); it ends
     /// when the lane is dropped.
     pub fn spawn(
         min_bytes: u64,
@@ -80,12 +81,15 @@ impl SlowLane {
         std::thread::Builder::new()
             .name("hostprof-unwind-large".into())
             .spawn(move || {
-                if background {
-                    // SAFETY: setpriority on our own thread id.
-                    unsafe {
-                        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10)
-                    };
-                }
+                let nice = if background {
+                    10
+                } else {
+                    super::FOREGROUND_NICE
+                };
+                // SAFETY: setpriority on our own thread id.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice)
+                };
                 for (stat, file) in queue {
                     let slot = match work(file) {
                         Some(built) => Slot::Ready(Box::new(built)),

@@ -196,9 +196,10 @@ fn base_cpio(dir: &Path) -> Result<std::path::PathBuf> {
 
 /// The guest's capability sets, as /proc/PID/status prints them: bounding
 /// = the unit's CapabilityBoundingSet (CAP_DAC_READ_SEARCH 2, SYS_PTRACE 19,
-/// SYS_RESOURCE 24, SYSLOG 34, PERFMON 38, BPF 39, CHECKPOINT_RESTORE 40);
-/// effective = the four the agent keeps once its programs are attached.
-const CAP_BOUNDING: &str = "000001c401080004";
+/// SYS_NICE 23, SYS_RESOURCE 24, SYSLOG 34, PERFMON 38, BPF 39,
+/// CHECKPOINT_RESTORE 40); effective = the four the agent keeps once its
+/// programs are attached (and its table thread raised).
+const CAP_BOUNDING: &str = "000001c401880004";
 const CAP_KEPT: &str = "0000010400080004";
 /// The unit's MemoryMax=1G in the cgroup.
 const MEMORY_MAX: &str = "1073741824";
