@@ -383,6 +383,12 @@ pub(crate) fn bench_scale(hostprof: &Path, dir: &Path, count: usize) -> Result<(
         agent.map_mib,
         agent.rss_mib + agent.map_mib
     );
+    let stopped: Vec<String> = agent
+        .stopped
+        .iter()
+        .map(|(event, count)| format!("{} {count}", event.trim_start_matches("unwind_")))
+        .collect();
+    println!("{:<24} stopped short: {}", "", stopped.join(", "));
     let bytes: u64 = fs::read_dir(&cache)?
         .flatten()
         .filter_map(|entry| entry.metadata().ok())

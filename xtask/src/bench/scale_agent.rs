@@ -29,6 +29,8 @@ pub(super) struct AgentRun {
     /// User stacks the kernel walked to their end, of all it walked.
     pub complete: u64,
     pub walked: u64,
+    /// The others, by why they stopped (kernel event name, count).
+    pub stopped: Vec<(&'static str, u64)>,
     pub rss_mib: f64,
     pub map_mib: f64,
     /// Process loads (mappings and tables into the kernel) by the
@@ -84,11 +86,28 @@ pub(super) fn agent_after(hostprof: &Path, copies: &[PathBuf], cache: &Path) -> 
     Ok(AgentRun {
         complete: delta("unwind_complete"),
         walked: delta("unwind_tables") + delta("unwind_unknown_process"),
+        stopped: STOPS
+            .iter()
+            .map(|&event| (event, delta(event)))
+            .filter(|&(_, count)| count > 0)
+            .collect(),
         rss_mib: rss,
         map_mib: metric(&after, "hostprof_bpf_map_bytes") as f64 / (1 << 20) as f64,
         loads: metric(&after, "hostprof_unwind_process_loads_total"),
     })
 }
+
+/// Why the kernel's walks that did not reach their end stopped.
+const STOPS: [&str; 8] = [
+    "unwind_unknown_process",
+    "unwind_not_loaded",
+    "unwind_no_mapping",
+    "unwind_pc_not_covered",
+    "unwind_read_fault",
+    "unwind_bad_frame",
+    "unwind_no_table",
+    "unwind_depth_limit",
+];
 
 /// The agent's `/metrics` text.
 fn scrape(port: u16) -> Result<String> {
