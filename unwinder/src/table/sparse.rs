@@ -61,7 +61,7 @@ impl FdeIndex {
 pub fn fde_index(data: &[u8]) -> Option<FdeIndex> {
     let image = Image::parse(data).ok()?;
     let (eh_frame, bases) = image.eh_frame()?;
-    if header_table(&image, &bases).is_some() {
+    if HeaderTable::of(&image).is_some() {
         return None;
     }
     let mut fdes = Vec::new();
@@ -111,16 +111,15 @@ pub fn build_sparse_with(
     };
     let found_cfi = if let Some((eh_frame, bases)) = image.eh_frame() {
         // A first table (no function yet) needs no FDE at all.
+        let offsets: Option<Box<dyn Fn(u64) -> Option<usize> + '_>> =
+            match (HeaderTable::of(&image), index) {
+                (Some(header), _) => Some(Box::new(move |pc| header.offset_of(pc))),
+                (None, Some(index)) => Some(Box::new(|pc| index.offset_of(pc))),
+                (None, None) => None,
+            };
         let found = wanted.is_empty()
-            || sparse_by_header(&image, &eh_frame, &bases, &wanted, &mut rows)
-            || index.is_some_and(|index| {
-                let find = |pc: u64| {
-                    let offset = gimli::EhFrameOffset(index.offset_of(pc)?);
-                    eh_frame
-                        .fde_from_offset(&bases, offset, EhFrame::cie_from_offset)
-                        .ok()
-                };
-                fdes_rows(image.arch, &eh_frame, &bases, &wanted, find, &mut rows);
+            || offsets.is_some_and(|offset_of| {
+                fdes_rows(arch, &eh_frame, &bases, &wanted, offset_of, &mut rows);
                 true
             });
         if !found {
@@ -159,65 +158,109 @@ pub fn build_sparse_with(
     Ok(image.table(rows))
 }
 
-/// `.eh_frame_hdr`'s parsed header and the base addresses it needs, when
-/// it has a search table.
-fn header_table<'a>(
-    image: &Image<'a>,
-    bases: &BaseAddresses,
-) -> Option<(
-    gimli::ParsedEhFrameHdr<EndianSlice<'a, RunTimeEndian>>,
-    BaseAddresses,
-)> {
-    let section = image.file.section_by_name(".eh_frame_hdr")?;
-    let bytes = section.data().ok()?;
-    let bases = bases.clone().set_eh_frame_hdr(section.address());
-    let header = gimli::EhFrameHdr::new(bytes, image.endian)
-        .parse(&bases, 8)
-        .ok()?;
-    header.table()?;
-    Some((header, bases))
+/// `.eh_frame_hdr`'s search table as linkers write it: a count
+/// (`udata4`), then (first address, FDE address) pairs (`datarel sdata4`,
+/// from the header's own address), sorted. Read here with checked
+/// arithmetic: gimli's reading of a damaged header (a huge count, an FDE
+/// pointer below `.eh_frame`) overflows, a panic where overflow is
+/// checked (`cargo xtask fuzz`). Another encoding: no header (an index is
+/// made instead, [`fde_index`]).
+struct HeaderTable<'a> {
+    entries: &'a [u8],
+    /// Addresses of `.eh_frame_hdr` and of `.eh_frame`.
+    header: u64,
+    eh_frame: u64,
+    little: bool,
 }
 
-/// The rows of the FDEs holding `wanted`, found through `.eh_frame_hdr`;
-/// false when the file has no usable header table.
-fn sparse_by_header<'a>(
-    image: &Image<'a>,
-    eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
-    bases: &BaseAddresses,
-    wanted: &[u32],
-    rows: &mut Vec<UnwindRow>,
-) -> bool {
-    let Some((header, bases)) = header_table(image, bases) else {
-        return false;
-    };
-    let Some(table) = header.table() else {
-        return false;
-    };
-    let find = |pc: u64| {
-        table
-            .fde_for_address(eh_frame, &bases, pc, EhFrame::cie_from_offset)
-            .ok()
-    };
-    fdes_rows(image.arch, eh_frame, &bases, wanted, find, rows);
-    true
+impl<'a> HeaderTable<'a> {
+    fn of(image: &Image<'a>) -> Option<Self> {
+        const DATAREL_SDATA4: u8 = 0x3b;
+        const UDATA4: u8 = 0x03;
+        let section = image.file.section_by_name(".eh_frame_hdr")?;
+        let eh_frame = image.file.section_by_name(".eh_frame")?.address();
+        let bytes = section.data().ok()?;
+        let (&[version, pointer_enc, count_enc, table_enc], rest) = bytes.split_first_chunk()?;
+        if version != 1 || count_enc != UDATA4 || table_enc != DATAREL_SDATA4 {
+            return None;
+        }
+        // eh_frame_ptr, unused: the section header says where .eh_frame is.
+        let pointer_bytes = match pointer_enc & 0x0f {
+            0x03 | 0x0b => 4,
+            0x04 | 0x0c => 8,
+            _ => return None,
+        };
+        let little = matches!(image.endian, RunTimeEndian::Little);
+        let (count, table) = rest.get(pointer_bytes..)?.split_first_chunk::<4>()?;
+        let count = if little {
+            u32::from_le_bytes(*count)
+        } else {
+            u32::from_be_bytes(*count)
+        };
+        let entries = table.get(..usize::try_from(count).ok()?.checked_mul(8)?)?;
+        (!entries.is_empty()).then_some(HeaderTable {
+            entries,
+            header: section.address(),
+            eh_frame,
+            little,
+        })
+    }
+
+    /// Address `word` of entry `index` holds (0: first address, 1: FDE).
+    fn address(&self, index: usize, word: usize) -> Option<u64> {
+        let at = index.checked_mul(8)?.checked_add(word * 4)?;
+        let bytes: [u8; 4] = self.entries.get(at..at + 4)?.try_into().ok()?;
+        let value = if self.little {
+            i32::from_le_bytes(bytes)
+        } else {
+            i32::from_be_bytes(bytes)
+        };
+        self.header.checked_add_signed(i64::from(value))
+    }
+
+    /// Where the FDE for `pc` is in `.eh_frame` (the one starting last at
+    /// or below it: the caller checks it holds `pc`).
+    fn offset_of(&self, pc: u64) -> Option<usize> {
+        let count = self.entries.len() / 8;
+        let (mut low, mut high) = (0, count);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if self.address(mid, 0)? <= pc {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        let fde = self.address(low.checked_sub(1)?, 1)?;
+        usize::try_from(fde.checked_sub(self.eh_frame)?).ok()
+    }
 }
 
-/// The rows of the FDEs holding `wanted`, each FDE found by `find`.
+/// The rows of the FDEs holding `wanted`, each found at the offset in
+/// `.eh_frame` that `offset_of` gives.
 fn fdes_rows<'a>(
     arch: Arch,
     eh_frame: &EhFrame<EndianSlice<'a, RunTimeEndian>>,
     bases: &BaseAddresses,
     wanted: &[u32],
-    mut find: impl FnMut(u64) -> Option<gimli::FrameDescriptionEntry<EndianSlice<'a, RunTimeEndian>>>,
+    offset_of: impl Fn(u64) -> Option<usize>,
     rows: &mut Vec<UnwindRow>,
 ) {
     let mut ctx = Box::new(UnwindContext::new());
     let mut done: Vec<u64> = Vec::new();
     for &pc in wanted {
-        let Some(fde) = find(u64::from(pc)) else {
+        let pc = u64::from(pc);
+        let Some(offset) = offset_of(pc) else {
             continue;
         };
-        if done.contains(&fde.initial_address()) {
+        let Ok(fde) = eh_frame.fde_from_offset(
+            bases,
+            gimli::EhFrameOffset(offset),
+            EhFrame::cie_from_offset,
+        ) else {
+            continue;
+        };
+        if !fde.contains(pc) || done.contains(&fde.initial_address()) {
             continue;
         }
         done.push(fde.initial_address());
