@@ -24,10 +24,7 @@ pub(super) struct Queue {
     /// pid → addresses its walks stopped at for want of their functions'
     /// rows (see `loader::sparse`), at most
     /// [`MAX_PCS_PER_REQUEST`](super::loader::MAX_PCS_PER_REQUEST) each.
-    functions: HashMap<u32, Vec<u64>>,
-    /// pid → copies of stacks that stopped so, walked on by the service
-    /// (at most [`MAX_STACKS_PER_REQUEST`](super::loader::MAX_STACKS_PER_REQUEST)).
-    stacks: HashMap<u32, Vec<(u64, StackCopy)>>,
+    functions: HashMap<u32, Wanted>,
     /// Processes to load even if loaded a moment ago: a large file's
     /// table they wanted is ready (see `slow`).
     pub(super) forced: HashSet<u32>,
@@ -46,6 +43,16 @@ pub(super) enum Job {
     /// Add the functions its walks stopped at to its tables, and those
     /// the copies' walks need on from there.
     Functions(u32, Vec<u64>, Vec<StackCopy>),
+}
+
+/// What one process asked for: addresses its walks stopped at, and copies
+/// of stacks that stopped so (at most
+/// [`MAX_STACKS_PER_REQUEST`](super::loader::MAX_STACKS_PER_REQUEST), one
+/// per address), walked on by the service.
+#[derive(Debug, Default)]
+struct Wanted {
+    pcs: Vec<u64>,
+    stacks: Vec<(u64, StackCopy)>,
 }
 
 impl Queue {
@@ -77,14 +84,14 @@ impl Queue {
         if !self.functions.contains_key(&pid) && self.functions.len() >= MAX_PENDING {
             return false;
         }
-        let pcs = self.functions.entry(pid).or_default();
-        if !pcs.contains(&pc) && pcs.len() < super::loader::MAX_PCS_PER_REQUEST {
-            pcs.push(pc);
+        let wanted = self.functions.entry(pid).or_default();
+        if !wanted.pcs.contains(&pc) && wanted.pcs.len() < super::loader::MAX_PCS_PER_REQUEST {
+            wanted.pcs.push(pc);
         }
         // One copy per function asked for: the other samples that stopped
         // there most likely share its callers.
         if let Some(stack) = stack {
-            let stacks = self.stacks.entry(pid).or_default();
+            let stacks = &mut wanted.stacks;
             if stacks.len() < super::loader::MAX_STACKS_PER_REQUEST
                 && !stacks.iter().any(|(asked, _)| *asked == pc)
             {
@@ -107,8 +114,7 @@ impl Queue {
         // left 4.8 % of stacks whole where this leaves 14.8 %: a loaded
         // process's stacks are whole only once its functions are in.
         if let Some(&pid) = self.functions.keys().next() {
-            let pcs = self.functions.remove(&pid).unwrap_or_default();
-            let stacks = self.stacks.remove(&pid).unwrap_or_default();
+            let Wanted { pcs, stacks } = self.functions.remove(&pid).unwrap_or_default();
             let stacks = stacks.into_iter().map(|(_, stack)| stack).collect();
             return Some(Job::Functions(pid, pcs, stacks));
         }
