@@ -56,5 +56,8 @@ fn keep_large_buffers_out_of_the_heap() {
     // SAFETY: mallopt only sets a tunable; called before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        // Two heaps, not one per thread that ever allocated (up to 8 per
+        // CPU): each thread's arena keeps its own free holes resident.
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }

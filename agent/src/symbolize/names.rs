@@ -47,6 +47,12 @@ impl Names {
         self.text.len()
     }
 
+    /// Bytes allocated for text (tests: a table is built without growth).
+    #[cfg(test)]
+    pub fn capacity(&self) -> usize {
+        self.text.capacity()
+    }
+
     pub fn shrink_to_fit(&mut self) {
         self.text.shrink_to_fit();
     }
