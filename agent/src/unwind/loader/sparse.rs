@@ -38,6 +38,13 @@ const MAX_PCS: usize = 4096;
 /// `.eh_frame_hdr`.
 const KEPT_FILES: usize = 8;
 
+/// Bytes of kept files at most (their CFI, read in, and FDE index), the
+/// newest always kept: with 40 distinct busy binaries, eight kept were
+/// 6 MiB of a record's peak, while growths mostly come from different
+/// files in turn (a hit is a process of a file grown just before, or a
+/// second process of it, which the newest few serve).
+const KEPT_BYTES: usize = 2 << 20;
+
 /// Addresses asked for per request at most (the reader asks once per
 /// sample that stopped).
 pub const MAX_PCS_PER_REQUEST: usize = 64;
@@ -291,6 +298,9 @@ pub(super) struct Kept {
     /// Its FDEs by address when it has no `.eh_frame_hdr`: made once, each
     /// growth finds its functions without a scan of them all.
     index: Option<table::FdeIndex>,
+    /// What keeping it costs: its CFI and index (its other pages were
+    /// never touched).
+    bytes: usize,
 }
 
 impl Kept {
@@ -320,16 +330,27 @@ fn kept_file<'a>(
     if opened != *key {
         return None;
     }
-    if growing.len() >= KEPT_FILES {
-        growing.remove(0);
-    }
     let index = table::fde_index((*data).as_ref());
+    let bytes = table::cfi_bytes((*data).as_ref()).unwrap_or(0) as usize
+        + index.as_ref().map_or(0, table::FdeIndex::bytes);
+    make_room(growing, bytes);
     growing.push(Kept {
         key: opened,
         data,
         index,
+        bytes,
     });
     growing.last()
+}
+
+/// Forgets the files kept longest until one of `bytes` fits
+/// ([`KEPT_FILES`], [`KEPT_BYTES`]; with none left, it is kept however
+/// large).
+fn make_room(growing: &mut Vec<Kept>, bytes: usize) {
+    let mut kept_bytes: usize = growing.iter().map(|kept| kept.bytes).sum();
+    while !growing.is_empty() && (growing.len() >= KEPT_FILES || kept_bytes + bytes > KEPT_BYTES) {
+        kept_bytes -= growing.remove(0).bytes;
+    }
 }
 
 #[cfg(test)]

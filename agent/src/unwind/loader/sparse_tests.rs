@@ -224,3 +224,41 @@ fn a_stack_copy_brings_every_function_its_walk_needs_in_one_growth() {
         .collect();
     assert_eq!(frames[..len.min(4)], expected[..]);
 }
+
+/// Kept files are bounded by count and by bytes, the oldest forgotten
+/// first, and the newest is kept however large.
+#[test]
+fn kept_files_make_room_oldest_first() {
+    let kept = |inode: u64, bytes: usize| Kept {
+        key: FileKey::Inode {
+            dev: 0,
+            inode,
+            size: 0,
+        },
+        data: Arc::new(Vec::<u8>::new()),
+        index: None,
+        bytes,
+    };
+    let inodes = |growing: &[Kept]| -> Vec<u64> {
+        growing
+            .iter()
+            .map(|kept| match kept.key {
+                FileKey::Inode { inode, .. } => inode,
+                _ => unreachable!(),
+            })
+            .collect()
+    };
+    let mut growing: Vec<Kept> = (1..=3).map(|inode| kept(inode, KEPT_BYTES / 4)).collect();
+    make_room(&mut growing, KEPT_BYTES / 4);
+    assert_eq!(inodes(&growing), [1, 2, 3], "room enough");
+    make_room(&mut growing, KEPT_BYTES / 2);
+    assert_eq!(inodes(&growing), [2, 3], "the oldest goes for bytes");
+    make_room(&mut growing, KEPT_BYTES * 4);
+    assert!(growing.is_empty(), "a file past the bound: kept alone");
+    growing = (1..=KEPT_FILES as u64)
+        .map(|inode| kept(inode, 1))
+        .collect();
+    make_room(&mut growing, 1);
+    assert_eq!(growing.len(), KEPT_FILES - 1, "and for count");
+    assert_eq!(inodes(&growing)[0], 2);
+}
