@@ -182,6 +182,22 @@ pub fn pack(rows: &[UnwindRow]) -> std::vec::Vec<u64> {
     words
 }
 
+/// Whether `words` hold a table of `len` rows as [`pack`] lays them out:
+/// each row's rule within the words ([`unpack`] would succeed).
+pub fn packed_rows_valid(words: &[u64], len: usize) -> bool {
+    let rules_at = len + (len & 1);
+    let Some(rows) = words.get(..len) else {
+        return false;
+    };
+    rows.iter().all(|&word| {
+        let rule = PackedRow::from_word(word).rule as usize;
+        rule.checked_mul(RULE_WORDS as usize)
+            .and_then(|at| at.checked_add(rules_at))
+            .and_then(|at| at.checked_add(2))
+            .is_some_and(|end| end <= words.len())
+    })
+}
+
 /// The rows of a table of `len` rows packed by [`pack`]; `None` when the
 /// words are not such a table (a rule index past the end).
 #[cfg(any(test, feature = "std"))]
@@ -239,6 +255,7 @@ mod tests {
         // 9 rows, a pad word, 3 distinct rules of 2 words.
         assert_eq!(words.len(), 9 + 1 + 3 * 2);
         assert_eq!(unpack(&words, rows.len()).unwrap(), rows);
+        assert!(packed_rows_valid(&words, rows.len()));
         // The kernel's way: at word 512 (a chunk's start) of a map.
         let start = 512;
         for (found, row) in rows.iter().enumerate() {
@@ -268,5 +285,7 @@ mod tests {
         words[1] = PackedRow { pc: 20, rule: 7 }.word();
         assert_eq!(unpack(&words, 2), None);
         assert_eq!(unpack(&words, 40), None);
+        assert!(!packed_rows_valid(&words, 2));
+        assert!(!packed_rows_valid(&words, 40));
     }
 }

@@ -143,6 +143,10 @@ impl<'a> ReplayProcess<'a> {
                             rows.extend(table_rows);
                         }
                         TableKind::FramePointers => entry.table_start = FRAME_POINTER_TABLE,
+                        // Only the disk cache's tables come packed.
+                        TableKind::Packed { .. } => {
+                            tracing::debug!("{}: a packed table", mapping.path.display())
+                        }
                     },
                     Err(err) => tracing::debug!("{}: no table: {err}", mapping.path.display()),
                 }

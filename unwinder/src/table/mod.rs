@@ -52,6 +52,12 @@ impl std::error::Error for TableError {}
 pub enum TableKind {
     /// Rows from CFI.
     Rows(Vec<UnwindRow>),
+    /// Rows as the kernel's rows map holds them ([`crate::pack`]'s words,
+    /// checked by [`crate::packed_rows_valid`]), `rows` of them: a table
+    /// read back from the disk cache goes to the kernel as it is. Unpacked
+    /// to rows and packed again, a large co-tenant's table (qemu's, a
+    /// compiler's) cost five times its size in a transient peak.
+    Packed { words: Vec<u64>, rows: usize },
     /// No usable CFI, but the code keeps frame pointers (Go).
     FramePointers,
 }
@@ -66,11 +72,30 @@ pub struct UnwindTable {
 }
 
 impl UnwindTable {
-    /// Rows of the table (none for frame-pointer code).
+    /// Rows of a table built from CFI (none for frame-pointer code, nor
+    /// for a packed table: see [`Self::row_count`] and [`Self::packed`]).
     pub fn rows(&self) -> &[UnwindRow] {
         match &self.kind {
             TableKind::Rows(rows) => rows,
-            TableKind::FramePointers => &[],
+            TableKind::Packed { .. } | TableKind::FramePointers => &[],
+        }
+    }
+
+    /// Rows of the table, built or packed.
+    pub fn row_count(&self) -> usize {
+        match &self.kind {
+            TableKind::Rows(rows) => rows.len(),
+            TableKind::Packed { rows, .. } => *rows,
+            TableKind::FramePointers => 0,
+        }
+    }
+
+    /// The table in the rows map's layout: packed now, or as it was read.
+    pub fn packed(&self) -> std::borrow::Cow<'_, [u64]> {
+        match &self.kind {
+            TableKind::Rows(rows) => std::borrow::Cow::Owned(crate::pack(rows)),
+            TableKind::Packed { words, .. } => std::borrow::Cow::Borrowed(words),
+            TableKind::FramePointers => std::borrow::Cow::Borrowed(&[]),
         }
     }
 }

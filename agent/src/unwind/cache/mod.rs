@@ -349,8 +349,8 @@ pub(super) fn table_of(
 
 /// The file for `key`'s table.
 pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u8> {
-    let rows = table.rows();
-    let words = hostprof_unwind::pack(rows);
+    let rows = table.row_count();
+    let words = table.packed();
     let segments = &segments[..segments.len().min(MAX_LOAD_SEGMENTS)];
     let mut out = Vec::with_capacity(
         HEADER_BYTES + key.len() + 4 + segments.len() * SEGMENT_BYTES + words.len() * ROW_BYTES,
@@ -364,12 +364,12 @@ pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u
     };
     out.extend_from_slice(&arch.to_le_bytes());
     let kind: u32 = match table.kind {
-        TableKind::Rows(_) => 0,
+        TableKind::Rows(_) | TableKind::Packed { .. } => 0,
         TableKind::FramePointers => 1,
     };
     out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&table.text_bytes.to_le_bytes());
-    out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(rows as u64).to_le_bytes());
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(key.as_bytes());
@@ -380,7 +380,7 @@ pub fn encode(key: &str, table: &UnwindTable, segments: &[LoadSegment]) -> Vec<u
         out.extend_from_slice(&segment.address.to_le_bytes());
         out.extend_from_slice(&u64::from(segment.executable).to_le_bytes());
     }
-    for word in words {
+    for word in words.iter() {
         out.extend_from_slice(&word.to_le_bytes());
     }
     let crc = crc32fast::hash(&out);
@@ -476,14 +476,16 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<CachedTable, CacheFormatError> 
         return Err(CacheFormatError::Unsorted);
     }
     // A rule index past the rules is damage the checksum missed.
-    let rows = hostprof_unwind::unpack(&words, rows).ok_or(CacheFormatError::Field)?;
+    if !hostprof_unwind::packed_rows_valid(&words, rows) {
+        return Err(CacheFormatError::Field);
+    }
     Ok(CachedTable {
         table: UnwindTable {
             arch,
             kind: if frame_pointers {
                 TableKind::FramePointers
             } else {
-                TableKind::Rows(rows)
+                TableKind::Packed { words, rows }
             },
             text_bytes,
         },

@@ -39,8 +39,13 @@ fn rows_table(rows: usize) -> UnwindTable {
     }
 }
 
+/// The same table, built or read back packed.
 fn same(a: &UnwindTable, b: &UnwindTable) -> bool {
-    a.arch == b.arch && a.kind == b.kind && a.text_bytes == b.text_bytes
+    a.arch == b.arch
+        && a.row_count() == b.row_count()
+        && a.packed() == b.packed()
+        && matches!(a.kind, TableKind::FramePointers) == matches!(b.kind, TableKind::FramePointers)
+        && a.text_bytes == b.text_bytes
 }
 
 /// A fresh directory under the system's temporary one.

@@ -494,7 +494,7 @@ impl<M: TableMaps> TableLoader<M> {
                 return None;
             }
         };
-        if self.skips_cached(found.table.rows().len()) {
+        if self.skips_cached(found.table.row_count()) {
             return None;
         }
         let vaddr = table::vaddr_in(&found.segments, file_offset)?;

@@ -19,10 +19,11 @@ impl<M: TableMaps> TableLoader<M> {
                     sparse: None,
                 });
             }
-            TableKind::Rows(rows) => rows,
+            TableKind::Rows(_) | TableKind::Packed { .. } => table.row_count(),
         };
-        // 8-byte rows and the table's distinct rules (`unwind::packed`).
-        let words = hostprof_unwind::pack(rows);
+        // 8-byte rows and the table's distinct rules (`unwind::packed`):
+        // packed here, or as the disk cache kept them.
+        let words = table.packed();
         let chunks = words.len().div_ceil(ROW_CHUNK) as u32;
         let mut allocated = self.allocate(chunks);
         while allocated.is_none() && chunks <= self.capacity_chunks && self.evict_oldest_idle() {
@@ -45,7 +46,7 @@ impl<M: TableMaps> TableLoader<M> {
         Some(Loaded {
             first_chunk: first,
             chunks,
-            rows: rows.len() as u32,
+            rows: rows as u32,
             text_bytes: table.text_bytes,
             refs: 1,
             idle_seq: None,
