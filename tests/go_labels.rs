@@ -1,6 +1,6 @@
 //! Go's pprof labels as sample attributes, end to end with the real eBPF
 //! sampler: a Go program (`tests/programs/go_labels`), built here by each
-//! Go toolchain `cargo xtask setup` installs (1.19, 1.23 to 1.27) with cgo
+//! Go toolchain `cargo xtask setup` installs (1.15, 1.19, 1.23 to 1.27) with cgo
 //! and without, works in turns under
 //! `pprof.Do` with `route=/cart` (3 units), `route=/checkout` (1 unit,
 //! in C when built with cgo: a thread in a cgo call runs `g0`), without
@@ -39,11 +39,13 @@ macro_rules! debian_go {
 
 /// The toolchains: Debian bookworm's Go 1.19, the 1.23 `cargo xtask
 /// setup` installs from bookworm-backports, and the ones it unpacks under
-/// target/ (`DEBIAN_GOS` in xtask/src/setup.rs): trixie's 1.24 (labels in
-/// a slice, not a map), trixie-backports' 1.25 (`m.curg` and `g.labels`
-/// moved), 1.26 and 1.27 (`g.labels` moved again, the label slice's type
-/// renamed).
-const TOOLCHAINS: [&str; 6] = [
+/// target/ (`DEBIAN_GOS` in xtask/src/setup.rs): bullseye's 1.15 (the
+/// version in the older `.go.buildinfo` header, `g.labels` elsewhere),
+/// trixie's 1.24 (labels in a slice, not a map), trixie-backports' 1.25
+/// (`m.curg` and `g.labels` moved), 1.26 and 1.27 (`g.labels` moved
+/// again, the label slice's type renamed).
+const TOOLCHAINS: [&str; 7] = [
+    debian_go!("1.15"),
     "/usr/bin/go",
     "/usr/lib/go-1.23/bin/go",
     debian_go!("1.24"),
@@ -154,8 +156,14 @@ fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
     if !common::require_tool(go) {
         return None;
     }
-    let version = common::run_ok(Command::new(go).args(["env", "GOVERSION"]));
-    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+    // `go version` says `go version go1.15.15 linux/amd64` (`go env
+    // GOVERSION` is 1.16's).
+    let version = common::run_ok(Command::new(go).arg("version"));
+    let version = String::from_utf8_lossy(&version.stdout)
+        .split_whitespace()
+        .nth(2)
+        .expect("go version's release")
+        .to_owned();
     let binary = common::work_dir().join(format!("go_labels-{version}-cgo{}", u8::from(cgo)));
     common::run_ok(
         Command::new(go)

@@ -155,10 +155,12 @@ fn newer_go() -> Result<()> {
 /// (suite, release), fetched by apt with a source list, lists and cache of
 /// its own under target/go-apt (the host's apt sources stay bookworm's),
 /// each unpacked in target/go-1.NN (the `go` command at
-/// target/go-1.NN/usr/lib/go-1.NN/bin/go). 1.24 keeps pprof labels in a
-/// slice rather than a map; 1.25 to 1.27 are what services are built with
-/// now.
+/// target/go-1.NN/usr/lib/go-1.NN/bin/go). 1.15 (bullseye) is the oldest
+/// packaged, with the `.go.buildinfo` header before 1.18's and `g.labels`
+/// elsewhere; 1.24 keeps pprof labels in a slice rather than a map; 1.25
+/// to 1.27 are what services are built with now.
 const DEBIAN_GOS: &[(&str, &str)] = &[
+    ("bullseye", "1.15"),
     ("trixie", "1.24"),
     ("trixie-backports", "1.25"),
     ("trixie-backports", "1.26"),

@@ -4,15 +4,15 @@
 //! (`hostprof_common::golang`; decoded by `crate::procs::go_labels`).
 //!
 //! Read from the executable, once per file: its Go version (the
-//! `.go.buildinfo` header, Go 1.18 on), which gives the offsets of
+//! `.go.buildinfo` header, Go 1.13 on), which gives the offsets of
 //! `g.m`, `m.curg` and `g.labels` and the labels' layout, and where `g`
 //! is in the thread's TLS.
 //!
 //! The offsets come from a table per Go release rather than from the
 //! binary's DWARF: Go services are often built with `-ldflags=-s -w`
 //! (no DWARF, no symbols), and the fields moved only a few times (the
-//! table matches the DWARF of Go 1.19.8, 1.23.5 and 1.24.4 builds, and
-//! tests/go_labels.rs reads labels through it with both).
+//! table matches the DWARF of the builds of every release
+//! tests/go_labels.rs reads labels with, 1.15 to 1.27).
 //! A release past the table is not registered (logged): a guessed offset
 //! would read some other field as a pointer.
 use std::{
@@ -47,13 +47,32 @@ const TLS_G: [&str; 2] = ["runtime.tlsg", "runtime.tls_g"];
 
 /// A Go binary's release, `(1, minor)`, from its `.go.buildinfo` header:
 /// 16 bytes of magic, pointer size and flags, then, with flag 2 (Go 1.18
-/// on), the version as a varint-prefixed string at byte 32. Older
-/// headers point at the string instead (not read: no table for them).
+/// on), the version as a varint-prefixed string at byte 32. Older headers
+/// (Go 1.13 to 1.17) hold at byte 16 the address of `runtime.buildVersion`,
+/// a string header (address, length) in the binary's data.
 pub fn go_version(file: &object::File) -> Option<(u32, u32)> {
     const MAGIC: &[u8] = b"\xff Go buildinf:";
     let data = file.section_by_name(".go.buildinfo")?.data().ok()?;
-    if !data.starts_with(MAGIC) || data.get(15)? & 2 == 0 {
+    if !data.starts_with(MAGIC) {
         return None;
+    }
+    let flags = *data.get(15)?;
+    if flags & 2 == 0 {
+        // Little-endian 64-bit only (x86_64, arm64: what the kernel reads).
+        if *data.get(14)? != 8 || flags & 1 != 0 {
+            return None;
+        }
+        let word = |bytes: &[u8], at: usize| {
+            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        let header = at_address(file, word(data, 16)?, 16)?;
+        let (address, len) = (word(header, 0)?, word(header, 8)?);
+        // A version string is far shorter than 64 bytes.
+        if len >= 64 {
+            return None;
+        }
+        let version = at_address(file, address, len)?;
+        return parse_version(std::str::from_utf8(version).ok()?);
     }
     let len = usize::from(*data.get(32)?);
     // One varint byte: a version string is far shorter than 128 bytes.
@@ -61,6 +80,12 @@ pub fn go_version(file: &object::File) -> Option<(u32, u32)> {
         return None;
     }
     parse_version(std::str::from_utf8(data.get(33..33 + len)?).ok()?)
+}
+
+/// `len` bytes of the file's sections at virtual address `address`.
+fn at_address<'a>(file: &object::File<'a>, address: u64, len: u64) -> Option<&'a [u8]> {
+    file.sections()
+        .find_map(|section| section.data_range(address, len).ok().flatten())
 }
 
 /// `go1.23.5`, `go1.24rc1`, `go1.22-20240109-RC01 cl/…` → `(1, minor)`.
@@ -72,11 +97,15 @@ pub fn parse_version(version: &str) -> Option<(u32, u32)> {
 
 /// `(g.m, m.curg, g.labels, layout)` of a Go release (x86_64 and arm64
 /// alike: the fields before them are pointers and 64-bit integers),
-/// checked against the runtime's DWARF of 1.19.8, 1.23.5, 1.24.4,
-/// 1.25.12, 1.26.11 and 1.27.4 builds for both.
+/// checked against the runtime's DWARF of 1.15.15, 1.19.8, 1.23.5,
+/// 1.24.4, 1.25.12, 1.26.11 and 1.27.4 builds for both. 1.13, 1.14 and
+/// 1.16 share 1.15's layout and 1.17 1.18's (no toolchain of theirs is
+/// packaged where the tests can get one; the reference profiler's table
+/// agrees).
 pub fn offsets(version: (u32, u32)) -> Option<(u32, u32, u32, u32)> {
     let (curg, labels, layout) = match version {
-        (1, 18..=20) => (192, 360, go::LAYOUT_MAP),
+        (1, 13..=16) => (192, 344, go::LAYOUT_MAP),
+        (1, 17..=20) => (192, 360, go::LAYOUT_MAP),
         (1, 21..=22) => (192, 344, go::LAYOUT_MAP),
         (1, 23) => (192, 352, go::LAYOUT_MAP),
         // `labelMap` became `struct { LabelSet{ list []label } }`.
@@ -151,11 +180,11 @@ pub fn process_of(data: &[u8]) -> Result<Option<Process>, String> {
         return Ok(None);
     }
     let Some(version) = go_version(&file) else {
-        return Err("its Go version is not readable (Go 1.18 or later is)".into());
+        return Err("its Go version is not readable (Go 1.13 or later is)".into());
     };
     let Some((m, curg, labels, layout)) = offsets(version) else {
         return Err(format!(
-            "its Go release 1.{} is not among those hostprof knows (1.18 to 1.27)",
+            "its Go release 1.{} is not among those hostprof knows (1.13 to 1.27)",
             version.1
         ));
     };
@@ -284,6 +313,7 @@ mod tests {
 
     #[test]
     fn knows_the_label_offsets_of_the_releases_it_was_checked_on() {
+        assert_eq!(offsets((1, 15)), Some((48, 192, 344, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 19)), Some((48, 192, 360, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 23)), Some((48, 192, 352, go::LAYOUT_MAP)));
         assert_eq!(offsets((1, 24)), Some((48, 192, 352, go::LAYOUT_SLICE)));
@@ -292,7 +322,7 @@ mod tests {
         assert_eq!(offsets((1, 27)), Some((48, 184, 352, go::LAYOUT_SLICE)));
         // Past the newest checked: not guessed.
         assert_eq!(offsets((1, 28)), None);
-        assert_eq!(offsets((1, 16)), None);
+        assert_eq!(offsets((1, 12)), None);
         assert_eq!(offsets((1, 99)), None);
     }
 

@@ -7,6 +7,8 @@
 // its first argument exists, or for the seconds given as its second.
 // Built with cgo, the /checkout work runs in C (cgo_on.go): a thread in
 // a cgo call runs the scheduler's g0, its labels are its m's curg's.
+// cgo_on.go and cgo_off.go keep `// +build` lines beside `//go:build`:
+// Go 1.15, which the test builds with too, reads only those.
 package main
 
 import (
