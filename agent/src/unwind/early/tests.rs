@@ -290,3 +290,92 @@ fn copies_past_the_byte_budget_are_dropped_and_counted() {
     );
     assert_eq!(taken + stats.dropped, (MAX_HELD_BYTES / 8192 + 64) as u64);
 }
+
+/// `rows` in a rows map's chunk 0 and one mapping of `work`'s code, for
+/// [`walk_copy`] (the unwind service's walk of a copy that asked).
+fn walk_with(
+    rows: &[UnwindRow],
+    copy: &StackCopy,
+    frames: &mut [u64],
+    fill: &mut dyn FnMut(u64) -> Option<unwind::Lookup>,
+) -> (usize, u32) {
+    let mut mappings = ProcessMappings::default();
+    mappings.mappings[0] = ExecMapping {
+        start: MAP_START,
+        end: MAP_START + 0x10_0000,
+        bias: BIAS,
+        table_start: 0,
+        table_len: rows.len() as u32,
+    };
+    mappings.len = 1;
+    let words = hostprof_unwind::pack(rows);
+    let mut chunk = RowChunk([0; ROW_CHUNK]);
+    chunk.0[..words.len()].copy_from_slice(&words);
+    let read = move |index: u32| (index == 0).then_some(chunk);
+    walk_copy(&mappings, Some(&read), copy, frames, fill)
+}
+
+/// A tenant's stack copy, walked on the host: garbage bytes, a rule that
+/// never moves the stack pointer on, return addresses back into the same
+/// function, functions that are never loaded. Every walk ends within the
+/// frames it was given, asking for a missing function at most once a
+/// frame, without a panic.
+#[test]
+fn hostile_stack_copies_are_walked_to_a_bounded_end() {
+    let mut rng = crate::test_rng::XorShift::new(31);
+    let mut frames = [0u64; 64];
+    let mut asked = 0usize;
+    let mut fill = |_pc: u64| {
+        asked += 1;
+        Some(unwind::Lookup::Row(rows()[0]))
+    };
+    // Garbage stacks and registers, with the real rules.
+    for _ in 0..2000 {
+        let len = rng.below(8192) as usize;
+        let pc = match rng.below(3) {
+            0 => BIAS + 0x1000 + rng.below(0x2100),
+            1 => MAP_START + rng.below(0x20_0000),
+            _ => rng.next_u64(),
+        };
+        let copy = StackCopy::new([pc, SP, rng.next_u64(), rng.next_u64()], &rng.bytes(len));
+        let (walked, _) = walk_with(&rows(), &copy, &mut frames, &mut fill);
+        assert!((1..=frames.len()).contains(&walked), "{walked} frames");
+    }
+    // `work`'s return address at the stack pointer, the stack pointer not
+    // moved on: the same frame forever, cut at the frames given.
+    let still = UnwindRow {
+        cfa_offset: 0,
+        ra_offset: 0,
+        ..rows()[0]
+    };
+    let stack: Vec<u8> = std::iter::repeat_n((BIAS + 0x1004).to_le_bytes(), 1024)
+        .flatten()
+        .collect();
+    let copy = StackCopy::new([BIAS + 0x1004, SP, 0, 0], &stack);
+    let (walked, why) = walk_with(&[still, rows()[1]], &copy, &mut frames, &mut fill);
+    assert!(walked <= frames.len());
+    assert!(
+        [reason::DEPTH_LIMIT, reason::BAD_FRAME].contains(&why),
+        "stopped: {}",
+        reason::name(why)
+    );
+    // Every function not loaded: each frame's is asked for, once a frame.
+    asked = 0;
+    let missing = UnwindRow {
+        pc: 0x1000,
+        cfa_rule: cfa::NOT_LOADED,
+        ..Default::default()
+    };
+    let mut count = |_pc: u64| {
+        asked += 1;
+        Some(unwind::Lookup::Row(rows()[0]))
+    };
+    let (walked, why) = walk_with(
+        &[missing, rows()[1]],
+        &StackCopy::new([BIAS + 0x1004, SP, 0, 0], &deep_stack()),
+        &mut frames,
+        &mut count,
+    );
+    assert_eq!((walked, why), (frames.len(), reason::DEPTH_LIMIT));
+    assert!(asked <= frames.len(), "{asked} asks for {walked} frames");
+}
