@@ -10,12 +10,11 @@
 //! sample.
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The runtime whose data was refused (its OTLP `profile.frame.type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Runtime {
-    Jvm,
-    V8js,
-}
+pub use hostprof_common::runtime::Runtime;
+
+/// The runtimes whose name readers count here (CPython's count their own
+/// caps: `python::limits`), each by its OTLP `profile.frame.type`.
+const RUNTIMES: [Runtime; 2] = [Runtime::Hotspot, Runtime::V8];
 
 /// Why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,15 +26,17 @@ pub enum Reason {
     TooDeep,
 }
 
-const RUNTIMES: [(Runtime, &str); 2] = [(Runtime::Jvm, "jvm"), (Runtime::V8js, "v8js")];
 const REASONS: [(Reason, &str); 2] = [(Reason::TooLong, "too_long"), (Reason::TooDeep, "too_deep")];
 
 static COUNTS: [[AtomicU64; REASONS.len()]; RUNTIMES.len()] =
     [const { [const { AtomicU64::new(0) }; REASONS.len()] }; RUNTIMES.len()];
 
-/// Counts one refusal.
+/// Counts one refusal (of a runtime that counts here; another's is not).
 pub fn refuse(runtime: Runtime, reason: Reason) {
-    COUNTS[runtime as usize][reason as usize].fetch_add(1, Ordering::Relaxed);
+    let Some(at) = RUNTIMES.iter().position(|&counted| counted == runtime) else {
+        return;
+    };
+    COUNTS[at][reason as usize].fetch_add(1, Ordering::Relaxed);
     tracing::debug!("{runtime:?}: a frame's data refused: {reason:?}");
 }
 
@@ -43,10 +44,10 @@ pub fn refuse(runtime: Runtime, reason: Reason) {
 /// pair, zeros included (so the metric's series always exist).
 pub fn refusals() -> Vec<(&'static str, &'static str, u64)> {
     let mut all = Vec::with_capacity(RUNTIMES.len() * REASONS.len());
-    for (runtime, runtime_name) in RUNTIMES {
+    for (at, runtime) in RUNTIMES.into_iter().enumerate() {
         for (reason, reason_name) in REASONS {
-            let count = COUNTS[runtime as usize][reason as usize].load(Ordering::Relaxed);
-            all.push((runtime_name, reason_name, count));
+            let count = COUNTS[at][reason as usize].load(Ordering::Relaxed);
+            all.push((runtime.name(), reason_name, count));
         }
     }
     all
@@ -66,10 +67,13 @@ mod tests {
                 .unwrap()
         };
         let before = (count("v8js", "too_deep"), count("jvm", "too_long"));
-        refuse(Runtime::V8js, Reason::TooDeep);
-        refuse(Runtime::Jvm, Reason::TooLong);
+        refuse(Runtime::V8, Reason::TooDeep);
+        refuse(Runtime::Hotspot, Reason::TooLong);
         assert!(count("v8js", "too_deep") > before.0);
         assert!(count("jvm", "too_long") > before.1);
         assert_eq!(refusals().len(), 4);
+        // CPython's readers count their caps elsewhere: not a series here.
+        refuse(Runtime::Cpython, Reason::TooLong);
+        assert!(refusals().iter().all(|&(runtime, ..)| runtime != "cpython"));
     }
 }

@@ -157,7 +157,7 @@ pub(super) fn decode_lines(bytes: &[u8], exclusion: u8) -> Result<Vec<(u32, u32)
             }
         }
         if lines.len() >= MAX_LINE_TABLE {
-            refusals::refuse(Runtime::Jvm, Reason::TooLong);
+            refusals::refuse(Runtime::Hotspot, Reason::TooLong);
             return Err(false);
         }
         lines.push((bci, line));
@@ -396,7 +396,7 @@ impl Jvm {
                 Err(false) => return None,
             }
         }
-        refusals::refuse(Runtime::Jvm, Reason::TooLong);
+        refusals::refuse(Runtime::Hotspot, Reason::TooLong);
         None
     }
 
@@ -580,7 +580,7 @@ fn read_debug_info(
 /// or freed code, not a refusal).
 fn too_long_if<T>(too_long: bool) -> Option<T> {
     if too_long {
-        refusals::refuse(Runtime::Jvm, Reason::TooLong);
+        refusals::refuse(Runtime::Hotspot, Reason::TooLong);
     }
     None
 }

@@ -259,7 +259,7 @@ impl Node {
         let (start, size, _, _) = seen;
         if size == 0 || size > MAX_CODE_BYTES || start.checked_add(size).is_none() {
             crate::runtime::refusals::refuse(
-                crate::runtime::refusals::Runtime::V8js,
+                crate::runtime::refusals::Runtime::V8,
                 crate::runtime::refusals::Reason::TooLong,
             );
             return Err(LineSource::CompiledUnreadable);

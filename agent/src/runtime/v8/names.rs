@@ -183,7 +183,7 @@ impl<M: Memory> Heap<'_, M> {
     /// The string at `string` (at most `max` bytes of it).
     pub fn string(&self, string: u64, max: usize, depth: u32) -> Option<String> {
         if depth > MAX_STRING_DEPTH {
-            refusals::refuse(Runtime::V8js, Reason::TooDeep);
+            refusals::refuse(Runtime::V8, Reason::TooDeep);
             return None;
         }
         let layout = self.layout;
@@ -224,7 +224,7 @@ impl<M: Memory> Heap<'_, M> {
             return None;
         }
         if length > MAX_SOURCE {
-            refusals::refuse(Runtime::V8js, Reason::TooLong);
+            refusals::refuse(Runtime::V8, Reason::TooLong);
             return None;
         }
         let length = length.min(max);
@@ -257,7 +257,7 @@ impl<M: Memory> Heap<'_, M> {
             let mut count = usize::try_from(count).ok()?;
             if count > MAX_LINES {
                 // The lines past the cap read as the last one.
-                refusals::refuse(Runtime::V8js, Reason::TooLong);
+                refusals::refuse(Runtime::V8, Reason::TooLong);
                 count = MAX_LINES;
             }
             let data = self

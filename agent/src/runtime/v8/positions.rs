@@ -75,7 +75,7 @@ impl<M: Memory> Heap<'_, M> {
         let length = small_integer(self.word(data.checked_add(layout.array_length)?)?)?;
         let length = usize::try_from(length).ok()?;
         if length > MAX_TABLE {
-            refusals::refuse(Runtime::V8js, Reason::TooLong);
+            refusals::refuse(Runtime::V8, Reason::TooLong);
             return None;
         }
         self.memory
@@ -113,7 +113,7 @@ impl<M: Memory> Heap<'_, M> {
             return Found::Unreadable;
         };
         if length > MAX_TABLE {
-            refusals::refuse(Runtime::V8js, Reason::TooLong);
+            refusals::refuse(Runtime::V8, Reason::TooLong);
             return Found::Unreadable;
         }
         match self.memory.read_vec(table + layout.byte_array_data, length) {
