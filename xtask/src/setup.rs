@@ -38,6 +38,12 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
         "libc6-dev-arm64-cross",
         "/usr/aarch64-linux-gnu/include/stdio.h",
     ),
+    // The arm64 guest's JVM: libjvm needs libstdc++ (gcc-aarch64-linux-gnu
+    // brings it only through its sanitizers' libraries).
+    (
+        "libstdc++6-arm64-cross",
+        "/usr/aarch64-linux-gnu/lib/libstdc++.so.6",
+    ),
     // tests/report.rs runs `record` in a terminal to see its progress line,
     // tests/top.rs drives `hostprof top`.
     ("tmux", "tmux"),

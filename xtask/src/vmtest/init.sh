@@ -216,6 +216,44 @@ fi
 
 kill $spin
 
+# 7a. Java frames, walked in the kernel: JSpin's thread spin-worker (its
+# comm roots the folded stacks) spends its time in JSpin.hotLoop (arm64
+# images only: they carry Debian's JRE; the host's tests walk x86_64's).
+# Recorded once C2 has compiled handler, the last of its methods to be
+# compiled (hotLoop before it), until the JVM has run 3 s of CPU.
+# java_frames FILE: spin-worker's samples (`worker=`), those whose
+# root-most Java frame (`Class.method (File.java:LINE)`) is the thread's
+# entry, JSpin$Worker.run (`rooted=`), and those with JSpin.hotLoop as a
+# Java frame (`hot=`).
+java_frames() {
+    awk '/^spin-worker;/ {
+        n = $NF; stack = $0; sub(/ [0-9]+$/, "", stack)
+        worker += n
+        k = split(stack, frames, ";")
+        for (i = 2; i <= k; i++) if (frames[i] ~ / [(][^ ;]*[.]java(:[0-9]+)?[)]$/) break
+        if (i <= k && frames[i] ~ /^JSpin[$]Worker[.]run [(]/) rooted += n
+        if (stack ~ /;JSpin[.]hotLoop [(]JSpin[.]java/) hot += n
+    } END { printf "worker=%d rooted=%d hot=%d", worker, rooted, hot }' "$1" 2>/dev/null || echo "worker=0 rooted=0 hot=0"
+}
+if [ -x /bin/java ]; then
+    java -Xmx64m -XX:+PrintCompilation -cp /java JSpin >/tmp/java.log 2>&1 &
+    jvm=$!
+    # PrintCompilation's line for C2 (tier 4) compiling handler whole
+    # (OSR compilations name a bci: `JSpin::hotLoop @ 6 (35 bytes)`).
+    wait_for ' 4  *JSpin::handler (' /tmp/java.log $jvm 240 && compiled=1 || compiled=0
+    record_cpu $jvm 300 /tmp/java.folded /tmp/java.err --log-level info -F 199
+    kill $jvm
+    show java /tmp/java.err
+    # The worker's commonest stacks, for the log.
+    awk '/^spin-worker;/ { print $NF "\t" $0 }' /tmp/java.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/java.top
+    show java-stacks /tmp/java.top
+    grep -e JSpin -e rror /tmp/java.log >/tmp/jit.log
+    show jit /tmp/jit.log
+    say check=java exit=$rc compiled=$compiled $(java_frames /tmp/java.folded) detail="$(detail /tmp/java.err 'samples from')"
+else
+    say check=java exit=0 absent=1
+fi
+
 # 7b. Go's pprof labels, read in the kernel from the thread's goroutine:
 # tests/go_labels.rs's program, built for this arch without cgo (arm64:
 # `g` in R28) and with cgo, static (`g` in the executable's TLS), until it
