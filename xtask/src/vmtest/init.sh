@@ -189,17 +189,17 @@ else
 fi
 
 # 7. JavaScript frames, walked in the kernel: a Node.js program whose main
-# thread spends its time in hotLoop (x86_64 images only: they carry node's
-# own build). The main thread's samples are the node process's stacks not
-# rooted in a thread start (node's other threads run native code only).
-# Only before Linux 5.17, where the legacy variant's tail-called V8 walk
-# runs: the modern variant's is tests/node.rs's on the host, and under TCG
-# the check takes minutes (record -p loads the tables of node's binary).
+# thread spends its time in hotLoop (node's own build for the arch). The
+# main thread's samples are the node process's stacks not rooted in a
+# thread start (node's other threads run native code only). On x86_64
+# only before Linux 5.17, where the legacy variant's tail-called V8 walk
+# runs: the modern variant's is tests/node.rs's on the host. On arm64
+# always: nothing else walks aarch64's V8 frames.
 release=$(uname -r)
 major=${release%%.*}
 minor=${release#*.}
 minor=${minor%%[!0-9]*}
-if [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 17 ]; }; then
+if [ "$(uname -m)" != aarch64 ] && { [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 17 ]; }; }; then
     say check=node exit=0 modern=1
 elif [ -x /bin/node ]; then
     node /bin/jsspin.js &
@@ -209,6 +209,9 @@ elif [ -x /bin/node ]; then
     record_cpu $js 200 /tmp/js.folded /tmp/js.err --log-level info -F 199
     kill $js
     show node /tmp/js.err
+    # The commonest stacks, for the log.
+    awk '/^node;/ { print $NF "\t" $0 }' /tmp/js.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/js.top
+    show js-stacks /tmp/js.top
     say check=node exit=$rc $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) detail="$(detail /tmp/js.err 'samples from')"
 else
     say check=node exit=0 absent=1

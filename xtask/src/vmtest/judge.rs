@@ -113,8 +113,9 @@ const MAX_GO_FAILED_SHARE: f64 = 0.05;
 /// agent's `GO_LABELS_SINCE`): from it on, the read must be on and work.
 const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 
-/// The first kernel with the modern variant (`bpf_loop`): the guest checks
-/// JavaScript frames only before it, where the legacy variant walks V8.
+/// The first kernel with the modern variant (`bpf_loop`): x86_64 guests
+/// check JavaScript frames only before it, where the legacy variant walks
+/// V8 (arm64's check them on every kernel).
 const LEGACY_BEFORE: (u32, u32) = (5, 17);
 
 /// The oldest kernel whose verifier accepts the Python walk (a
@@ -338,20 +339,22 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
         }
         "node" => {
             if check.number("modern") > 0 {
-                // The guest runs the check only where the legacy variant
-                // walks V8; the modern variant's walk is tested on the host.
+                // x86_64 guests run the check only where the legacy
+                // variant walks V8; the modern variant's x86_64 walk is
+                // tested on the host. arm64's is tested here only.
                 return verdict(
-                    *kernel >= LEGACY_BEFORE,
+                    *kernel >= LEGACY_BEFORE && arch != "aarch64",
                     format!("{short} n/a"),
                     format!("{name}: modern variant, tested on the host (tests/node.rs)"),
                 );
             }
             if check.number("absent") > 0 {
-                // Only images for another arch than x86_64 lack it.
+                // Both arches' images carry node's build when `setup` has
+                // unpacked it.
                 return verdict(
-                    true,
+                    false,
                     format!("{short} n/a"),
-                    format!("{name}: no node in this image"),
+                    format!("{name}: no node in this image (run `cargo xtask setup`)"),
                 );
             }
             let samples = check.number("samples");

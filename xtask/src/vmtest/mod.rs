@@ -111,10 +111,11 @@ impl Arch {
 
     /// The hard limit on one boot and suite under TCG (they take ~25 s on
     /// x86_64 plus the Node.js check, whose `record -p` loads the unwind
-    /// tables of node's ~90 MB binary: minutes under TCG; ~60 s on arm64,
-    /// which has no Node.js check, on a quiet host, but 300 s were once
-    /// not enough beside two other guests and three builds). Only what
-    /// ends a hung guest: no figure is judged by time.
+    /// tables of node's ~90 MB binary: minutes under TCG; ~85 s on arm64
+    /// with its Java and Node.js checks (tables loaded for the code that
+    /// runs only) on a quiet host, but 300 s were once not enough beside
+    /// two other guests and three builds). Only what ends a hung guest: no
+    /// figure is judged by time.
     fn timeout(self) -> Duration {
         Duration::from_secs(480)
     }

@@ -203,8 +203,13 @@ fn python_frames_are_wanted_from_linux_5_10() {
         "5.10: the walk must be on"
     );
     lines[6] = "check=python exit=0 absent=1";
-    lines[7] = "check=node exit=0 absent=1";
     assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
+    lines[7] = "check=node exit=0 absent=1";
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["node n/a FAIL"],
+        "every image carries node"
+    );
 }
 
 #[test]
@@ -227,10 +232,17 @@ fn go_labels_are_wanted_from_linux_6_1_and_absent_before() {
 }
 
 #[test]
-fn javascript_frames_are_checked_in_the_guest_only_before_linux_5_17() {
+fn javascript_frames_are_checked_on_x86_64_only_before_linux_5_17_and_always_on_arm64() {
     let mut lines = PASSING.to_vec();
     lines[7] = "check=node exit=0 modern=1";
     assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
+    let arm64 = BOOT.replace("6.1.0-56-amd64 arch=x86_64", "6.1.0-56-arm64 arch=aarch64");
+    lines[0] = &arm64;
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["node n/a FAIL"],
+        "arm64: checked in the guest on every kernel"
+    );
     let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
     lines[0] = &old_boot;
     lines[9] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
