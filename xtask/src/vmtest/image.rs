@@ -202,7 +202,7 @@ const JRE_FILES: &[&str] = &[
 
 /// The JRE at its Debian path (where CDS's archive was made), as
 /// `/bin/java`, with its libraries, and the Java program compiled by the
-/// host's javac into `/java`. Without the host's javac the guest's suite
+/// host's javac into `/java`, with its JNI library (`libjspin.so`). Without the host's javac the guest's suite
 /// says the JVM is absent, and the Java check fails on arm64.
 fn install_java(tree: &Path, arch: Arch, jre: &Path, programs: &Path) -> Result<()> {
     if !Path::new(HOST_JAVAC).exists() {
@@ -215,6 +215,29 @@ fn install_java(tree: &Path, arch: Arch, jre: &Path, programs: &Path) -> Result<
             .args(["--release", "17", "-d"])
             .arg(&classes)
             .arg(programs.join("JSpin.java")),
+    )?;
+    // The JNI library, for the guest's arch (the host JDK's headers serve
+    // any Linux). No sibling call: Java_JSpin_nativeCall's frame must stay
+    // on the stack while Java runs above it.
+    let include = Path::new(HOST_JAVAC)
+        .parent()
+        .expect("bin")
+        .with_file_name("include");
+    run_cmd(
+        Command::new(arch.cc())
+            .args([
+                "-O2",
+                "-fno-optimize-sibling-calls",
+                "-shared",
+                "-fPIC",
+                "-I",
+            ])
+            .arg(&include)
+            .arg("-I")
+            .arg(include.join("linux"))
+            .arg("-o")
+            .arg(classes.join("libjspin.so"))
+            .arg(programs.join("jspin_jni.c")),
     )?;
     let home = super::kernel::jre_home(jre, arch);
     let into = super::kernel::jre_home(tree, arch);

@@ -73,10 +73,20 @@ const CHECKS: &[(&str, &str)] = &[
 /// `run → stage → hot_path` as Python frames.
 const MIN_PYTHON_SHARE: f64 = 0.9;
 
-/// The share of the Node.js program's main-thread samples that must show
-/// `hotLoop` as a JavaScript frame (the legacy variant's V8 walk, in a
-/// tail-called program of its own).
+/// The share of the Node.js program's main-thread samples walked in the
+/// kernel that must show `hotLoop` as a JavaScript frame (x86_64: the
+/// legacy variant's V8 walk, in a tail-called program of its own).
 const MIN_NODE_SHARE: f64 = 0.9;
+
+/// The share of those samples that may instead have been copied for the
+/// host to unwind, which walks no JavaScript: samples in V8 code the
+/// kernel's map of the process did not hold yet: under TCG hostprof tells
+/// the kernel where V8's code is a second or so after `record` starts, and
+/// more such samples come while it runs (0.06 to 0.11 of the arm64
+/// guest's main-thread samples, 52 of 458 over 2 s of node's CPU, 83 of
+/// 834 over 4 s; not pinned down yet: V8 changing its code mappings as it
+/// compiles is the suspect). The rest must be walked, and walked right.
+const MAX_NODE_COPIED_SHARE: f64 = 0.25;
 
 /// The share of the Java program's worker samples (thread spin-worker)
 /// whose root-most Java frame must be the thread's entry,
@@ -85,8 +95,13 @@ const MIN_NODE_SHARE: f64 = 0.9;
 const MIN_JAVA_ROOTED_SHARE: f64 = 0.9;
 
 /// The share of those samples that must show `JSpin.hotLoop` as a Java
-/// frame (the worker does little else).
-const MIN_JAVA_HOT_SHARE: f64 = 0.9;
+/// frame: it has 5 of the worker's 6 parts of work.
+const MIN_JAVA_HOT_SHARE: f64 = 0.6;
+
+/// The share that must show the JNI path, `JSpin.viaJni` → the C
+/// `Java_JSpin_nativeCall` → `JSpin.callback`, in that order: it has the
+/// 6th part.
+const MIN_JAVA_JNI_SHARE: f64 = 0.05;
 
 /// The thread-context writer's threads, each of which must be sampled.
 const WRITER_THREADS: u64 = 3;
@@ -359,15 +374,23 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
             }
             let samples = check.number("samples");
             let main = samples.saturating_sub(check.number("threads"));
-            let share = check.number("hot") as f64 / main.max(1) as f64;
-            let passed = exit == "0" && main >= MIN_SAMPLES && share >= MIN_NODE_SHARE;
+            let copied = check.number("copied").min(main);
+            let walked = main - copied;
+            let share = check.number("hot") as f64 / walked.max(1) as f64;
+            let copied_share = copied as f64 / main.max(1) as f64;
+            let passed = exit == "0"
+                && walked >= MIN_SAMPLES
+                && share >= MIN_NODE_SHARE
+                && copied_share <= MAX_NODE_COPIED_SHARE;
             verdict(
                 passed,
-                format!("{short} {share:.3} of {main}"),
+                format!("{short} {share:.3} of {walked}"),
                 format!(
-                    "{name}: exit {exit}, {samples} samples, {main} of the main thread, {share:.3} \
-                     of those with hotLoop as a JavaScript frame (want >= {MIN_NODE_SHARE} of >= \
-                     {MIN_SAMPLES}): {detail}"
+                    "{name}: exit {exit}, {samples} samples, {main} of the main thread, {copied} \
+                     of those copied for the host ({copied_share:.3}, want <= \
+                     {MAX_NODE_COPIED_SHARE}), {share:.3} of the {walked} others with hotLoop \
+                     as a JavaScript frame (want >= {MIN_NODE_SHARE} of >= {MIN_SAMPLES}): \
+                     {detail}"
                 ),
             )
         }
@@ -384,12 +407,14 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
             let worker = check.number("worker");
             let rooted = check.number("rooted") as f64 / worker.max(1) as f64;
             let hot = check.number("hot") as f64 / worker.max(1) as f64;
+            let jni = check.number("jni") as f64 / worker.max(1) as f64;
             let compiled = check.number("compiled") > 0;
             let passed = exit == "0"
                 && compiled
                 && worker >= MIN_SAMPLES
                 && rooted >= MIN_JAVA_ROOTED_SHARE
-                && hot >= MIN_JAVA_HOT_SHARE;
+                && hot >= MIN_JAVA_HOT_SHARE
+                && jni >= MIN_JAVA_JNI_SHARE;
             verdict(
                 passed,
                 format!("{short} {hot:.3} of {worker}"),
@@ -397,7 +422,8 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
                     "{name}: exit {exit}, {worker} samples of spin-worker{}, {rooted:.3} rooted at \
                      JSpin$Worker.run (want >= {MIN_JAVA_ROOTED_SHARE}), {hot:.3} with \
                      JSpin.hotLoop as a Java frame (want >= {MIN_JAVA_HOT_SHARE} of >= \
-                     {MIN_SAMPLES}): {detail}",
+                     {MIN_SAMPLES}), {jni:.3} through JNI into Java again (want >= \
+                     {MIN_JAVA_JNI_SHARE}): {detail}",
                     if compiled {
                         ""
                     } else {

@@ -19,8 +19,8 @@ const PASSING: &[&str] = &[
     "check=agent exit=0 requests=2 with_samples=2 detail=x",
     "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
     "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
-    "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
-    "check=java exit=0 compiled=1 worker=590 rooted=588 hot=585 detail=x",
+    "check=node exit=0 copied=50 samples=700 threads=12 hot=630 detail=x",
+    "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
     "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
     "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
     "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
@@ -98,24 +98,36 @@ fn each_bad_figure_fails_its_check() {
             "check=node exit=1 samples=700 threads=12 hot=680 detail=x",
         ),
         (
-            8,
-            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=200 detail=x",
+            7,
+            "check=node exit=0 copied=60 samples=700 threads=12 hot=500 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=0 copied=200 samples=700 threads=12 hot=480 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 rooted=100 hot=585 detail=x",
+            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=200 jni=95 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=90 rooted=90 hot=90 detail=x",
+            "check=java exit=0 compiled=1 worker=590 rooted=100 hot=480 jni=95 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=0 worker=590 rooted=588 hot=585 detail=x",
+            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=10 detail=x",
         ),
         (
             8,
-            "check=java exit=1 compiled=1 worker=590 rooted=588 hot=585 detail=x",
+            "check=java exit=0 compiled=1 worker=90 rooted=90 hot=75 jni=15 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=0 worker=590 rooted=588 hot=480 jni=95 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=1 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
         ),
         (
             9,
