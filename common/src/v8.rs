@@ -29,6 +29,16 @@ pub const WINDOW_LOW: u64 = 48;
 /// Bytes from a frame pointer to its caller's stack pointer (the saved
 /// frame pointer and the return address).
 pub const FRAME_HEADER: u64 = 16;
+/// The type markers of V8's entry frames, through which C++ calls
+/// JavaScript (`StackFrame::ENTRY` and `CONSTRUCT_ENTRY`, the first two
+/// frame types since V8 6, as `TypeToMarker` stores them: type << 1).
+pub const ENTRY_MARKERS: [u64; 2] = [1 << 1, 2 << 1];
+/// Bytes an aarch64 entry frame keeps above its frame pointer's pair and
+/// below its caller's stack pointer: the callee-saved x19–x28 and d8–d15
+/// that `JSEntry` pushes before the pair (`PushCalleeSavedRegisters`,
+/// `EntryFrameConstants::kCalleeSavedRegisterBytesPushedBeforeFpLrPair`).
+/// x86_64's pushes them below its frame pointer: nothing to add there.
+pub const AARCH64_ENTRY_SAVED: u64 = 18 * 8;
 /// Largest distance from a frame's stack pointer to its frame pointer
 /// believed (a frame's locals and spills).
 pub const MAX_FRAME_BYTES: u64 = 1 << 20;

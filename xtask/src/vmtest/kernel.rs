@@ -2,6 +2,8 @@
 //! download` through a private apt configuration (target/vmtest/apt/SUITE),
 //! so the host's sources stay untouched and other releases' lists are only
 //! used here. What is extracted is cached; a cached kernel needs no network.
+//! The same apt state fetches the other Debian files the guests run: a
+//! static busybox and, for arm64, a JRE.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -212,4 +214,42 @@ pub fn busybox(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
         )?;
     }
     Ok(binary)
+}
+
+/// Debian's JDK 17 runtime for a guest that is not the host's arch (the
+/// host's tests run the host's own JDK): the release's
+/// `openjdk-17-jre-headless` and the one library it needs that the
+/// cross sysroot (`libc6-dev-arm64-cross`, and the libstdc++ and
+/// libgcc_s that `gcc-aarch64-linux-gnu` brings) lacks, zlib. Extracted
+/// under `vmtest_dir/jre-ARCH` (cached: a second run needs no network);
+/// returns where, with the JDK's home at [`jre_home`] in it.
+pub fn jre(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
+    let dir = vmtest_dir.join(format!("jre-{}", arch.debian()));
+    if jre_home(&dir, arch).join("lib/server/libjvm.so").exists() {
+        return Ok(dir);
+    }
+    let apt = Apt::new(vmtest_dir, suite)?;
+    apt.update()?;
+    let partial = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&partial);
+    let home = format!("./{}/*", jre_home(Path::new(""), arch).display());
+    apt.extract(
+        &format!("openjdk-17-jre-headless:{}", arch.debian()),
+        &[&home],
+        &partial,
+    )?;
+    apt.extract(
+        &format!("zlib1g:{}", arch.debian()),
+        &[&format!("./lib/{}/*", arch.triplet())],
+        &partial,
+    )?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&partial, &dir)?;
+    Ok(dir)
+}
+
+/// The JDK's home in [`jre`]'s directory `dir` (and in the guest, under
+/// `/`): Debian's path, which its CDS archive was made at.
+pub fn jre_home(dir: &Path, arch: Arch) -> PathBuf {
+    dir.join(format!("usr/lib/jvm/java-17-openjdk-{}", arch.debian()))
 }

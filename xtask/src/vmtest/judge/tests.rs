@@ -1,0 +1,297 @@
+//! The judge's thresholds, each figure failing its own check.
+use super::*;
+
+fn boot(lines: &[&str]) -> Boot {
+    Boot {
+        results: lines.iter().map(|line| line.to_string()).collect(),
+        tail: vec!["last console line".into()],
+        stderr: String::new(),
+        timed_out: false,
+    }
+}
+
+const BOOT: &str = "boot kernel=6.1.0-56-amd64 arch=x86_64 cpus=2 btf=1";
+const PASSING: &[&str] = &[
+    BOOT,
+    "check=record-dwarf exit=0 samples=878 main=875 before_tables=0 detail=hostprof: 878 samples",
+    "check=record-host exit=0 samples=741 kernel=408 detail=x",
+    "check=off-cpu exit=0 offcpu_us=3739776 block_here_us=3318110 detail=x",
+    "check=agent exit=0 requests=2 with_samples=2 detail=x",
+    "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
+    "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
+    "check=node exit=0 copied=50 samples=700 threads=12 hot=630 detail=x",
+    "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
+    "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
+    "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
+    "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
+     unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
+    "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
+];
+
+fn failed(verdicts: &[Verdict]) -> Vec<&str> {
+    verdicts
+        .iter()
+        .filter(|verdict| !verdict.passed)
+        .map(|verdict| verdict.short.as_str())
+        .collect()
+}
+
+#[test]
+fn a_complete_good_suite_passes() {
+    let verdicts = judge(&boot(PASSING));
+    assert_eq!(verdicts.len(), CHECKS.len());
+    assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
+    assert_eq!(verdicts[0].short, "record main 0.997 of 878");
+}
+
+#[test]
+fn each_bad_figure_fails_its_check() {
+    for (index, bad) in [
+        (
+            1,
+            "check=record-dwarf exit=0 samples=878 main=800 before_tables=78 detail=x",
+        ),
+        (
+            1,
+            "check=record-dwarf exit=0 samples=90 main=90 before_tables=0 detail=x",
+        ),
+        (
+            1,
+            "check=record-dwarf exit=1 samples=0 main=0 detail=hostprof: error: x",
+        ),
+        (2, "check=record-host exit=0 samples=741 kernel=0 detail=x"),
+        (
+            3,
+            "check=off-cpu exit=0 offcpu_us=0 block_here_us=0 detail=x",
+        ),
+        (4, "check=agent exit=0 requests=3 with_samples=0 detail=x"),
+        (
+            4,
+            "check=agent exit=1 requests=2 with_samples=2 detail=hostprof: error: x",
+        ),
+        (
+            5,
+            "check=error-line exit=1 lines=2 detail=WARN x | hostprof: error: x",
+        ),
+        (
+            5,
+            "check=error-line exit=0 lines=1 detail=hostprof: error: x",
+        ),
+        (
+            6,
+            "check=python exit=0 walk_off=0 samples=790 hot=3 detail=x",
+        ),
+        (
+            6,
+            "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=0 samples=700 threads=12 hot=300 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=0 samples=700 threads=650 hot=50 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=1 samples=700 threads=12 hot=680 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=0 copied=60 samples=700 threads=12 hot=500 detail=x",
+        ),
+        (
+            7,
+            "check=node exit=0 copied=200 samples=700 threads=12 hot=480 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=200 jni=95 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=1 worker=590 rooted=100 hot=480 jni=95 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=10 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=1 worker=90 rooted=90 hot=75 jni=15 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=0 compiled=0 worker=590 rooted=588 hot=480 jni=95 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=1 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
+        ),
+        (
+            9,
+            "check=go_labels exit=0 labeled=100 unlabeled=210 failed=1 samples=311 detail=x",
+        ),
+        (
+            9,
+            "check=go_labels exit=0 labeled=250 unlabeled=30 failed=31 samples=311 detail=x",
+        ),
+        (
+            10,
+            "check=go_labels_cgo exit=0 labeled=90 unlabeled=0 failed=0 samples=90 detail=x",
+        ),
+        (
+            10,
+            "check=go_labels_cgo exit=1 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+             foreign=1 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=401 \
+             foreign=0 unknown=1 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+             foreign=0 unknown=0 outside=1 outside_us=40 outside_side=after threads=3 failed_reads=0 stack_faults=0 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=100 good=100 \
+             foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=90 linked=40 good=40 \
+             foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 stack_faults=1 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+             foreign=0 unknown=0 outside=0 threads=2 failed_reads=0 stack_faults=0 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
+             foreign=0 unknown=0 outside=0 threads=3 failed_reads=11 stack_faults=11 detail=x",
+        ),
+        (
+            11,
+            "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
+        ),
+        (
+            12,
+            "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
+        ),
+    ] {
+        let mut lines = PASSING.to_vec();
+        lines[index] = bad;
+        let verdicts = judge(&boot(&lines));
+        assert_eq!(failed(&verdicts).len(), 1, "{bad}");
+        assert!(!verdicts[index - 1].passed, "{bad}");
+    }
+}
+
+#[test]
+fn python_frames_are_wanted_from_linux_5_10() {
+    let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+    let mut lines = PASSING.to_vec();
+    lines[0] = &old_boot;
+    lines[9] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+    lines[10] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
+    assert!(
+        failed(&judge(&boot(&lines))).is_empty(),
+        "5.10: the legacy walk"
+    );
+    lines[6] = "check=python exit=0 walk_off=1 samples=790 hot=0 detail=x";
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["python 0.000 of 790 FAIL"],
+        "5.10: the walk must be on"
+    );
+    lines[6] = "check=python exit=0 absent=1";
+    assert!(failed(&judge(&boot(&lines))).is_empty(), "other arch");
+    lines[7] = "check=node exit=0 absent=1";
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["node n/a FAIL"],
+        "every image carries node"
+    );
+}
+
+#[test]
+fn go_labels_are_wanted_from_linux_6_1_and_absent_before() {
+    let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+    let mut lines = PASSING.to_vec();
+    lines[0] = &old_boot;
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["go labels off FAIL", "go labels cgo off FAIL"],
+        "5.10: the read must be off"
+    );
+    let mut lines = PASSING.to_vec();
+    lines[9] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["go labels 0.000 of 311 FAIL"],
+        "6.1: the read must be on"
+    );
+}
+
+#[test]
+fn javascript_frames_are_checked_on_x86_64_only_before_linux_5_17_and_always_on_arm64() {
+    let mut lines = PASSING.to_vec();
+    lines[7] = "check=node exit=0 modern=1";
+    assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
+    let arm64 = BOOT.replace("6.1.0-56-amd64 arch=x86_64", "6.1.0-56-arm64 arch=aarch64");
+    lines[0] = &arm64;
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["node n/a FAIL"],
+        "arm64: checked in the guest on every kernel"
+    );
+    let old_boot = BOOT.replace("kernel=6.1.0-56", "kernel=5.10.0-46");
+    lines[0] = &old_boot;
+    lines[9] = "check=go_labels exit=0 labeled=0 unlabeled=0 failed=0 samples=311 detail=x";
+    lines[10] = "check=go_labels_cgo exit=0 labeled=0 unlabeled=0 failed=0 samples=310 detail=x";
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["node n/a FAIL"],
+        "5.10: the legacy walk must be checked"
+    );
+}
+
+#[test]
+fn java_frames_are_wanted_on_arm64() {
+    let mut lines = PASSING.to_vec();
+    lines[8] = "check=java exit=0 absent=1";
+    assert!(
+        failed(&judge(&boot(&lines))).is_empty(),
+        "x86_64: on the host"
+    );
+    let arm64 = BOOT.replace("6.1.0-56-amd64 arch=x86_64", "6.1.0-56-arm64 arch=aarch64");
+    lines[0] = &arm64;
+    assert_eq!(
+        failed(&judge(&boot(&lines))),
+        ["java n/a FAIL"],
+        "arm64: the image carries a JVM"
+    );
+}
+
+#[test]
+fn missing_results_fail() {
+    let verdicts = judge(&boot(&PASSING[..3]));
+    assert_eq!(failed(&verdicts).len(), 10);
+    assert!(verdicts[2].long.contains("no result"));
+    let verdicts = judge(&boot(&[]));
+    assert_eq!(failed(&verdicts), ["boot FAIL"]);
+    let no_btf = BOOT.replace("btf=1", "btf=0");
+    let mut lines = PASSING.to_vec();
+    lines[0] = &no_btf;
+    assert_eq!(failed(&judge(&boot(&lines))), ["btf FAIL"]);
+}
