@@ -10,7 +10,7 @@ use hostprof_unwind::table::{UnwindTable, build, build_sparse, build_sparse_with
 use libfuzzer_sys::fuzz_target;
 
 fn assert_sorted(table: &UnwindTable) {
-    let rows = table.rows();
+    let rows = table.rows().expect("built from CFI, not read from the cache");
     assert!(
         rows.windows(2).all(|pair| pair[0].pc <= pair[1].pc),
         "rows not sorted by pc"
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let whole = build(data).ok();
     let mut pcs: Vec<u32> = whole
         .iter()
-        .flat_map(|table| table.rows().iter().step_by(7).map(|row| row.pc))
+        .flat_map(|table| table.rows().unwrap_or_default().iter().step_by(7).map(|row| row.pc))
         .take(64)
         .collect();
     pcs.push(0x1000);

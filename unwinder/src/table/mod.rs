@@ -72,12 +72,15 @@ pub struct UnwindTable {
 }
 
 impl UnwindTable {
-    /// Rows of a table built from CFI (none for frame-pointer code, nor
-    /// for a packed table: see [`Self::row_count`] and [`Self::packed`]).
-    pub fn rows(&self) -> &[UnwindRow] {
+    /// Rows of a table built from CFI (none for frame-pointer code);
+    /// `None` for a packed table, whose rows are only words now (see
+    /// [`Self::row_count`] and [`Self::packed`]): an empty slice would
+    /// read as a table that covers nothing.
+    pub fn rows(&self) -> Option<&[UnwindRow]> {
         match &self.kind {
-            TableKind::Rows(rows) => rows,
-            TableKind::Packed { .. } | TableKind::FramePointers => &[],
+            TableKind::Rows(rows) => Some(rows),
+            TableKind::FramePointers => Some(&[]),
+            TableKind::Packed { .. } => None,
         }
     }
 

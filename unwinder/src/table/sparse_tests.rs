@@ -35,11 +35,11 @@ fn function_pcs(whole: &[UnwindRow], every: usize) -> Vec<u32> {
 fn a_sparse_table_has_the_rules_of_the_functions_asked_for_and_nothing_else() {
     let data = own_executable();
     let whole = build(&data).unwrap();
-    let whole = whole.rows();
+    let whole = whole.rows().unwrap();
     let pcs = function_pcs(whole, 997);
     assert!(pcs.len() >= 5, "{} rows", whole.len());
     let sparse = build_sparse(&data, &pcs).unwrap();
-    let sparse = sparse.rows();
+    let sparse = sparse.rows().unwrap();
     assert!(
         sparse.len() * 10 < whole.len(),
         "{} sparse rows of {}",
@@ -86,11 +86,11 @@ fn a_sparse_table_grows_to_the_whole_tables_rules_where_asked() {
     // scan of every FDE found).
     let data = own_executable();
     let whole = build(&data).unwrap();
-    let whole = whole.rows();
+    let whole = whole.rows().unwrap();
     let pcs = function_pcs(whole, 1);
     let sparse = build_sparse(&data, &pcs).unwrap();
     for row in whole {
-        let found = row_at(sparse.rows(), row.pc).unwrap();
+        let found = row_at(sparse.rows().unwrap(), row.pc).unwrap();
         if is_marker(row) {
             assert!(is_marker(&found), "{:#x}: {found:?}", row.pc);
         } else {
@@ -104,7 +104,7 @@ fn an_address_no_function_covers_is_a_gap_not_asked_for_again() {
     let data = own_executable();
     // The ELF header's own address: code nowhere near it.
     let sparse = build_sparse(&data, &[0x10]).unwrap();
-    let rows = sparse.rows();
+    let rows = sparse.rows().unwrap();
     assert_eq!(row_at(rows, 0x10).unwrap().cfa_rule, cfa::NOT_COVERED);
     assert_eq!(row_at(rows, 0x11).unwrap().cfa_rule, cfa::NOT_LOADED);
 }
@@ -138,7 +138,7 @@ fn a_damaged_file_gives_a_sorted_table_or_an_error_never_a_panic() {
     // a time, as `fuzz/unwind_table` does for whole tables.
     let data = own_executable();
     let whole = build(&data).unwrap();
-    let pcs = function_pcs(whole.rows(), 499);
+    let pcs = function_pcs(whole.rows().unwrap(), 499);
     let file = object::File::parse(&*data).unwrap();
     let mut spots = Vec::new();
     for name in [".eh_frame_hdr", ".eh_frame"] {
@@ -151,7 +151,7 @@ fn a_damaged_file_gives_a_sorted_table_or_an_error_never_a_panic() {
             *byte = [0xff, 0x00, 0x7f, 0x80][(i + j) % 4];
         }
         if let Ok(table) = build_sparse(&damaged, &pcs) {
-            let rows = table.rows();
+            let rows = table.rows().unwrap();
             assert!(
                 rows.windows(2).all(|pair| pair[0].pc <= pair[1].pc),
                 "rows not sorted after damage at {at:#x}"
@@ -175,11 +175,16 @@ fn a_file_without_a_header_finds_its_functions_through_its_index() {
     bare[at + name.len() - 2] = b'X';
     let index = fde_index(&bare).expect("an index of a file without a header");
     let whole = build(&data).unwrap();
-    let pcs = function_pcs(whole.rows(), 1);
+    let pcs = function_pcs(whole.rows().unwrap(), 1);
     // One entry per FDE: at least one per function end the whole table
     // marks, at most one per row.
     let fdes = index.bytes() / 12;
-    let ends = whole.rows().iter().filter(|row| is_marker(row)).count();
+    let ends = whole
+        .rows()
+        .unwrap()
+        .iter()
+        .filter(|row| is_marker(row))
+        .count();
     assert!(
         (ends..=pcs.len()).contains(&fdes),
         "{fdes} FDEs, {ends} ends"
@@ -187,11 +192,11 @@ fn a_file_without_a_header_finds_its_functions_through_its_index() {
     // Every function asked for: the rules the header's search finds.
     let by_header = build_sparse(&data, &pcs).unwrap();
     let by_index = build_sparse_with(&bare, &pcs, Some(&index)).unwrap();
-    assert_eq!(by_index.rows(), by_header.rows());
+    assert_eq!(by_index.rows().unwrap(), by_header.rows().unwrap());
     // A few: the same rows as a scan of every FDE finds.
-    let few = function_pcs(whole.rows(), 997);
+    let few = function_pcs(whole.rows().unwrap(), 997);
     let scanned = build_sparse(&bare, &few).unwrap();
     let indexed = build_sparse_with(&bare, &few, Some(&index)).unwrap();
-    assert_eq!(indexed.rows(), scanned.rows());
-    assert!(indexed.rows().len() < whole.rows().len() / 10);
+    assert_eq!(indexed.rows().unwrap(), scanned.rows().unwrap());
+    assert!(indexed.rows().unwrap().len() < whole.rows().unwrap().len() / 10);
 }

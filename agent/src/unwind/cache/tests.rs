@@ -72,7 +72,7 @@ fn a_table_round_trips() {
     ] {
         let bytes = encode(KEY, &table, &[]);
         // 8 bytes a row, 16 a distinct rule: the rows map's layout.
-        let rows = table.rows().len();
+        let rows = table.row_count();
         assert_eq!(
             bytes.len(),
             HEADER_BYTES + KEY.len() + 4 + hostprof_unwind::table_words(rows, rows.min(5)) * 8

@@ -39,9 +39,9 @@ const MAX_PCS: usize = 4096;
 const KEPT_FILES: usize = 8;
 
 /// Bytes of kept files at most (their CFI, read in, and FDE index), the
-/// newest always kept: with 40 distinct busy binaries, eight kept were
-/// 6 MiB of a record's peak, while growths mostly come from different
-/// files in turn (a hit is a process of a file grown just before, or a
+/// newest always kept: with 40 distinct busy binaries, eight kept files
+/// of a few hundred KiB each were a visible part of a record's peak, while
+/// growths mostly come from different files in turn (a hit is a process of a file grown just before, or a
 /// second process of it, which the newest few serve).
 const KEPT_BYTES: usize = 2 << 20;
 
@@ -229,7 +229,8 @@ impl<M: TableMaps> TableLoader<M> {
                 let vaddr = u32::try_from(pc.wrapping_sub(slot.bias)).ok()?;
                 let kept = kept_file(growing, pid, &slot.key, &slot.mapping, files)?;
                 let table = kept.build(&[vaddr]).ok()?;
-                let row = table.rows()[..table.rows().partition_point(|row| row.pc <= vaddr)]
+                let rows = table.rows()?;
+                let row = rows[..rows.partition_point(|row| row.pc <= vaddr)]
                     .last()
                     .copied()?;
                 match row.cfa_rule {

@@ -48,6 +48,7 @@ fn functions(data: &[u8]) -> Vec<u32> {
     let whole = table::build(data).unwrap();
     whole
         .rows()
+        .unwrap()
         .iter()
         .filter(|row| row.cfa_rule == cfa::SP)
         .step_by(5000)
@@ -120,7 +121,7 @@ fn a_large_files_table_grows_by_the_functions_walks_stop_at_in_every_process() {
 
     let whole = table::build(data).unwrap();
     let whole_rule = |vaddr: u32| {
-        let rows = whole.rows();
+        let rows = whole.rows().unwrap();
         rows[rows.partition_point(|row| row.pc <= vaddr) - 1]
     };
     for pid in [1, 2] {
@@ -170,6 +171,7 @@ fn a_stack_copy_brings_every_function_its_walk_needs_in_one_growth() {
     // sp alone: the return address saved at cfa + offset.
     let framed: Vec<UnwindRow> = whole
         .rows()
+        .unwrap()
         .iter()
         .filter(|row| {
             row.cfa_rule == cfa::SP

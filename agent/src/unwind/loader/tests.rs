@@ -180,7 +180,7 @@ fn runtime_code_is_marked_for_its_walker_and_reloads() {
 #[test]
 fn tables_are_shared_kept_idle_and_evicted_for_room() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    let rows = table::build(&exe).unwrap().rows().to_vec();
+    let rows = table::build(&exe).unwrap().rows().unwrap().to_vec();
     let words = hostprof_unwind::pack(&rows).len() as u32;
     let rows = rows.len() as u32;
     let exe: FileData = Arc::new(exe);
@@ -261,7 +261,7 @@ fn tables_are_shared_kept_idle_and_evicted_for_room() {
 #[test]
 fn idle_tables_are_bounded_in_number() {
     let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    let words = hostprof_unwind::pack(table::build(&exe).unwrap().rows()).len() as u32;
+    let words = hostprof_unwind::pack(table::build(&exe).unwrap().rows().unwrap()).len() as u32;
     let chunks = words.div_ceil(ROW_CHUNK as u32);
     let mut maps = FakeMaps::default();
     let mut files = OwnExe(Arc::new(exe), 0);
