@@ -326,6 +326,141 @@ mod tests {
         assert_eq!(offsets((1, 99)), None);
     }
 
+    /// A little-endian ELF64 file with `.go.buildinfo` at 0x1000 and
+    /// `.data` at 0x2000.
+    fn elf(buildinfo: &[u8], data: &[u8]) -> Vec<u8> {
+        let names = b"\0.go.buildinfo\0.data\0.shstrtab\0";
+        let mut file = vec![0u8; 64];
+        let at_buildinfo = file.len();
+        file.extend_from_slice(buildinfo);
+        let at_data = file.len();
+        file.extend_from_slice(data);
+        let at_names = file.len();
+        file.extend_from_slice(names);
+        file.resize(file.len().next_multiple_of(8), 0);
+        let at_headers = file.len();
+        file.extend_from_slice(&[0; 64]);
+        // (name, type, address, offset, size): PROGBITS twice, STRTAB.
+        for (name, kind, address, offset, size) in [
+            (1u32, 1u32, 0x1000u64, at_buildinfo, buildinfo.len()),
+            (15, 1, 0x2000, at_data, data.len()),
+            (21, 3, 0, at_names, names.len()),
+        ] {
+            file.extend_from_slice(&name.to_le_bytes());
+            file.extend_from_slice(&kind.to_le_bytes());
+            file.extend_from_slice(&2u64.to_le_bytes()); // SHF_ALLOC
+            file.extend_from_slice(&address.to_le_bytes());
+            file.extend_from_slice(&(offset as u64).to_le_bytes());
+            file.extend_from_slice(&(size as u64).to_le_bytes());
+            file.extend_from_slice(&[0; 8]); // link, info
+            file.extend_from_slice(&1u64.to_le_bytes());
+            file.extend_from_slice(&[0; 8]);
+        }
+        file[..16].copy_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+        file[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+        file[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86_64
+        file[20..24].copy_from_slice(&1u32.to_le_bytes());
+        file[40..48].copy_from_slice(&(at_headers as u64).to_le_bytes());
+        file[52..54].copy_from_slice(&64u16.to_le_bytes());
+        file[54..56].copy_from_slice(&56u16.to_le_bytes());
+        file[58..60].copy_from_slice(&64u16.to_le_bytes());
+        file[60..62].copy_from_slice(&4u16.to_le_bytes());
+        file[62..64].copy_from_slice(&3u16.to_le_bytes());
+        file
+    }
+
+    /// A pre-1.18 header (pointer size, flags) pointing at `pointer`.
+    fn old_header(size: u8, flags: u8, pointer: u64) -> Vec<u8> {
+        let mut header = b"\xff Go buildinf:".to_vec();
+        header.extend_from_slice(&[size, flags]);
+        header.extend_from_slice(&pointer.to_le_bytes());
+        header.resize(32, 0);
+        header
+    }
+
+    /// `.data` holding a string header (address, length) at 0x2000 and
+    /// the bytes it points at from 0x2010.
+    fn version_string(text: &[u8], len: u64) -> Vec<u8> {
+        let mut data = 0x2010u64.to_le_bytes().to_vec();
+        data.extend_from_slice(&len.to_le_bytes());
+        data.extend_from_slice(text);
+        data
+    }
+
+    fn version_of(bytes: &[u8]) -> Option<(u32, u32)> {
+        go_version(&object::File::parse(bytes).expect("a well-formed ELF file"))
+    }
+
+    #[test]
+    fn an_old_header_is_followed_to_runtime_build_version() {
+        let good = version_string(b"go1.15.15", 9);
+        assert_eq!(
+            version_of(&elf(&old_header(8, 0, 0x2000), &good)),
+            Some((1, 15))
+        );
+        // Go 1.18's inline string, for comparison.
+        let mut new = old_header(8, 2, 0);
+        new.push(7);
+        new.extend_from_slice(b"go1.24.4");
+        assert_eq!(version_of(&elf(&new, &[])), Some((1, 24)));
+    }
+
+    #[test]
+    fn a_hostile_old_header_reads_no_version_and_nothing_outside_the_file() {
+        let good = version_string(b"go1.15.15", 9);
+        let cases: [(&str, Vec<u8>, Vec<u8>); 10] = [
+            ("32-bit", old_header(4, 0, 0x2000), good.clone()),
+            ("big-endian", old_header(8, 1, 0x2000), good.clone()),
+            (
+                "cut after the flags",
+                old_header(8, 0, 0x2000)[..18].to_vec(),
+                good.clone(),
+            ),
+            (
+                "pointer to no section",
+                old_header(8, 0, 0xdead_0000),
+                good.clone(),
+            ),
+            (
+                "pointer at the top",
+                old_header(8, 0, u64::MAX - 4),
+                good.clone(),
+            ),
+            (
+                "header cut by the section's end",
+                old_header(8, 0, 0x2000 + 20),
+                good.clone(),
+            ),
+            (
+                "length past the data",
+                old_header(8, 0, 0x2000),
+                version_string(b"go1.15", 60),
+            ),
+            (
+                "length of 2^64 - 1",
+                old_header(8, 0, 0x2000),
+                version_string(b"go1.15", u64::MAX),
+            ),
+            (
+                "not UTF-8",
+                old_header(8, 0, 0x2000),
+                version_string(b"go1.\xff5", 6),
+            ),
+            (
+                "not a Go version",
+                old_header(8, 0, 0x2000),
+                version_string(b"devel +1", 8),
+            ),
+        ];
+        for (what, buildinfo, data) in cases {
+            assert_eq!(version_of(&elf(&buildinfo, &data)), None, "{what}");
+        }
+        // The string's own address at the top of the address space.
+        let mut wrapped = u64::MAX.to_le_bytes().to_vec();
+        wrapped.extend_from_slice(&9u64.to_le_bytes());
+        assert_eq!(version_of(&elf(&old_header(8, 0, 0x2000), &wrapped)), None);
+    }
+
     #[test]
     fn a_non_go_binary_is_not_registered() {
         assert_eq!(process_of(b"not an ELF"), Ok(None));

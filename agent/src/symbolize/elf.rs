@@ -108,7 +108,7 @@ impl ElfSymbols {
         let base = symbols.first().map_or(0, |(start, ..)| *start);
         // Room for every name and each run's file name, exactly: a growth
         // doubles the text, and with 40 binaries of 20,000 functions the
-        // doubled half was 5 MB of a record's peak.
+        // unused half of each doubled buffer showed in a record's peak.
         let (mut bytes, mut count) = (0, 0);
         let mut last: Option<&str> = None;
         for (_, _, name, file) in &symbols {
