@@ -79,6 +79,19 @@ fn go_samples_carry_their_goroutines_labels_with_cgo() {
     }
 }
 
+/// The legacy eBPF variant's read (Linux 5.10 to 5.16: a loop bounded in
+/// the program, no `bpf_loop`), loaded on this kernel: a map of labels
+/// (1.23) and a slice (1.27), with cgo and without. `cargo xtask vmtest`
+/// runs it on a real 5.10.
+#[test]
+fn the_legacy_variant_reads_the_labels_too() {
+    for go in [TOOLCHAINS[2], TOOLCHAINS[6]] {
+        for cgo in [false, true] {
+            check_on(go, cgo, Some("legacy"));
+        }
+    }
+}
+
 /// Which turn of the program a sample caught, by its leaf function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Turn {
@@ -181,14 +194,22 @@ fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
 }
 
 fn check(go: &str, cgo: bool) {
+    check_on(go, cgo, None);
+}
+
+/// [`check`] with the eBPF variant `variant` forced.
+fn check_on(go: &str, cgo: bool, variant: Option<&str>) {
     let Some(_serial) = common::require_ebpf() else {
         return;
     };
     let Some((binary, version)) = build(go, cgo) else {
         return;
     };
-    let what = format!("{version}, cgo {cgo}");
-    let stop = common::work_dir().join(format!("go_labels-{version}-{cgo}.stop"));
+    let variant_name = variant.unwrap_or("chosen");
+    let what = format!("{version}, cgo {cgo}, variant {variant_name}");
+    // Files of their own: the tests of both variants run side by side.
+    let name = format!("go_labels-{version}-{cgo}-{variant_name}");
+    let stop = common::work_dir().join(format!("{name}.stop"));
     let _ = std::fs::remove_file(&stop);
     let mut program = KillOnDrop(
         Command::new(&binary)
@@ -199,8 +220,8 @@ fn check(go: &str, cgo: bool) {
             .expect("start the Go program"),
     );
     let pid = program.0.id();
-    let out = common::work_dir().join(format!("go_labels-{version}-{cgo}.otlp.pb"));
-    let (mut recording, mut log) = running::record_pid(pid, "499", &out);
+    let out = common::work_dir().join(format!("{name}.otlp.pb"));
+    let (mut recording, mut log) = running::record_pid_on(pid, "499", &out, variant);
     let ran = running::wait_for_cpu(pid, CPU_SECONDS, Duration::from_secs(60));
     assert_eq!(ran, Some(true), "{what}: the program did not run");
     let status = running::interrupt(&mut recording);
@@ -310,7 +331,7 @@ fn check(go: &str, cgo: bool) {
         "{what}: report --attribute route=/cart: {text}"
     );
     // The labels are pprof labels too, read by Go's own pprof.
-    let pprof = common::work_dir().join(format!("go_labels-{version}-{cgo}.pb.gz"));
+    let pprof = common::work_dir().join(format!("{name}.pb.gz"));
     common::run_ok(
         common::hostprof()
             .arg("report")

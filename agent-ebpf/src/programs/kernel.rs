@@ -37,9 +37,6 @@ pub(super) trait Kernel {
         dst: *mut u64,
         runtime: *mut hostprof_common::runtime::Stack,
     ) -> Option<(u32, u32)>;
-    /// The current goroutine's pprof labels (see `golang`): the flags to
-    /// set on the sample.
-    fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32;
     /// The last element `<= target` of a sorted run: the process's
     /// mappings or a table's rows.
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32>
@@ -96,11 +93,6 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
             )
         };
         Some(finish_unwind(state, dst, runtime))
-    }
-
-    #[inline(always)]
-    fn go_labels(tgid: u32, link: *mut hostprof_common::trace::Link, attrs: *mut u8) -> u32 {
-        super::golang::read_labels::<Self>(tgid, link, attrs)
     }
 
     /// Mappings: the CPU's last mapping, checked with two reads, else
@@ -223,13 +215,6 @@ impl Kernel for Legacy {
         let unwound = finish_unwind(state, dst, runtime);
         state.reason = IDLE;
         Some(unwound)
-    }
-
-    /// None: the read loops with `bpf_loop` (5.17), which these kernels
-    /// lack; Go samples there carry no labels.
-    #[inline(always)]
-    fn go_labels(_tgid: u32, _link: *mut hostprof_common::trace::Link, _attrs: *mut u8) -> u32 {
-        0
     }
 
     /// Branch-free probes (see `Search::probe_branchless`); rows are

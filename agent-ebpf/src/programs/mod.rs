@@ -352,7 +352,8 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // thread has no OpenTelemetry context (a cgo program's C library
         // publishing one wins: its record is the richer).
         let trace = if trace == 0 && K::RUNTIMES && read_volatile(&GO_LABELS) != 0 {
-            K::go_labels(
+            golang::read_labels::<K>(
+                slot,
                 tgid,
                 &raw mut (*sample).trace,
                 (&raw mut (*sample).attrs).cast(),

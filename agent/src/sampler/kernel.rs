@@ -145,11 +145,12 @@ pub(super) const RUNTIME_WALK_SINCE: (u32, u32) = (6, 1);
 /// to check the walk's frames with.
 pub(super) const ARM64_PYTHON_WALK_SINCE: (u32, u32) = (6, 1);
 pub(super) const EARLY_COPY_SINCE: (u32, u32) = (6, 1);
-/// The Go labels' read (`bpf_loop` over a label map's slots, writes at
-/// variable offsets into the attribute room): 6.1, 6.12 and 6.18 accept
-/// it (6.1 since each string's length is read once, see
-/// `golang::append`); before 6.1 the modern variant has none of the
-/// runtime walks either.
+/// The modern variant's read of Go's labels (`bpf_loop` over a label
+/// map's slots, writes at variable offsets into the attribute room): 6.1,
+/// 6.12 and 6.18 accept it (6.1 since each string's length is read once,
+/// see `golang::append`); before 6.1 the modern variant has none of the
+/// runtime walks either. The legacy variant's read, a loop bounded in the
+/// program, is checked on 5.10 by `cargo xtask vmtest`.
 pub(super) const GO_LABELS_SINCE: (u32, u32) = (6, 1);
 
 /// The running kernel is `since` or newer.
@@ -196,12 +197,14 @@ impl Walks {
                 RUNTIME_WALK_SINCE.1
             );
         }
-        // Go's pprof labels: the modern variant's read, on the kernels whose
-        // verifiers were seen to accept it (x86_64 and arm64).
-        let go_labels = u32::from(variant == Variant::Modern && verified_since(GO_LABELS_SINCE));
+        // Go's pprof labels: the legacy variant's read everywhere; the
+        // modern variant's on the kernels whose verifiers were seen to
+        // accept it (x86_64 and arm64).
+        let go_labels = u32::from(variant == Variant::Legacy || verified_since(GO_LABELS_SINCE));
         if go_labels == 0 {
             tracing::info!(
-                "no Go pprof labels on this kernel (they need Linux {}.{} or later)",
+                "no Go pprof labels on this kernel with the modern eBPF variant (they need \
+                 Linux {}.{} or later)",
                 GO_LABELS_SINCE.0,
                 GO_LABELS_SINCE.1
             );
