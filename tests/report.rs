@@ -566,7 +566,7 @@ fn progress_line_on_a_terminal_and_ctrl_c_still_writes() {
         1,
         "the progress line scrolled:\n{line}"
     );
-    run_ok(Command::new("tmux").args(["send-keys", "-t", &tmux.name, "C-c"]));
+    tmux.keys(&["C-c"]);
     let screen = tmux.wait_for("exit after Ctrl-C", 60, |screen| {
         screen
             .contains("record exited with")

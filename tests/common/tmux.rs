@@ -1,5 +1,11 @@
 //! A program on a real terminal: a detached tmux session, its screen read
 //! with `capture-pane`, keys sent with `send-keys`.
+//!
+//! Each session has a tmux server of its own, on a socket of its own
+//! (`-S`, removed with the session). With one shared
+//! server, a test whose last session ends takes the server down while a
+//! test running beside it asks that server for a new session, and tmux
+//! answers "server exited unexpectedly" (seen in CI).
 use std::{
     process::Command,
     time::{Duration, Instant},
@@ -7,7 +13,8 @@ use std::{
 
 use super::run_ok;
 
-/// A detached tmux session running a command; killed on drop.
+/// A detached tmux session running a command; killed, with its server, on
+/// drop.
 pub struct Tmux {
     pub name: String,
 }
@@ -20,10 +27,13 @@ impl Tmux {
 
     /// A terminal of (columns, rows).
     pub fn start_sized(name: &str, (columns, rows): (u16, u16), command: &str) -> Tmux {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", name])
-            .output();
-        run_ok(Command::new("tmux").args([
+        let tmux = Tmux {
+            name: name.to_owned(),
+        };
+        // A server left by an earlier run under the same name.
+        let _ = tmux.command().arg("kill-server").output();
+        let _ = std::fs::remove_file(tmux.socket());
+        run_ok(tmux.command().args([
             "new-session",
             "-d",
             "-x",
@@ -34,15 +44,25 @@ impl Tmux {
             name,
             command,
         ]));
-        Tmux {
-            name: name.to_owned(),
-        }
+        tmux
+    }
+
+    /// `tmux` talking to this session's own server.
+    fn command(&self) -> Command {
+        let mut command = Command::new("tmux");
+        command.arg("-S").arg(self.socket());
+        command
+    }
+
+    /// The server's socket (short: a socket's path has at most 107 bytes).
+    fn socket(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("hostprof-tmux-{}", self.name))
     }
 
     /// Sends keys by tmux's names (`q`, `Enter`, `Escape`, `C-c`).
     pub fn keys(&self, keys: &[&str]) {
         run_ok(
-            Command::new("tmux")
+            self.command()
                 .args(["send-keys", "-t", &self.name])
                 .args(keys),
         );
@@ -50,11 +70,17 @@ impl Tmux {
 
     /// Types `text` as it is.
     pub fn type_text(&self, text: &str) {
-        run_ok(Command::new("tmux").args(["send-keys", "-l", "-t", &self.name, text]));
+        run_ok(
+            self.command()
+                .args(["send-keys", "-l", "-t", &self.name, text]),
+        );
     }
 
     pub fn screen(&self) -> String {
-        let output = run_ok(Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]));
+        let output = run_ok(
+            self.command()
+                .args(["capture-pane", "-p", "-t", &self.name]),
+        );
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
@@ -77,8 +103,7 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.name])
-            .output();
+        let _ = self.command().arg("kill-server").output();
+        let _ = std::fs::remove_file(self.socket());
     }
 }
