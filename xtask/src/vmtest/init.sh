@@ -189,20 +189,29 @@ else
 fi
 
 # 7. JavaScript frames, walked in the kernel: a Node.js program whose main
-# thread spends its time in hotLoop (node's own build for the arch). The
-# main thread's samples are the node process's stacks not rooted in a
-# thread start (node's other threads run native code only). On x86_64
-# only before Linux 5.17, where the legacy variant's tail-called V8 walk
-# runs: the modern variant's is tests/node.rs's on the host. On arm64
-# always: nothing else walks aarch64's V8 frames.
+# thread spends its time in hotLoop, under each of node's own builds the
+# image carries (/opt/node-VERSION/bin/node: 18 on x86_64; 18, 20 and 22
+# on arm64), one line each. The main thread's samples are the node
+# process's stacks not rooted in a thread start (node's other threads run
+# native code only). On x86_64 only before Linux 5.17, where the legacy
+# variant's tail-called V8 walk runs: the modern variant's is
+# tests/node.rs's on the host. On arm64 always: nothing else walks
+# aarch64's V8 frames.
 release=$(uname -r)
 major=${release%%.*}
 minor=${release#*.}
 minor=${minor%%[!0-9]*}
+nodes=$(ls -d /opt/node-*/bin/node 2>/dev/null)
 if [ "$(uname -m)" != aarch64 ] && { [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 17 ]; }; }; then
     say check=node exit=0 modern=1
-elif [ -x /bin/node ]; then
-    node /bin/jsspin.js &
+    nodes=
+elif [ -z "$nodes" ]; then
+    say check=node exit=0 absent=1
+fi
+for node in $nodes; do
+    version=${node#/opt/node-}
+    version=${version%/bin/node}
+    $node /bin/jsspin.js &
     js=$!
     # Until node has run 4 s of CPU: while hostprof loads the tables of
     # its 100 MB binary, node gets little of a loaded TCG guest's time;
@@ -212,24 +221,24 @@ elif [ -x /bin/node ]; then
     # guest's 2 s of CPU).
     record_cpu $js 400 /tmp/js.folded /tmp/js.err --log-level info -F 199
     kill $js
-    show node /tmp/js.err
+    wait $js 2>/dev/null
+    show node-$version /tmp/js.err
     # The commonest stacks, for the log.
     awk '/^node;/ { print $NF "\t" $0 }' /tmp/js.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/js.top
-    show js-stacks /tmp/js.top
+    show js-stacks-$version /tmp/js.top
     # Samples whose walk reached code the kernel's map of node did not
     # hold yet, copied for the host to unwind (judge.rs).
     copied=$(plain /tmp/js.err | sed -n 's/.*early samples .*: \([0-9]*\) unwound on the host from stack copies.*/\1/p')
-    say check=node exit=$rc copied=${copied:-0} $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) detail="$(detail /tmp/js.err 'samples from')"
-else
-    say check=node exit=0 absent=1
-fi
+    say check=node version=$version exit=$rc copied=${copied:-0} $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) detail="$(detail /tmp/js.err 'samples from')"
+done
 
 kill $spin
 
 # 7a. Java frames, walked in the kernel: JSpin's thread spin-worker (its
 # comm roots the folded stacks) spends most of its time in JSpin.hotLoop,
-# the rest in Java called back from C through JNI (arm64 images only:
-# they carry Debian's JRE; the host's tests walk x86_64's).
+# the rest in Java called back from C through JNI, under each JDK the
+# image carries (arm64 images only: Debian's 11, 17 and 21; the host's
+# tests walk x86_64's), one line each.
 # Recorded once C2 has compiled handler, the last of its methods to be
 # compiled (hotLoop before it), until the JVM has run 3 s of CPU.
 # java_frames FILE: spin-worker's samples (`worker=`), those whose
@@ -248,24 +257,27 @@ java_frames() {
         if (stack ~ /;JSpin[.]viaJni [(][^;]*;(.*;)?Java_JSpin_nativeCall;(.*;)?JSpin[.]callback [(]/) jni += n
     } END { printf "worker=%d rooted=%d hot=%d jni=%d", worker, rooted, hot, jni }' "$1" 2>/dev/null || echo "worker=0 rooted=0 hot=0 jni=0"
 }
-if [ -x /bin/java ]; then
-    java -Xmx64m -XX:+PrintCompilation -cp /java JSpin /java/libjspin.so >/tmp/java.log 2>&1 &
+javas=$(ls -d /usr/lib/jvm/java-*-openjdk-*/bin/java 2>/dev/null)
+[ -n "$javas" ] || say check=java exit=0 absent=1
+for java in $javas; do
+    version=${java#/usr/lib/jvm/java-}
+    version=${version%%-*}
+    $java -Xmx64m -XX:+PrintCompilation -cp /java JSpin /java/libjspin.so >/tmp/java.log 2>&1 &
     jvm=$!
     # PrintCompilation's line for C2 (tier 4) compiling handler whole
     # (OSR compilations name a bci: `JSpin::hotLoop @ 6 (35 bytes)`).
     wait_for ' 4  *JSpin::handler (' /tmp/java.log $jvm 240 && compiled=1 || compiled=0
     record_cpu $jvm 300 /tmp/java.folded /tmp/java.err --log-level info -F 199
     kill $jvm
-    show java /tmp/java.err
+    wait $jvm 2>/dev/null
+    show java-$version /tmp/java.err
     # The worker's commonest stacks, for the log.
     awk '/^spin-worker;/ { print $NF "\t" $0 }' /tmp/java.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/java.top
-    show java-stacks /tmp/java.top
+    show java-stacks-$version /tmp/java.top
     grep -e JSpin -e rror /tmp/java.log >/tmp/jit.log
-    show jit /tmp/jit.log
-    say check=java exit=$rc compiled=$compiled $(java_frames /tmp/java.folded) detail="$(detail /tmp/java.err 'samples from')"
-else
-    say check=java exit=0 absent=1
-fi
+    show jit-$version /tmp/jit.log
+    say check=java version=$version exit=$rc compiled=$compiled $(java_frames /tmp/java.folded) detail="$(detail /tmp/java.err 'samples from')"
+done
 
 # 7b. Go's pprof labels, read in the kernel from the thread's goroutine:
 # tests/go_labels.rs's program, built for this arch without cgo (arm64:

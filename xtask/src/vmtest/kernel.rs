@@ -3,7 +3,7 @@
 //! so the host's sources stay untouched and other releases' lists are only
 //! used here. What is extracted is cached; a cached kernel needs no network.
 //! The same apt state fetches the other Debian files the guests run: a
-//! static busybox and, for arm64, a JRE.
+//! static busybox and, for arm64, Debian's JDK runtimes (11, 17, 21).
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -216,40 +216,99 @@ pub fn busybox(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
     Ok(binary)
 }
 
-/// Debian's JDK 17 runtime for a guest that is not the host's arch (the
-/// host's tests run the host's own JDK): the release's
-/// `openjdk-17-jre-headless` and the one library it needs that the
-/// cross sysroot (`libc6-dev-arm64-cross`, and the libstdc++ and
-/// libgcc_s that `gcc-aarch64-linux-gnu` brings) lacks, zlib. Extracted
-/// under `vmtest_dir/jre-ARCH` (cached: a second run needs no network);
-/// returns where, with the JDK's home at [`jre_home`] in it.
-pub fn jre(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
-    let dir = vmtest_dir.join(format!("jre-{}", arch.debian()));
-    if jre_home(&dir, arch).join("lib/server/libjvm.so").exists() {
+/// A Debian JDK whose runtime the arm64 guest runs: its feature release
+/// and the Debian release that carries it (each of 11, 17 and 21 is in
+/// one release only).
+pub struct Jdk {
+    pub major: u32,
+    pub suite: &'static str,
+    /// Whether it needs its release's C library: one newer than the cross
+    /// sysroot's (bookworm's glibc 2.36), which the image's other
+    /// programs were linked against and run on as well.
+    pub own_libc: bool,
+}
+
+/// The JDKs the arm64 guest checks, the LTS releases hostprof supports.
+pub const JDKS: &[Jdk] = &[
+    Jdk {
+        major: 11,
+        suite: "bullseye",
+        own_libc: false,
+    },
+    Jdk {
+        major: 17,
+        suite: "bookworm",
+        own_libc: false,
+    },
+    Jdk {
+        major: 21,
+        suite: "trixie",
+        // Its libjvm, libjava and libjli want GLIBC_2.38.
+        own_libc: true,
+    },
+];
+
+/// Debian's runtime of `jdk` for a guest that is not the host's arch (the
+/// host's tests run the host's own JDKs): the release's
+/// `openjdk-N-jre-headless` and the one library it needs that the cross
+/// sysroot (`libc6-dev-arm64-cross`, and the libstdc++ and libgcc_s that
+/// `gcc-aarch64-linux-gnu` brings) lacks, zlib, from the same release,
+/// and, for a JDK that needs it, the release's glibc (under [`LIBC`]).
+/// The release's own versions, not its security archive's: that index
+/// names builds its mirror may lack (bullseye's arm64 JDK 11, now LTS's,
+/// answers 404). Extracted under `vmtest_dir/jre-N-ARCH` (cached: a
+/// second run needs no network); returns where, with the JDK's home at
+/// [`jre_home`] in it and its libraries under [`jre_libraries`].
+pub fn jre(vmtest_dir: &Path, jdk: &Jdk, arch: Arch) -> Result<PathBuf> {
+    let dir = vmtest_dir.join(format!("jre-{}-{}", jdk.major, arch.debian()));
+    if jre_home(&dir, jdk.major, arch)
+        .join("lib/server/libjvm.so")
+        .exists()
+    {
         return Ok(dir);
     }
-    let apt = Apt::new(vmtest_dir, suite)?;
+    let apt = Apt::new(vmtest_dir, jdk.suite)?;
     apt.update()?;
     let partial = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&partial);
-    let home = format!("./{}/*", jre_home(Path::new(""), arch).display());
+    let home = format!("./{}/*", jre_home(Path::new(""), jdk.major, arch).display());
+    let package = |name: &str| format!("{name}:{}/{}", arch.debian(), jdk.suite);
     apt.extract(
-        &format!("openjdk-17-jre-headless:{}", arch.debian()),
+        &package(&format!("openjdk-{}-jre-headless", jdk.major)),
         &[&home],
         &partial,
     )?;
-    apt.extract(
-        &format!("zlib1g:{}", arch.debian()),
-        &[&format!("./lib/{}/*", arch.triplet())],
-        &partial,
-    )?;
+    // Under /lib up to bookworm, /usr/lib from trixie (merged /usr): the
+    // pattern's `*` takes both.
+    let libraries = format!("./*lib/{}/*", arch.triplet());
+    apt.extract(&package("zlib1g"), &[&libraries], &partial)?;
+    if jdk.own_libc {
+        // Apart: the image takes it whole, its loader with it.
+        apt.extract(&package("libc6"), &[&libraries], &partial.join(LIBC))?;
+    }
     let _ = fs::remove_dir_all(&dir);
     fs::rename(&partial, &dir)?;
     Ok(dir)
 }
 
+/// Where in [`jre`]'s directory a JDK's own C library is extracted (as
+/// `usr/lib/TRIPLET/` from trixie on).
+pub const LIBC: &str = "libc";
+
+/// Where [`jre`]'s directory `dir` has the libraries it brings besides
+/// the JDK's own (its C library apart).
+pub fn jre_libraries(dir: &Path, arch: Arch) -> Vec<PathBuf> {
+    ["lib", "usr/lib"]
+        .iter()
+        .map(|lib| dir.join(lib).join(arch.triplet()))
+        .collect()
+}
+
 /// The JDK's home in [`jre`]'s directory `dir` (and in the guest, under
 /// `/`): Debian's path, which its CDS archive was made at.
-pub fn jre_home(dir: &Path, arch: Arch) -> PathBuf {
-    dir.join(format!("usr/lib/jvm/java-17-openjdk-{}", arch.debian()))
+pub fn jre_home(dir: &Path, major: u32, arch: Arch) -> PathBuf {
+    dir.join(format!(
+        "usr/lib/jvm/java-{major}-openjdk-{}",
+        arch.debian()
+    ))
 }

@@ -260,10 +260,11 @@ fn javascript_frames_are_checked_on_x86_64_only_before_linux_5_17_and_always_on_
     let mut lines = PASSING.to_vec();
     lines[7] = "check=node exit=0 modern=1";
     assert!(failed(&judge(&boot(&lines))).is_empty(), "6.1: on the host");
-    let arm64 = BOOT.replace("6.1.0-56-amd64 arch=x86_64", "6.1.0-56-arm64 arch=aarch64");
-    lines[0] = &arm64;
+    let mut runtimes = arm64_runtimes();
+    runtimes.retain(|line| !line.starts_with("check=node"));
+    runtimes.push("check=node exit=0 modern=1".into());
     assert_eq!(
-        failed(&judge(&boot(&lines))),
+        failed(&judged(&arm64_lines(&runtimes))),
         ["node n/a FAIL"],
         "arm64: checked in the guest on every kernel"
     );
@@ -284,12 +285,13 @@ fn java_frames_are_wanted_on_arm64() {
         failed(&judge(&boot(&lines))).is_empty(),
         "x86_64: on the host"
     );
-    let arm64 = BOOT.replace("6.1.0-56-amd64 arch=x86_64", "6.1.0-56-arm64 arch=aarch64");
-    lines[0] = &arm64;
+    let mut runtimes = arm64_runtimes();
+    runtimes.retain(|line| !line.starts_with("check=java"));
+    runtimes.push("check=java exit=0 absent=1".into());
     assert_eq!(
-        failed(&judge(&boot(&lines))),
+        failed(&judged(&arm64_lines(&runtimes))),
         ["java n/a FAIL"],
-        "arm64: the image carries a JVM"
+        "arm64: the image carries JVMs"
     );
 }
 
@@ -304,4 +306,81 @@ fn missing_results_fail() {
     let mut lines = PASSING.to_vec();
     lines[0] = &no_btf;
     assert_eq!(failed(&judge(&boot(&lines))), ["btf FAIL"]);
+}
+
+const ARM64: &str = "boot kernel=6.1.0-56-arm64 arch=aarch64 cpus=2 btf=1";
+
+fn node_line(version: &str, hot: u32) -> String {
+    format!(
+        "check=node version={version} exit=0 copied=50 samples=700 threads=12 hot={hot} detail=x"
+    )
+}
+
+fn java_line(version: u32, hot: u32) -> String {
+    format!(
+        "check=java version={version} exit=0 compiled=1 worker=590 rooted=588 hot={hot} jni=95 \
+         detail=x"
+    )
+}
+
+/// A passing arm64 suite: one line per Node.js and JDK version.
+fn arm64_runtimes() -> Vec<String> {
+    vec![
+        node_line("18.20.4", 630),
+        node_line("20.18.0", 630),
+        node_line("22.10.0", 630),
+        java_line(11, 480),
+        java_line(17, 480),
+        java_line(21, 480),
+    ]
+}
+
+/// [`PASSING`] on arm64, with `runtimes` for its node and java lines.
+fn arm64_lines(runtimes: &[String]) -> Vec<String> {
+    let mut lines: Vec<String> = PASSING.iter().map(|line| line.to_string()).collect();
+    lines[0] = ARM64.to_string();
+    lines.retain(|line| !line.starts_with("check=node") && !line.starts_with("check=java"));
+    lines.extend(runtimes.iter().cloned());
+    lines
+}
+
+fn judged(lines: &[String]) -> Vec<Verdict> {
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    judge(&boot(&lines))
+}
+
+#[test]
+fn arm64_judges_each_runtime_version_on_its_own_line() {
+    let runtimes = arm64_runtimes();
+    let verdicts = judged(&arm64_lines(&runtimes));
+    assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
+    assert_eq!(verdicts.len(), CHECKS.len() + 4);
+    let shown: Vec<&str> = verdicts
+        .iter()
+        .filter(|verdict| verdict.show)
+        .map(|verdict| verdict.long.as_str())
+        .collect();
+    assert_eq!(shown.len(), 7, "error line, 3 nodes, 3 JVMs: {shown:?}");
+    assert!(shown[1].starts_with("node 18.20.4: exit 0"), "{}", shown[1]);
+    assert!(shown[6].starts_with("java 21: exit 0"), "{}", shown[6]);
+
+    let mut bad = runtimes.clone();
+    bad[1] = node_line("20.18.0", 300);
+    bad[5] = java_line(21, 100);
+    assert_eq!(
+        failed(&judged(&arm64_lines(&bad))),
+        [
+            "node 20.18.0 0.470 of 638 FAIL",
+            "java 21 0.169 of 590 FAIL"
+        ]
+    );
+    let missing: Vec<String> = runtimes
+        .iter()
+        .filter(|line| !line.contains("22.10.0") && !line.contains("version=11 "))
+        .cloned()
+        .collect();
+    assert_eq!(
+        failed(&judged(&arm64_lines(&missing))),
+        ["node 22.10.0 FAIL", "java 11 FAIL"]
+    );
 }
