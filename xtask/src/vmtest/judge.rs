@@ -93,7 +93,8 @@ const MIN_NODE_SHARE: f64 = 0.9;
 /// four times in the recording's first 0.8 s, the last a larger load
 /// (50 ms against 3), after which no sample was copied: what that last
 /// load added (the V8 runtime's code ranges are the suspect) is not
-/// pinned down yet. The rest must be walked, and walked right.
+/// pinned down yet. A fixed start, so the guest now records 6 s of
+/// node's CPU. The rest must be walked, and walked right.
 const MAX_NODE_COPIED_SHARE: f64 = 0.25;
 
 /// The share of the Java program's worker samples (thread spin-worker)
