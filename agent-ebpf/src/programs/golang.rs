@@ -107,12 +107,11 @@ pub(super) fn read_labels<K: Kernel>(
             state.cut = 1;
         }
         state.from = slice[0];
-        let steps = if len > go::MAX_LABELS as u64 {
+        if len > go::MAX_LABELS as u64 {
             go::MAX_LABELS as u32
         } else {
             len as u32
-        };
-        steps
+        }
     } else {
         // `*labelMap` is a pointer to the map variable, itself a pointer.
         let Some(hmap) = read_user::<u64>(labels) else {
