@@ -310,6 +310,9 @@ impl Sampler {
             .ok()
             .and_then(|btf| btf::member_offset(btf, "task_struct", "mm"))
             .unwrap_or(0);
+        // Freed before aya parses its own copy below (about 25 MB while
+        // parsing): both at once were the peak of a quiet `record`.
+        drop(kernel_btf);
         // No CO-RE: every kernel offset the programs use is a global set
         // above from our own read of the BTF, so aya needs no target BTF.
         // (Its `EbpfLoader::new` still parses vmlinux's, ~25 ms, before
