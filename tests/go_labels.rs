@@ -92,6 +92,67 @@ fn the_legacy_variant_reads_the_labels_too() {
     }
 }
 
+/// A Go executable whose version cannot be read (its `.go.buildinfo`
+/// version string damaged) runs unlabeled, and `record` says so once
+/// rather than only in a log line a user does not see by default.
+#[test]
+fn a_go_executable_whose_version_is_unreadable_is_counted() {
+    let Some(_serial) = common::require_ebpf() else {
+        return;
+    };
+    let Some((binary, version)) = build_as(TOOLCHAINS[1], false, "-unreadable") else {
+        return;
+    };
+    let mut bytes = std::fs::read(&binary).unwrap();
+    // The header (Go 1.18+: the version inline, a length byte at 32).
+    let magic = b"\xff Go buildinf:";
+    let at = bytes
+        .windows(magic.len())
+        .position(|window| window == magic)
+        .expect("a .go.buildinfo header");
+    let text = at + 33;
+    assert_eq!(
+        &bytes[text..text + 4],
+        b"go1.",
+        "{version}: the header's version"
+    );
+    bytes[text + 1] = b'x';
+    let damaged = binary.with_file_name(format!("go_labels-{version}-damaged"));
+    let _ = std::fs::remove_file(&damaged);
+    std::fs::write(&damaged, &bytes).unwrap();
+    std::fs::set_permissions(
+        &damaged,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let stop = common::work_dir().join("go_labels-unreadable.stop");
+    let _ = std::fs::remove_file(&stop);
+    let mut program = KillOnDrop(
+        Command::new(&damaged)
+            .arg(&stop)
+            .arg("120")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the damaged Go program"),
+    );
+    let pid = program.0.id();
+    let out = common::work_dir().join("go_labels-unreadable.otlp.pb");
+    let (mut recording, mut log) = running::record_pid_on(pid, "99", &out, None);
+    // Its first sample has the process looked at; a fifth of a second at
+    // 99 Hz is about 20 of them.
+    let ran = running::wait_for_cpu(pid, 0.2, Duration::from_secs(60));
+    assert_eq!(ran, Some(true), "the damaged program did not run");
+    let status = running::interrupt(&mut recording);
+    let log = log.finish();
+    std::fs::write(&stop, b"").unwrap();
+    let _ = program.0.wait();
+    assert!(status.success(), "hostprof record failed:\n{log}");
+    assert!(
+        log.contains("go labels: not read for 1 Go executable(s)"),
+        "record did not say the labels were not read:\n{log}"
+    );
+}
+
 /// Which turn of the program a sample caught, by its leaf function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Turn {
@@ -166,6 +227,12 @@ fn route_of(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<String> 
 /// Builds the program with `go`, cgo or not; `None` when that toolchain
 /// is not installed.
 fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
+    build_as(go, cgo, "")
+}
+
+/// [`build`] to a file of its own, its name ending in `suffix`: tests
+/// running side by side do not write one file at once.
+fn build_as(go: &str, cgo: bool, suffix: &str) -> Option<(PathBuf, String)> {
     if !common::require_tool(go) {
         return None;
     }
@@ -177,7 +244,8 @@ fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
         .nth(2)
         .expect("go version's release")
         .to_owned();
-    let binary = common::work_dir().join(format!("go_labels-{version}-cgo{}", u8::from(cgo)));
+    let binary =
+        common::work_dir().join(format!("go_labels-{version}-cgo{}{suffix}", u8::from(cgo)));
     common::run_ok(
         Command::new(go)
             .args(["build", "-o"])

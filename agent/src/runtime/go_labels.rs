@@ -17,7 +17,10 @@
 //! would read some other field as a pointer.
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -33,6 +36,17 @@ use crate::model::Mapping;
 
 /// The kernel map of Go processes.
 pub type ProcessMap = BpfHashMap<MapData, u32, Process>;
+
+/// Go executables whose labels cannot be read (see [`unreadable`]).
+static UNREADABLE: AtomicU64 = AtomicU64::new(0);
+
+/// Distinct Go executables seen whose goroutines' labels are not read
+/// (version unreadable or unknown, or the goroutine's place unknown), so
+/// far in this process: each is also logged once, but a fleet reads
+/// metrics, not every node's log.
+pub fn unreadable() -> u64 {
+    UNREADABLE.load(Ordering::Relaxed)
+}
 
 /// Executables remembered (by device and inode) before the cache starts over.
 const MAX_FILES: usize = 4096;
@@ -245,6 +259,7 @@ impl GoLabels {
         let process = match is_go.then(|| super::elf::read(pid, mapping).map(|d| process_of(&d))) {
             Some(Ok(Ok(process))) => process,
             Some(Ok(Err(why))) => {
+                UNREADABLE.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("pid {pid}: its goroutines' pprof labels are not read: {why}");
                 None
             }

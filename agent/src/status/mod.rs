@@ -268,6 +268,12 @@ impl Snapshot {
             "Python or Java processes sampled without their runtime's frames because the kernel's map of such processes was full.",
             &[("", crate::runtime::unregistered_full())],
         );
+        metric(
+            "hostprof_go_executables_unreadable_total",
+            "counter",
+            "Distinct Go executables whose goroutines' pprof labels are not read: their Go version is unreadable or unknown, or where they keep the current goroutine is.",
+            &[("", crate::runtime::go_labels::unreadable())],
+        );
         // Process-wide counters of the file layer, not part of a snapshot.
         let refused = crate::files::refusals();
         metric(

@@ -255,8 +255,9 @@ pub(in crate::cli) fn unwind_report(
 
 /// What the recording cost in memory: hostprof's peak resident memory and
 /// the kernel memory of its BPF maps (not part of the former; charged to
-/// its cgroup); and language runtimes' processes left without their frames because
-/// the kernel's map of them (sized at load) was full.
+/// its cgroup); language runtimes' processes left without their frames because
+/// the kernel's map of them (sized at load) was full; and Go executables
+/// whose goroutines' labels are not read.
 pub(super) fn memory_report(map_bytes: u64) -> String {
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     let runtimes = match crate::runtime::unregistered_full() {
@@ -266,8 +267,15 @@ pub(super) fn memory_report(map_bytes: u64) -> String {
              runtime's frames (the kernel's map of them was full)\n"
         ),
     };
+    let go = match crate::runtime::go_labels::unreadable() {
+        0 => String::new(),
+        n => format!(
+            "hostprof: go labels: not read for {n} Go executable(s) (`--log-level info` says \
+             why)\n"
+        ),
+    };
     format!(
-        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n{runtimes}",
+        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n{runtimes}{go}",
         mib(crate::status::peak_rss()),
         mib(map_bytes)
     )
