@@ -182,6 +182,7 @@ pub fn spawn(
                         naming.symbolize_sample(&symbolizer, sample);
                     }
                 }
+                symbolizer.release_idle(crate::symbolize::IDLE_PERIOD);
                 let (modules, results) = symbolizer.cache_usage();
                 symbols_state
                     .symbol_cache_bytes

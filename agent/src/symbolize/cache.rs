@@ -1,4 +1,5 @@
-//! A least-recently-used map bounded by the estimated size of its values.
+//! A least-recently-used map bounded by the estimated size of its values,
+//! whose entries unused for a while can also be let go.
 use std::{
     collections::{BTreeMap, HashMap},
     hash::Hash,
@@ -19,6 +20,8 @@ struct Entry<V> {
     value: V,
     weight: usize,
     tick: u64,
+    /// Used since the last [`SizedLru::release_unused`].
+    used: bool,
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
@@ -41,6 +44,7 @@ impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
     pub fn get(&mut self, key: &K) -> Option<V> {
         let half = (self.entries.len() as u64).div_ceil(2);
         let entry = self.entries.get_mut(key)?;
+        entry.used = true;
         // Entries used or inserted after this one, at most.
         let newer = self.tick - entry.tick;
         if newer >= half {
@@ -68,6 +72,7 @@ impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
                 value,
                 weight,
                 tick: self.tick,
+                used: true,
             },
         );
         self.used += weight;
@@ -86,6 +91,28 @@ impl<K: Hash + Eq + Clone, V: Clone> SizedLru<K, V> {
         self.order.remove(&entry.tick);
         self.used -= entry.weight;
         Some(entry.value)
+    }
+
+    /// Removes the entries not used since the last call (a second chance,
+    /// as a clock: an entry goes one to two calls after its last use, and
+    /// a hot entry costs a flag's write, not a clock read); returns how
+    /// many went.
+    pub fn release_unused(&mut self) -> usize {
+        let unused: Vec<u64> = self
+            .entries
+            .values_mut()
+            .filter_map(|entry| {
+                let unused = !entry.used;
+                entry.used = false;
+                unused.then_some(entry.tick)
+            })
+            .collect();
+        for tick in &unused {
+            if let Some(key) = self.order.remove(tick) {
+                self.remove(&key);
+            }
+        }
+        unused.len()
     }
 
     /// Estimated bytes held.
@@ -123,5 +150,26 @@ mod tests {
         assert_eq!(lru.used(), 50);
         assert_eq!(lru.remove(&"c"), Some(3));
         assert_eq!(lru.used(), 10);
+    }
+
+    #[test]
+    fn entries_unused_for_a_whole_period_are_released() {
+        let mut lru = SizedLru::new(100);
+        lru.insert("kept", 1, 10);
+        lru.insert("idle", 2, 20);
+        // Both were used (inserted) in this period.
+        assert_eq!(lru.release_unused(), 0);
+        assert_eq!(lru.get(&"kept"), Some(1));
+        assert_eq!(lru.release_unused(), 1);
+        assert_eq!(lru.get(&"idle"), None);
+        assert_eq!(lru.used(), 10);
+        // Used in every period: stays; then idle for one: goes.
+        assert_eq!(lru.get(&"kept"), Some(1));
+        assert_eq!(lru.release_unused(), 0);
+        assert_eq!(lru.release_unused(), 1);
+        assert_eq!((lru.len(), lru.used()), (0, 0));
+        // What went leaves room as the budget counts it.
+        lru.insert("new", 3, 100);
+        assert_eq!(lru.get(&"new"), Some(3));
     }
 }

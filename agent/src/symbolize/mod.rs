@@ -89,6 +89,10 @@ const ROOT_RECHECK: Duration = Duration::from_secs(1);
 /// kernel image (a module or BPF program loaded since): a reading takes
 /// ~0.1 s of CPU for its ~120 000 lines.
 const KALLSYMS_RECHECK: Duration = Duration::from_secs(30);
+/// Modules and results no frame used for this long go (see
+/// [`Symbolizer::release_idle`]): between one and two of these after
+/// their last use.
+pub const IDLE_PERIOD: Duration = Duration::from_secs(60);
 /// Share of the cache budget for per-address results; the rest is modules.
 const RESULTS_SHARE: usize = 8;
 /// Index entries (one per device/inode seen) before the index is reset.
@@ -206,6 +210,8 @@ struct State {
     /// Each process's root as last seen, and when: a `stat` of
     /// `/proc/PID/root` for every frame was 5 % of record's CPU.
     roots: HashMap<u32, (Option<RootId>, Instant)>,
+    /// When modules and results unused for a while were last let go.
+    released_at: Instant,
 }
 
 impl State {
@@ -284,6 +290,7 @@ impl Symbolizer {
                 next_serial: 0,
                 awaiting_debuginfo: HashMap::new(),
                 roots: HashMap::new(),
+                released_at: Instant::now(),
             }),
             generation: Default::default(),
         }
@@ -410,6 +417,27 @@ impl Symbolizer {
         let root = Root::host().ok();
         self.load(key, file, &shown, root.as_ref())
             .map(|loaded| loaded.module)
+    }
+
+    /// Lets go of the modules and results no frame used for `period` (each
+    /// goes one to two periods after its last use), at most once a period:
+    /// a node's agent that met a hundred short-lived binaries keeps none
+    /// of them for ever, while its services' stay. Returns the modules let
+    /// go.
+    pub fn release_idle(&self, period: Duration) -> usize {
+        let released = {
+            let mut state = self.lock();
+            if state.released_at.elapsed() < period {
+                return 0;
+            }
+            state.released_at = Instant::now();
+            state.results.release_unused();
+            state.modules.release_unused()
+        };
+        if released > 0 {
+            give_back_freed_memory();
+        }
+        released
     }
 
     /// Estimated bytes held by the caches (modules, results).
@@ -640,6 +668,19 @@ impl Symbolizer {
                 root,
             },
         );
+    }
+}
+
+/// Returns the memory free in the allocator's heaps to the system: glibc
+/// keeps a freed module's smaller blocks (its DWARF units, its names)
+/// in its arenas otherwise, and the agent's resident memory would not
+/// fall when it lets modules go.
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: no arguments beyond the padding to keep; glibc takes its
+    // arenas' locks itself.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

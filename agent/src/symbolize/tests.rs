@@ -187,6 +187,41 @@ fn a_file_heavier_than_the_cache_is_not_parsed_per_sample() {
     assert!(again.lines.is_empty(), "parsed again: {:?}", again.lines);
 }
 
+/// A module and its results that no frame used for a whole period are
+/// let go, and named again (the file read anew) when a frame needs them.
+#[test]
+fn what_no_frame_used_for_a_period_is_let_go() {
+    std::hint::black_box(marker_function_for_symbolizer_tests());
+    let address = marker_function_for_symbolizer_tests as *const () as u64;
+    // Symbol tables only (the test binary's DWARF is over half of this).
+    let symbolizer = Symbolizer::with_options(SymbolizerOptions {
+        cache_bytes: 256 << 20,
+        ..SymbolizerOptions::default()
+    });
+    let named = |symbolizer: &Symbolizer| {
+        let mut frame = frame_at(address);
+        symbolizer.symbolize(std::process::id(), &mut frame, false);
+        frame.lines.last().map(|line| line.function.to_string())
+    };
+    let name = named(&symbolizer).expect("named");
+    assert!(name.ends_with("marker_function_for_symbolizer_tests"));
+    let (modules, results) = symbolizer.cache_usage();
+    assert!(modules > 0 && results > 0);
+    // Used in this period, then in the next: kept.
+    assert_eq!(symbolizer.release_idle(Duration::ZERO), 0);
+    assert_eq!(named(&symbolizer).as_ref(), Some(&name));
+    assert_eq!(symbolizer.release_idle(Duration::ZERO), 0);
+    assert_eq!(symbolizer.cache_usage(), (modules, results));
+    // A period without a frame: both go.
+    assert_eq!(symbolizer.release_idle(Duration::ZERO), 1);
+    assert_eq!(symbolizer.cache_usage(), (0, 0));
+    // Named again as before when a frame comes.
+    assert_eq!(named(&symbolizer).as_ref(), Some(&name));
+    assert_eq!(symbolizer.cache_usage().0, modules);
+    // Within a period, nothing goes.
+    assert_eq!(symbolizer.release_idle(Duration::from_secs(3600)), 0);
+}
+
 /// MiniDebugInfo made the way distributions make it (Fedora's recipe, cut
 /// down): the symbol table of the unstripped library, xz-compressed by the
 /// real `xz`, added as `.gnu_debugdata` to the stripped one. Only that
