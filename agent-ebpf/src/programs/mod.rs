@@ -270,6 +270,26 @@ fn read_stack<C: EbpfContext>(ctx: &C, dst: *mut u64, user: bool) -> (u32, u32) 
     (frames, 0)
 }
 
+/// Where the privilege level of the interrupted code is in the perf
+/// event's `struct pt_regs` (a stable kernel ABI): x86_64's `cs`, whose
+/// low two bits are 3 in user mode; arm64's `pstate`, whose mode bits are
+/// 0 (EL0) in user mode.
+#[cfg(bpf_target_arch = "aarch64")]
+const PT_REGS_MODE: (usize, u64, u64) = (33 * 8, 0xf, 0);
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const PT_REGS_MODE: (usize, u64, u64) = (17 * 8, 3, 3);
+
+/// True unless the perf event interrupted user code (then the kernel
+/// stack is empty).
+#[inline(always)]
+fn interrupted_in_kernel(ctx: &PerfEventContext) -> bool {
+    let (offset, mask, user) = PT_REGS_MODE;
+    // SAFETY: `bpf_perf_event_data` starts with the interrupted registers;
+    // the verifier checks the offset against the context's layout.
+    let mode = unsafe { *(ctx.as_ptr() as *const u8).add(offset).cast::<u64>() };
+    mode & mask != user
+}
+
 /// True when the process is to be profiled (no filter, or in the filter).
 #[inline(always)]
 fn wanted(tgid: u32) -> bool {
@@ -278,7 +298,10 @@ fn wanted(tgid: u32) -> bool {
     !filtering || unsafe { FILTER_TGIDS.get(&tgid) }.is_some()
 }
 
-/// Fills `sample` with the current thread and both its stacks.
+/// Fills `sample` with the current thread and both its stacks;
+/// `in_kernel`: false when the thread was interrupted in user code, which
+/// has no kernel stack to read (the helper would still zero its whole
+/// buffer, a kilobyte, on every such sample).
 #[inline(always)]
 unsafe fn fill<K: Kernel, C: EbpfContext>(
     ctx: &C,
@@ -287,6 +310,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
     kind: u32,
     ktime_ns: u64,
     state: u32,
+    in_kernel: bool,
 ) {
     unsafe {
         (*sample).tgid = (pid_tgid >> 32) as u32;
@@ -297,8 +321,11 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         (*sample).kind = kind;
         (*sample).thread_state = state;
         (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
-        let (kernel_len, kernel_flags) =
-            read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false);
+        let (kernel_len, kernel_flags) = if in_kernel {
+            read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false)
+        } else {
+            (0, 0)
+        };
         let tgid = (pid_tgid >> 32) as u32;
         // The user frames follow the kernel ones at once (the record's
         // compact layout, `hostprof_common::Sample`): only the frames a stack

@@ -178,7 +178,17 @@ pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, st
     let Some(scratch) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    unsafe { fill::<K, _>(ctx, scratch, pid_tgid, SAMPLE_KIND_OFF_CPU, now, state) };
+    unsafe {
+        fill::<K, _>(
+            ctx,
+            scratch,
+            pid_tgid,
+            SAMPLE_KIND_OFF_CPU,
+            now,
+            state,
+            true,
+        )
+    };
     // A Python process's record is kept by CPython's walk.
     python::jump(ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU, (pid_tgid >> 32) as u32);
     keep_off_cpu(scratch, tid);

@@ -135,6 +135,7 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
             SAMPLE_KIND_CPU,
             bpf_ktime_get_ns(),
             0,
+            interrupted_in_kernel(ctx),
         )
     };
     // A Python process's record goes on in CPython's walk, which then
@@ -158,17 +159,15 @@ fn send_cpu_sample<K: Kernel>(scratch: *mut Sample, pid_tgid: u64) {
         let early = unsafe { read_volatile(&EARLY_COPY_BYTES) };
         let tgid = (pid_tgid >> 32) as u32;
         if early != 0 && unsafe { read_volatile(&UNWIND_MODE) } == UNWIND_DWARF {
-            let wanted = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
-                None => true,
-                Some(process) => {
-                    let why = (unsafe { (*scratch).flags } >> SAMPLE_UNWIND_SHIFT) & 0xff;
-                    // Or one that stopped at a function whose rows are
-                    // not loaded yet: unwound on the host once they are.
-                    (process.flags & unwind::COPY_UNMAPPED != 0
-                        && why == unwind::reason::NO_MAPPING)
-                        || why == unwind::reason::NOT_LOADED
-                }
-            };
+            // Told by why the walk stopped, which `fill` recorded: the
+            // process's mappings are looked up again only in the rare case
+            // that needs their flags, not on every sample.
+            let why = (unsafe { (*scratch).flags } >> SAMPLE_UNWIND_SHIFT) & 0xff;
+            let wanted = why == unwind::reason::UNKNOWN_PROCESS
+                || why == unwind::reason::NOT_LOADED
+                || (why == unwind::reason::NO_MAPPING
+                    && unsafe { PROCESS_MAPPINGS.get(&tgid) }
+                        .is_none_or(|process| process.flags & unwind::COPY_UNMAPPED != 0));
             if wanted {
                 copy = early;
             }

@@ -258,11 +258,19 @@ pub(super) fn finish_unwind(
         state.reason = unwind::reason::DEPTH_LIMIT;
     }
     let reason = state.reason;
+    // Only the frames the walk found (a few dozen bytes, where all the
+    // slots are a kilobyte); bounded for the verifier.
+    let len = unwind::opaque(u64::from(state.len)) as u32;
+    let len = if len > MAX_USER_STACK_DEPTH as u32 {
+        MAX_USER_STACK_DEPTH as u32
+    } else {
+        len
+    };
     // SAFETY: both hold MAX_USER_STACK_DEPTH frames.
     unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             dst.cast(),
-            USER_STACK_BYTES,
+            len * size_of::<u64>() as u32,
             state.frames.as_ptr().cast(),
         )
     };
