@@ -191,6 +191,18 @@ pub const MAP_V8_PROCESSES: &str = "V8_PROCS";
 /// tgid -> [`trace::Process`]: the processes that publish an OpenTelemetry
 /// thread context, and where its thread-local is.
 pub const MAP_TRACE_PROCESSES: &str = "TRACE_PROCS";
+/// One `u32` of [`present`] bits: the kinds of process registered so far
+/// (sticky), so that a sample of a host without any skips their maps'
+/// lookups.
+pub const MAP_PRESENT: &str = "PRESENT";
+
+/// Bits of [`MAP_PRESENT`].
+pub mod present {
+    /// A process in [`super::MAP_TRACE_PROCESSES`].
+    pub const TRACE: u32 = 1;
+    /// A process in [`super::MAP_PYTHON_PROCESSES`].
+    pub const PYTHON: u32 = 2;
+}
 /// Global `u32`: byte offset, in `task_struct`, of the saved user thread
 /// pointer (`thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64),
 /// from BTF; 0 reads no thread context.

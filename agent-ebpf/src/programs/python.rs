@@ -64,7 +64,10 @@ const STEPPING: u32 = u32::MAX - 1;
 /// filled it.
 #[inline(always)]
 pub(super) fn jump<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgid: u32) {
-    if unsafe { read_volatile(&PYTHON_WALK) } == 0 || unsafe { PYTHON_PROCS.get(&tgid) }.is_none() {
+    if unsafe { read_volatile(&PYTHON_WALK) } == 0
+        || !present(hostprof_common::present::PYTHON)
+        || unsafe { PYTHON_PROCS.get(&tgid) }.is_none()
+    {
         return;
     }
     if let Some(walk) = PYTHON_LEGACY_WALK.get_ptr_mut(slot) {

@@ -47,7 +47,7 @@ pub(super) struct Tail {
 #[inline(always)]
 pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32 {
     let offset = unsafe { read_volatile(&TASK_TP_OFFSET) } as usize;
-    if offset == 0 {
+    if offset == 0 || !present(hostprof_common::present::TRACE) {
         return 0;
     }
     let Some(process) = (unsafe { TRACE_PROCS.get(&tgid) }) else {

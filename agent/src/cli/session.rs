@@ -134,6 +134,7 @@ impl<T: Send + 'static> Session<T> {
         // JVM found now has its code cache handed to the kernel's walk
         // from the first load on.
         let runtime_code = crate::runtime::RuntimeCode::default();
+        crate::runtime::present::use_map(sampler.take_array(hostprof_common::MAP_PRESENT)?);
         let mut runtimes: Vec<Box<dyn Runtime>> = vec![
             Box::new(crate::python::Python::new(
                 Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_PROCESSES)?),

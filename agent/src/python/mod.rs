@@ -577,6 +577,7 @@ fn pid_namespace(pid: u32) -> Option<(u64, u64)> {
 }
 
 fn register(map: &mut ProcessMap, pid: u32, interpreter: &Interpreter) -> Result<(), String> {
+    crate::runtime::present::mark(hostprof_common::present::PYTHON);
     map.insert(pid, interpreter.layout.kernel, 0)
         .map_err(|err| {
             crate::runtime::count_if_full(&err);

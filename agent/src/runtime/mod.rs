@@ -22,6 +22,7 @@ pub mod elf;
 pub mod go_labels;
 pub mod hotspot;
 pub mod java;
+pub mod present;
 mod recent;
 pub mod refusals;
 mod registry;

@@ -21,6 +21,8 @@ pub struct Registry<S, V: Pod> {
     /// A record here is read only by the whole sampling program, not the
     /// lean one: registering one asks for it (`super::want_walks`).
     whole_program: bool,
+    /// The `hostprof_common::present` bit a record here sets, or 0.
+    present: u32,
 }
 
 impl<S, V: Pod> Registry<S, V> {
@@ -35,7 +37,15 @@ impl<S, V: Pod> Registry<S, V> {
             what,
             registered,
             whole_program: false,
+            present: 0,
         }
+    }
+
+    /// The kernel looks records here up only once one was registered:
+    /// registering one sets `bit` (`super::present`).
+    pub fn marks_present(mut self, bit: u32) -> Self {
+        self.present = bit;
+        self
     }
 
     /// Records registered here are read by the whole sampling program only
@@ -69,6 +79,9 @@ impl<S, V: Pod> Registry<S, V> {
         let Some(map) = &mut self.map else {
             return;
         };
+        if self.present != 0 {
+            super::present::mark(self.present);
+        }
         match map.insert(pid, record, 0) {
             Ok(()) if self.whole_program => super::want_walks(),
             Ok(()) => {}

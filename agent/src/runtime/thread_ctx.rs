@@ -250,7 +250,8 @@ impl ThreadContext {
         ThreadContext {
             processes: Registry::new(map, "its thread context", |state| {
                 *state == State::Registered
-            }),
+            })
+            .marks_present(hostprof_common::present::TRACE),
             files: HashMap::new(),
             libraries: HashMap::new(),
         }

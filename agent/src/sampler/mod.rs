@@ -641,6 +641,18 @@ impl Sampler {
         HashMap::try_from(map).map_err(SamplerError::map)
     }
 
+    /// Takes the array map `name` (for a stage that writes it); call once.
+    pub fn take_array<V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<Array<MapData, V>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(SamplerError::MissingObject(name))?;
+        Array::try_from(map).map_err(SamplerError::map)
+    }
+
     /// Sums the per-CPU counters.
     pub fn counters(&self) -> Result<Counters, SamplerError> {
         let map = self
