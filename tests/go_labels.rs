@@ -125,16 +125,7 @@ fn a_go_executable_whose_version_is_unreadable_is_counted() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let stop = common::work_dir().join("go_labels-unreadable.stop");
-    let _ = std::fs::remove_file(&stop);
-    let mut program = KillOnDrop(
-        Command::new(&damaged)
-            .arg(&stop)
-            .arg("120")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start the damaged Go program"),
-    );
+    let (mut program, stop) = start(&damaged, "go_labels-unreadable");
     let pid = program.0.id();
     let out = common::work_dir().join("go_labels-unreadable.otlp.pb");
     let (mut recording, mut log) = running::record_pid_on(pid, "99", &out, None);
@@ -261,6 +252,22 @@ fn build_as(go: &str, cgo: bool, suffix: &str) -> Option<(PathBuf, String)> {
     Some((binary, version))
 }
 
+/// Starts the Go program `binary`, which works until the file it returns
+/// (named after `name`) exists, or 120 s.
+fn start(binary: &std::path::Path, name: &str) -> (KillOnDrop, PathBuf) {
+    let stop = common::work_dir().join(format!("{name}.stop"));
+    let _ = std::fs::remove_file(&stop);
+    let program = KillOnDrop(
+        Command::new(binary)
+            .arg(&stop)
+            .arg("120")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the Go program"),
+    );
+    (program, stop)
+}
+
 fn check(go: &str, cgo: bool) {
     check_on(go, cgo, None);
 }
@@ -277,16 +284,7 @@ fn check_on(go: &str, cgo: bool, variant: Option<&str>) {
     let what = format!("{version}, cgo {cgo}, variant {variant_name}");
     // Files of their own: the tests of both variants run side by side.
     let name = format!("go_labels-{version}-{cgo}-{variant_name}");
-    let stop = common::work_dir().join(format!("{name}.stop"));
-    let _ = std::fs::remove_file(&stop);
-    let mut program = KillOnDrop(
-        Command::new(&binary)
-            .arg(&stop)
-            .arg("120")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start the Go program"),
-    );
+    let (mut program, stop) = start(&binary, &name);
     let pid = program.0.id();
     let out = common::work_dir().join(format!("{name}.otlp.pb"));
     let (mut recording, mut log) = running::record_pid_on(pid, "499", &out, variant);
