@@ -29,7 +29,7 @@ use crate::{
     sampler::{Sampler, SamplerOptions},
 };
 use launch::spawn_profiled;
-use report::{memory_report, report};
+use report::{memory_report, report, runtimes_report};
 use stack_copies::keep_stack_copies;
 
 /// Wall-clock time in Unix nanoseconds.
@@ -170,6 +170,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
     );
     eprint!("{}", unwind_report(&finished.counters, finished.unwind));
     eprint!("{}", memory_report(finished.map_bytes));
+    eprint!("{}", runtimes_report());
     if finished.reader.early_copies > 0 {
         let (unwound, timed_out, dropped, orphaned) = finished.early;
         let (copies, complete) = (finished.reader.early_copies, finished.early_complete);

@@ -255,12 +255,22 @@ pub(in crate::cli) fn unwind_report(
 
 /// What the recording cost in memory: hostprof's peak resident memory and
 /// the kernel memory of its BPF maps (not part of the former; charged to
-/// its cgroup); language runtimes' processes left without their frames because
-/// the kernel's map of them (sized at load) was full; and Go executables
-/// whose goroutines' labels are not read.
+/// its cgroup).
 pub(super) fn memory_report(map_bytes: u64) -> String {
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-    let runtimes = match crate::runtime::unregistered_full() {
+    format!(
+        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n",
+        mib(crate::status::peak_rss()),
+        mib(map_bytes)
+    )
+}
+
+/// What language runtimes' processes were sampled without: their frames,
+/// because the kernel's map of them (sized at load) was full; a Go
+/// executable's goroutine labels, because its layout could not be read.
+/// Empty when nothing was.
+pub(super) fn runtimes_report() -> String {
+    let full = match crate::runtime::unregistered_full() {
         0 => String::new(),
         full => format!(
             "hostprof: runtime capacity: {full} Python or Java processes sampled without their \
@@ -274,11 +284,7 @@ pub(super) fn memory_report(map_bytes: u64) -> String {
              why)\n"
         ),
     };
-    format!(
-        "hostprof: memory: peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory\n{runtimes}{go}",
-        mib(crate::status::peak_rss()),
-        mib(map_bytes)
-    )
+    full + &go
 }
 
 /// `name count, …` of each of `stops`, named without `prefix`.
