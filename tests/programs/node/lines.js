@@ -5,7 +5,11 @@
 // sees a Sparkplug frame's line only while the CPU is in its code, not in
 // the builtins it calls (V8 takes the caller's frame then), so its share
 // is the truth only if both loops spend the same part of their time in
-// builtins. Prints
+// builtins. Each call's length is drawn at random (the share stays 3:1):
+// a call of fixed length is a period, and one that divides hostprof's
+// sampling period (499 Hz: about 8 calls of 250 us on a CI machine)
+// makes every sample fall at the same point of the call, so the share
+// drifted between 0.67 and 0.81 from run to run. Prints
 // `warm MICROS` once started and exits on SIGTERM or SIGINT (then
 // `--cpu-prof` writes its profile).
 'use strict';
@@ -24,7 +28,7 @@ let sink = 0;
 let warm = false;
 
 function loop() {
-  sink += hot(20000);
+  sink += hot(15000 + Math.floor(Math.random() * 10000));
   if (!warm) {
     warm = true;
     console.log(`warm ${process.hrtime.bigint() / 1000n}`);
