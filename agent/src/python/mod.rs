@@ -39,7 +39,7 @@ pub use threads::ThreadMap;
 use crate::{
     model::{Frame, FrameKind, Line, Mapping},
     procs::memory,
-    runtime::elf,
+    runtime::{Registry, elf},
 };
 use cache::CodeCache;
 use layout::DebugOffsetsError;
@@ -83,7 +83,7 @@ impl crate::runtime::Runtime for Python {
     /// Puts each call of the evaluation loop's interpreter frames in place
     /// of its native frame.
     fn add_frames(&mut self, pid: u32, stack: &py::Stack, frames: &mut Vec<Frame>) {
-        let Some(Ok(interpreter)) = self.processes.get(&pid).cloned() else {
+        let Some(Ok(interpreter)) = self.processes.get(pid).cloned() else {
             return;
         };
         // A thread older than the kernel's search reaches: its state goes
@@ -96,7 +96,7 @@ impl crate::runtime::Runtime for Python {
     }
 
     fn pids(&self) -> Vec<u32> {
-        self.processes.keys().copied().collect()
+        self.processes.pids()
     }
 
     fn retain(&mut self, alive: &mut dyn FnMut(u32) -> bool) {
@@ -133,12 +133,11 @@ const MAX_CALLS: usize = 1 << 16;
 
 /// Python processes and their code objects (the pipeline's attribution
 /// thread owns one).
-#[derive(Default)]
 pub struct Python {
-    map: Option<ProcessMap>,
+    /// pid -> its interpreter, or when it was found to have none; those
+    /// with one are in the kernel's map.
+    processes: Registry<Result<Arc<Interpreter>, Instant>, py::Process>,
     threads: threads::Threads,
-    /// pid -> its interpreter, or when it was found to have none.
-    processes: HashMap<u32, Result<Arc<Interpreter>, Instant>>,
     files: HashMap<(u64, u64), Option<Arc<PythonElf>>>,
     /// Processes whose `_Py_DebugOffsets` were refused: not looked at again.
     refused: HashSet<u32>,
@@ -154,9 +153,14 @@ impl Python {
     /// with their threads.
     pub fn new(map: Option<ProcessMap>, threads: Option<ThreadMap>) -> Self {
         Python {
-            map,
+            processes: Registry::new(map, "its Python interpreter", Result::is_ok)
+                .marks_present(hostprof_common::present::PYTHON),
             threads: threads::Threads::new(threads),
-            ..Default::default()
+            files: HashMap::new(),
+            refused: HashSet::new(),
+            codes: CodeCache::default(),
+            calls: HashMap::new(),
+            learned: HashMap::new(),
         }
     }
 
@@ -167,7 +171,7 @@ impl Python {
         pid: u32,
         mappings: impl Iterator<Item = &'a Arc<Mapping>>,
     ) -> Option<Arc<Interpreter>> {
-        match self.processes.get(&pid) {
+        match self.processes.get(pid) {
             Some(Ok(interpreter)) => return Some(interpreter.clone()),
             // Looked again now and then: the process may exec Python since
             // (`record -- python3 …` is sampled before its exec).
@@ -183,34 +187,32 @@ impl Python {
                 None
             }
         };
-        if let (Some(interpreter), Some(map)) = (&found, &mut self.map) {
-            match register(map, pid, interpreter) {
-                Ok(()) => {
-                    crate::runtime::want_python_walk();
-                    self.threads.refresh(pid, &interpreter.layout.kernel);
-                }
-                Err(err) => {
-                    tracing::info!("pid {pid}: cannot register its Python interpreter: {err}")
-                }
-            }
-        }
         self.processes
-            .insert(pid, found.clone().ok_or_else(Instant::now));
+            .set(pid, found.clone().ok_or_else(Instant::now));
+        if let Some(interpreter) = &found
+            && self.processes.register(pid, interpreter.layout.kernel)
+        {
+            crate::runtime::want_python_walk();
+            self.threads.refresh(pid, &interpreter.layout.kernel);
+        }
         found
     }
 
     /// Forgets processes for which `alive` is false.
     pub fn retain(&mut self, alive: impl FnMut(u32) -> bool) {
-        for pid in crate::runtime::gone(&self.processes, alive) {
-            if let (Some(Ok(_)), Some(map)) = (self.processes.remove(&pid), &mut self.map) {
-                let _ = map.remove(&pid);
-            }
+        let gone: HashSet<u32> = self.processes.gone(alive).into_iter().collect();
+        if gone.is_empty() {
+            return;
+        }
+        for &pid in &gone {
+            self.processes.forget(pid);
             self.threads.forget(pid);
             self.refused.remove(&pid);
             self.codes.forget(pid);
-            self.calls.retain(|&(owner, _), _| owner != pid);
             self.learned.remove(&pid);
         }
+        // One pass for all of them: the memo holds up to `MAX_CALLS`.
+        self.calls.retain(|(owner, _), _| !gone.contains(owner));
     }
 
     /// The interpreter in the first Python binary among `mappings`; `Err`
@@ -576,15 +578,6 @@ fn pid_namespace(pid: u32) -> Option<(u64, u64)> {
     Some((kernel_dev, meta.ino()))
 }
 
-fn register(map: &mut ProcessMap, pid: u32, interpreter: &Interpreter) -> Result<(), String> {
-    crate::runtime::present::mark(hostprof_common::present::PYTHON);
-    map.insert(pid, interpreter.layout.kernel, 0)
-        .map_err(|err| {
-            crate::runtime::count_if_full(&err);
-            err.to_string()
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -645,7 +638,7 @@ mod tests {
         ];
         // Our own pid: the addresses are not readable, so no call is seen.
         let pid = std::process::id();
-        let mut state = Python::default();
+        let mut state = Python::new(None, None);
         state.merge(pid, &interpreter, &mut frames, groups);
         assert_eq!(
             names(&frames),

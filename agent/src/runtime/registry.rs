@@ -72,25 +72,30 @@ impl<S, V: Pod> Registry<S, V> {
         self.states.insert(pid, state);
     }
 
-    /// Tells the kernel `pid`'s `record` (kept or replaced); a failure is
-    /// logged, and counted when the map is full (the process is then
-    /// sampled without this runtime's part).
-    pub fn register(&mut self, pid: u32, record: V) {
+    /// Tells the kernel `pid`'s `record` (kept or replaced); whether it
+    /// is there now. A failure is logged, and counted when the map is full
+    /// (the process is then sampled without this runtime's part).
+    pub fn register(&mut self, pid: u32, record: V) -> bool {
         let Some(map) = &mut self.map else {
-            return;
+            return false;
         };
         if self.present != 0 {
             super::present::mark(self.present);
         }
         match map.insert(pid, record, 0) {
-            Ok(()) if self.whole_program => super::want_walks(),
-            Ok(()) => {}
+            Ok(()) => {
+                if self.whole_program {
+                    super::want_walks();
+                }
+                true
+            }
             Err(err) => {
                 super::count_if_full(&err);
                 tracing::info!(
                     "pid {pid}: cannot register {} with the kernel: {err}",
                     self.what
                 );
+                false
             }
         }
     }
@@ -109,6 +114,11 @@ impl<S, V: Pod> Registry<S, V> {
     pub fn pids(&self) -> Vec<u32> {
         self.states.keys().copied().collect()
     }
+
+    /// The pids known for which `alive` is false.
+    pub fn gone(&self, alive: impl FnMut(u32) -> bool) -> Vec<u32> {
+        super::gone(&self.states, alive)
+    }
 }
 
 #[cfg(test)]
@@ -122,7 +132,7 @@ mod tests {
         assert!(!registry.has_map());
         registry.set(1, true);
         registry.set(2, false);
-        registry.register(1, 7);
+        assert!(!registry.register(1, 7), "no map to register in");
         let mut pids = registry.pids();
         pids.sort_unstable();
         assert_eq!(pids, [1, 2]);
@@ -130,5 +140,7 @@ mod tests {
         assert_eq!(registry.get(1), None);
         assert_eq!(registry.get(2), Some(&false));
         assert_eq!(registry.pids(), [2]);
+        assert_eq!(registry.gone(|pid| pid == 2), Vec::<u32>::new());
+        assert_eq!(registry.gone(|_| false), [2]);
     }
 }
