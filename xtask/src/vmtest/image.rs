@@ -187,8 +187,10 @@ fn install_node(tree: &Path, arch: Arch) -> Result<()> {
         install(&node, &bin.join("node"))?;
         install_libraries(&node, arch, tree, &Search::default())?;
     }
-    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs/jsspin.js");
-    fs::copy(&program, tree.join("bin/jsspin.js"))?;
+    let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/vmtest/programs");
+    for program in ["jsspin.js", "cpuprof_share.js"] {
+        fs::copy(programs.join(program), tree.join("bin").join(program))?;
+    }
     Ok(())
 }
 
@@ -204,10 +206,11 @@ const HOST_JAVAC: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
 /// JDK 11 also libverify, which libjava links, and libzip, which the VM
 /// loads at its start whatever the class path) and
 /// CDS's archive of the startup classes, which spares a TCG guest seconds
-/// of class loading (where the package has one). The rest (AWT, sound,
-/// the network) stays out: the image carries ~155 to 175 MB of each JDK
-/// already. Those a JDK lacks are skipped (JDK 11's package has no CDS
-/// archive).
+/// of class loading (where the package has one); and what JFR's start
+/// reads (NIO's library, and the network's it links; the time zones).
+/// The rest (AWT, sound) stays out: the image carries ~155 to 175 MB of
+/// each JDK already. Those a JDK lacks are skipped (JDK 11's package has
+/// no CDS archive).
 const JRE_FILES: &[&str] = &[
     "bin/java",
     "lib/libjli.so",
@@ -219,6 +222,9 @@ const JRE_FILES: &[&str] = &[
     "lib/modules",
     "lib/server/libjvm.so",
     "lib/server/classes.jsa",
+    "lib/libnio.so",
+    "lib/libnet.so",
+    "lib/tzdb.dat",
 ];
 
 /// Each JRE at its Debian path (where CDS's archive was made), with its
@@ -236,8 +242,11 @@ fn install_java(tree: &Path, arch: Arch, jres: &[(u32, PathBuf)], programs: &Pat
         Command::new(HOST_JAVAC)
             .args(["--release", "11", "-d"])
             .arg(&classes)
-            .arg(programs.join("JSpin.java")),
+            .arg(programs.join("JSpin.java"))
+            .arg(programs.join("JfrShare.java")),
     )?;
+    // JFR's settings for JSpin's recording (init.sh).
+    fs::copy(programs.join("jspin.jfc"), classes.join("jspin.jfc"))?;
     // The JNI library, for the guest's arch (the host JDK's headers serve
     // any Linux). No sibling call: Java_JSpin_nativeCall's frame must stay
     // on the stack while Java runs above it.
@@ -321,6 +330,14 @@ fn install_jre(tree: &Path, arch: Arch, major: u32, jre: &Path) -> Result<()> {
     // lib/jvm.cfg is a link to /etc, outside the package's home; the
     // default beside it (in 11, 17 and 21) says the same.
     fs::copy(home.join("lib/jvm.cfg-default"), into.join("lib/jvm.cfg"))?;
+    // So is the security properties' file, which JFR's start loads (and
+    // fails without): none are needed here.
+    let security = into.join("conf/security");
+    fs::create_dir_all(&security)?;
+    fs::write(
+        security.join("java.security"),
+        "# The vmtest guest's JRE: no security properties.\n",
+    )?;
     // The JRE's own libraries are found through their RUNPATH ($ORIGIN);
     // zlib comes from the packages, the rest from the cross sysroot (or
     // the JRE's C library, installed over it last).
@@ -332,9 +349,10 @@ fn install_jre(tree: &Path, arch: Arch, major: u32, jre: &Path) -> Result<()> {
         ],
         extra: super::kernel::jre_libraries(jre, arch),
     };
+    // Only the executables and libraries link others.
     for file in files
         .iter()
-        .filter(|file| !file.ends_with(".jsa") && !file.ends_with("modules"))
+        .filter(|file| file.starts_with("bin/") || file.ends_with(".so"))
     {
         install_libraries(&into.join(file), arch, tree, &search)?;
     }

@@ -19,8 +19,10 @@ const PASSING: &[&str] = &[
     "check=agent exit=0 requests=2 with_samples=2 detail=x",
     "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
     "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
-    "check=node exit=0 copied=50 samples=700 threads=12 hot=630 detail=x",
-    "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
+    "check=node exit=0 copied=50 samples=700 threads=12 hot=473 cold=157 truth_hot=1500 \
+     truth_cold=500 detail=x",
+    "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+     truth_worker=400 truth_hot=330 detail=x",
     "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
     "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
     "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
@@ -42,6 +44,27 @@ fn a_complete_good_suite_passes() {
     assert_eq!(verdicts.len(), CHECKS.len());
     assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
     assert_eq!(verdicts[0].short, "record main 0.997 of 878");
+}
+
+#[test]
+fn java_is_judged_against_the_design_where_jfr_is_off_it() {
+    // JFR's 0.875 is 0.042 off the design's 0.833: hostprof's 0.821 is
+    // judged against the design (it is 0.054 off JFR's).
+    let mut lines = PASSING.to_vec();
+    let java = "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 \
+                hot=480 jni=95 truth_worker=400 truth_hot=350 detail=x";
+    lines[8] = java;
+    let verdicts = judge(&boot(&lines));
+    assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
+    let java = verdicts
+        .iter()
+        .find(|verdict| verdict.long.starts_with("java:"))
+        .expect("a java verdict");
+    assert!(
+        java.long.contains("the design's: JFR's is off it"),
+        "{}",
+        java.long
+    );
 }
 
 #[test]
@@ -87,47 +110,84 @@ fn each_bad_figure_fails_its_check() {
         ),
         (
             7,
-            "check=node exit=0 samples=700 threads=12 hot=300 detail=x",
+            "check=node exit=0 samples=700 threads=12 hot=225 cold=75 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 samples=700 threads=650 hot=50 detail=x",
+            "check=node exit=0 samples=700 threads=650 hot=38 cold=12 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=1 samples=700 threads=12 hot=680 detail=x",
+            "check=node exit=1 samples=700 threads=12 hot=510 cold=170 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 copied=60 samples=700 threads=12 hot=500 detail=x",
+            "check=node exit=0 copied=60 samples=700 threads=12 hot=375 cold=125 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 copied=200 samples=700 threads=12 hot=480 detail=x",
+            "check=node exit=0 copied=200 samples=700 threads=12 hot=360 cold=120 truth_hot=1500 truth_cold=500 detail=x",
+        ),
+        (
+            7,
+            // hotLoop's share of the work off --cpu-prof's: 0.889 for 0.75.
+            "check=node exit=0 copied=50 samples=700 threads=12 hot=560 cold=70 truth_hot=1500 \
+             truth_cold=500 detail=x",
+        ),
+        (
+            7,
+            // No --cpu-prof profile to judge by.
+            "check=node exit=0 copied=50 samples=700 threads=12 hot=473 cold=157 truth_hot=0 \
+             truth_cold=0 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=200 jni=95 detail=x",
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=200 rooted=588 hot=200 jni=95 \
+             truth_worker=400 truth_hot=137 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 rooted=100 hot=480 jni=95 detail=x",
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=100 hot=480 jni=95 \
+             truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 rooted=588 hot=480 jni=10 detail=x",
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=10 \
+             truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=90 rooted=90 hot=75 jni=15 detail=x",
+            "check=java exit=0 compiled=1 worker=90 java=85 hot_leaf=75 rooted=90 hot=75 jni=15 \
+             truth_worker=400 truth_hot=353 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=0 worker=590 rooted=588 hot=480 jni=95 detail=x",
+            "check=java exit=0 compiled=0 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+             truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=1 compiled=1 worker=590 rooted=588 hot=480 jni=95 detail=x",
+            "check=java exit=1 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+             truth_worker=400 truth_hot=328 detail=x",
+        ),
+        (
+            8,
+            // In Java, hotLoop's share off JFR's: 0.684 for 0.825.
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=400 rooted=588 hot=480 jni=95 \
+             truth_worker=400 truth_hot=330 detail=x",
+        ),
+        (
+            8,
+            // JFR's 0.900 is off the design's 0.833, which judges
+            // hostprof's 0.901 then.
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=527 rooted=588 hot=527 jni=60 \
+             truth_worker=400 truth_hot=360 detail=x",
+        ),
+        (
+            8,
+            // No JFR recording to judge by.
+            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+             truth_worker=0 truth_hot=0 detail=x",
         ),
         (
             9,
@@ -310,16 +370,23 @@ fn missing_results_fail() {
 
 const ARM64: &str = "boot kernel=6.1.0-56-arm64 arch=aarch64 cpus=2 btf=1";
 
-fn node_line(version: &str, hot: u32) -> String {
+/// A node line whose `work` samples (hotLoop's and coldLoop's) split as
+/// --cpu-prof's do, 3 to 1.
+fn node_line(version: &str, work: u32) -> String {
     format!(
-        "check=node version={version} exit=0 copied=50 samples=700 threads=12 hot={hot} detail=x"
+        "check=node version={version} exit=0 copied=50 samples=700 threads=12 hot={} \
+         cold={} truth_hot=1500 truth_cold=500 detail=x",
+        work - work / 4,
+        work / 4
     )
 }
 
 fn java_line(version: u32, hot: u32) -> String {
     format!(
-        "check=java version={version} exit=0 compiled=1 worker=590 rooted=588 hot={hot} jni=95 \
-         detail=x"
+        "check=java version={version} exit=0 compiled=1 worker=590 java=585 hot_leaf={hot} rooted=588 hot={hot} \
+         jni=95 truth_worker=400 truth_hot={} detail=x",
+        // JFR's share as hostprof's in Java.
+        400 * hot / 585
     )
 }
 
@@ -370,8 +437,8 @@ fn arm64_judges_each_runtime_version_on_its_own_line() {
     assert_eq!(
         failed(&judged(&arm64_lines(&bad))),
         [
-            "node 20.18.0 0.470 of 638 FAIL",
-            "java 21 0.169 of 590 FAIL"
+            "node 20.18.0 0.470 of 638, hot 0.750 (--cpu-prof 0.750) FAIL",
+            "java 21 0.169 of 590, in Java 0.171 (JFR 0.170) FAIL"
         ]
     );
     let missing: Vec<String> = runtimes

@@ -1,6 +1,10 @@
-// The vmtest guest's Node.js program: the main thread spends its time in
-// hotLoop, called from handler; the guest's suite checks that hostprof
-// names hotLoop as a JavaScript frame (V8's walk in the kernel).
+// The vmtest guest's Node.js program: the main thread's work is handler,
+// which gives hotLoop three parts and coldLoop one; the guest's suite
+// checks that hostprof names them as JavaScript frames (V8's walk in the
+// kernel) and that hotLoop's share of the two is `--cpu-prof`'s. Each
+// call's length is drawn at random, so samples at a fixed rate do not
+// lock to a point of the call. Exits on SIGINT or SIGTERM, so that
+// `--cpu-prof` writes its profile.
 'use strict';
 
 function hotLoop(n) {
@@ -11,11 +15,32 @@ function hotLoop(n) {
   return s;
 }
 
-function handler() {
-  return hotLoop(200000);
+function coldLoop(n) {
+  let s = 1;
+  for (let i = 0; i < n; i++) {
+    s = (s + i * 5) % 1000033;
+  }
+  return s;
 }
 
-let sink = 0;
-for (;;) {
-  sink += handler();
+function handler() {
+  const n = 10000 + Math.floor(Math.random() * 10000);
+  return hotLoop(3 * n) + coldLoop(n);
 }
+
+let stopping = false;
+process.on('SIGINT', () => { stopping = true; });
+process.on('SIGTERM', () => { stopping = true; });
+let sink = 0;
+
+function loop() {
+  // About 5 ms of work (native speed) between looks at the signals.
+  for (let k = 0; k < 20; k++) {
+    sink += handler();
+  }
+  if (stopping) {
+    process.exit(sink > 0 ? 0 : 1);
+  }
+  setImmediate(loop);
+}
+loop();
