@@ -399,20 +399,58 @@ fn integration_tests() -> Result<()> {
     tested
 }
 
+/// The tests' Docker daemon's directory (tests/common/docker.rs).
+const TEST_DOCKER_RUN: &str = "/run/hostprof-tests";
+
 /// Stops the Docker daemon tests/common/docker.rs started for the tests
 /// (it outlives each test binary so the next reuses it): left running, it
-/// and containerd are part of every later host-wide measurement.
+/// and containerd are part of every later host-wide measurement. Then
+/// unmounts what it left mounted under its directory (its default network
+/// namespace's file stayed mounted after it exited).
 fn stop_test_docker() {
-    let Ok(pid) = std::fs::read_to_string("/run/hostprof-tests/dockerd.pid") else {
-        return;
-    };
-    let Ok(pid) = pid.trim().parse::<i32>() else {
-        return;
-    };
+    let pid = std::fs::read_to_string(format!("{TEST_DOCKER_RUN}/dockerd.pid"))
+        .ok()
+        .and_then(|pid| pid.trim().parse::<i32>().ok());
     // SAFETY: kill(2) with a pid read from the daemon's own pid file.
-    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+    if let Some(pid) = pid
+        && unsafe { libc::kill(pid, libc::SIGTERM) } == 0
+    {
         println!("xtask: stopped the tests' Docker daemon (pid {pid})");
+        // Its own unmounts first: up to 30 s for it to exit.
+        let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
+        for _ in 0..300 {
+            if !proc.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for mount in mounts_under(&mounts, TEST_DOCKER_RUN) {
+        let Ok(path) = std::ffi::CString::new(mount.as_str()) else {
+            continue;
+        };
+        // SAFETY: umount2(2) of a path read from /proc/self/mounts; a lazy
+        // detach, so a mount still busy goes once unused.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+            println!("xtask: unmounted {mount}, which the tests' Docker daemon left");
+        }
+    }
+}
+
+/// The mount points under `dir` in `mounts` (/proc/self/mounts' text),
+/// deepest first.
+fn mounts_under(mounts: &str, dir: &str) -> Vec<String> {
+    let mut found: Vec<String> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(1))
+        // /proc/mounts escapes spaces and the like as octal: such a path is
+        // not one docker made here.
+        .filter(|point| point.starts_with(&format!("{dir}/")) && !point.contains('\\'))
+        .map(str::to_owned)
+        .collect();
+    found.sort_by_key(|point| std::cmp::Reverse(point.len()));
+    found
 }
 
 /// The release build on other kernels and on arm64, under qemu.
@@ -436,3 +474,22 @@ fn fuzz_smoke() -> Result<()> {
 
 /// Seconds per fuzz target in `cargo xtask test`.
 const FUZZ_SMOKE_SECONDS: u64 = 10;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mounts_left_under_a_directory_are_found_deepest_first() {
+        let mounts = "/dev/vda / ext4 rw 0 0\n\
+                      nsfs /run/hostprof-tests/exec/netns/default nsfs rw 0 0\n\
+                      tmpfs /run/hostprof-tests/exec tmpfs rw 0 0\n\
+                      tmpfs /run/hostprof-tests-other tmpfs rw 0 0\n\
+                      tmpfs /run/hostprof-tests/odd\\040name tmpfs rw 0 0\n";
+        assert_eq!(
+            super::mounts_under(mounts, "/run/hostprof-tests"),
+            [
+                "/run/hostprof-tests/exec/netns/default",
+                "/run/hostprof-tests/exec"
+            ]
+        );
+    }
+}
