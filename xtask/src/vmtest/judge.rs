@@ -300,6 +300,16 @@ fn expected_versions(name: &str, arch: &str) -> Vec<String> {
     }
 }
 
+/// A runtime check's mark when its program ran in a pid namespace of its
+/// own (init.sh's `start`).
+fn contained(check: &Check) -> &'static str {
+    if check.number("contained") > 0 {
+        " (pid ns)"
+    } else {
+        ""
+    }
+}
+
 fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch: &str) -> Verdict {
     let exit = check.exit();
     let detail = &check.detail;
@@ -482,7 +492,8 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
             verdict(
                 passed,
                 format!(
-                    "{short} {share:.3} of {walked}, hot {hot_share:.3} (--cpu-prof {truth:.3})"
+                    "{short}{} {share:.3} of {walked}, hot {hot_share:.3} (--cpu-prof {truth:.3})",
+                    contained(check)
                 ),
                 format!(
                     "{name}: exit {exit}, {samples} samples, {main} of the main thread, {copied} \
@@ -530,7 +541,10 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
                 && (in_java - reference).abs() <= JAVA_SHARE_TOLERANCE;
             verdict(
                 passed,
-                format!("{short} {hot:.3} of {worker}, in Java {in_java:.3} (JFR {truth:.3})"),
+                format!(
+                    "{short}{} {hot:.3} of {worker}, in Java {in_java:.3} (JFR {truth:.3})",
+                    contained(check)
+                ),
                 format!(
                     "{name}: exit {exit}, {worker} samples of spin-worker{}, {rooted:.3} rooted at \
                      JSpin$Worker.run (want >= {MIN_JAVA_ROOTED_SHARE}), {hot:.3} with \

@@ -374,7 +374,7 @@ const ARM64: &str = "boot kernel=6.1.0-56-arm64 arch=aarch64 cpus=2 btf=1";
 /// --cpu-prof's do, 3 to 1.
 fn node_line(version: &str, work: u32) -> String {
     format!(
-        "check=node version={version} exit=0 copied=50 samples=700 threads=12 hot={} \
+        "check=node version={version} contained=1 exit=0 copied=50 samples=700 threads=12 hot={} \
          cold={} truth_hot=1500 truth_cold=500 detail=x",
         work - work / 4,
         work / 4
@@ -437,7 +437,7 @@ fn arm64_judges_each_runtime_version_on_its_own_line() {
     assert_eq!(
         failed(&judged(&arm64_lines(&bad))),
         [
-            "node 20.18.0 0.470 of 638, hot 0.750 (--cpu-prof 0.750) FAIL",
+            "node 20.18.0 (pid ns) 0.470 of 638, hot 0.750 (--cpu-prof 0.750) FAIL",
             "java 21 0.169 of 590, in Java 0.171 (JFR 0.170) FAIL"
         ]
     );
