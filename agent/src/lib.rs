@@ -19,7 +19,6 @@ pub mod pipeline;
 pub mod privileges;
 pub mod procs;
 pub mod profile;
-pub mod python;
 pub mod runtime;
 pub mod sampler;
 pub mod status;

@@ -3,7 +3,7 @@
 //! at every code unit looked at, and hold no more than the table's entries.
 #![no_main]
 
-use hostprof::python::{Lines, line_at};
+use hostprof::runtime::python::{Lines, line_at};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -136,7 +136,7 @@ impl<T: Send + 'static> Session<T> {
         let runtime_code = crate::runtime::RuntimeCode::default();
         crate::runtime::present::use_map(sampler.take_array(hostprof_common::MAP_PRESENT)?);
         let mut runtimes: Vec<Box<dyn Runtime>> = vec![
-            Box::new(crate::python::Python::new(
+            Box::new(crate::runtime::python::Python::new(
                 Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_PROCESSES)?),
                 Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_THREADS)?),
             )),

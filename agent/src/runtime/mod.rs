@@ -4,7 +4,7 @@
 //! process memory reader is `crate::procs::memory` (the process context
 //! reads with it too).
 //!
-//! - `crate::python`: CPython (interpreter frames merged in place of the
+//! - [`python`]: CPython (interpreter frames merged in place of the
 //!   evaluation loop's native frames);
 //! - [`java`]: JVMs, their frames named by [`hotspot`] (JIT and
 //!   interpreted code, found by the kernel's walk in the code cache);
@@ -23,6 +23,7 @@ pub mod go_labels;
 pub mod hotspot;
 pub mod java;
 pub mod present;
+pub mod python;
 mod recent;
 pub mod refusals;
 mod registry;
@@ -89,7 +90,7 @@ pub fn walks_wanted() -> bool {
 /// loads CPython's walk (`Sampler::load_deferred_python_walk`).
 static PYTHON_WANTED: AtomicBool = AtomicBool::new(false);
 
-/// Says that a process needs CPython's walk (`crate::python`).
+/// Says that a process needs CPython's walk (`crate::runtime::python`).
 pub fn want_python_walk() {
     PYTHON_WANTED.store(true, Ordering::Relaxed);
 }

@@ -628,7 +628,7 @@ impl Sampler {
 
     /// Takes one of the language runtimes' hash maps (`MAP_PYTHON_*`,
     /// `MAP_HOTSPOT_*`, `MAP_V8_*`, `MAP_TRACE_PROCESSES`: see
-    /// [`crate::python`], [`crate::runtime::java`], [`crate::runtime::v8`],
+    /// [`crate::runtime::python`], [`crate::runtime::java`], [`crate::runtime::v8`],
     /// [`crate::runtime::thread_ctx`]); call once per map.
     pub fn take_hash_map<K: aya::Pod, V: aya::Pod>(
         &mut self,

@@ -287,7 +287,7 @@ impl Snapshot {
             ],
         );
         // Process-wide counters of the CPython reader.
-        let python = crate::python::refusals();
+        let python = crate::runtime::python::refusals();
         metric(
             "hostprof_python_refused_total",
             "counter",

@@ -176,8 +176,8 @@ pub(in crate::cli) fn unwind_report(
         String::new()
     };
     // What the CPython reader refused since the start (README, Python).
-    let refused = crate::python::refusals();
-    let python_refused = if refused != crate::python::Refusals::default() {
+    let refused = crate::runtime::python::refusals();
+    let python_refused = if refused != crate::runtime::python::Refusals::default() {
         format!(
             "hostprof: Python values past hostprof's caps: {} processes not walked (offsets), \
              {} code objects left out (too long {}, overflowing pointers {})\n",

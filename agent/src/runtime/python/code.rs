@@ -194,7 +194,7 @@ mod tests {
     use super::Code;
     use crate::{
         procs::memory::Image,
-        python::{
+        runtime::python::{
             layout::{self, CodeLayout},
             limits::{MAX_LINETABLE_BYTES, Refusal},
         },

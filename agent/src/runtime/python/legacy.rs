@@ -188,7 +188,7 @@ pub fn pthread_tid_offset(
 mod tests {
     use super::*;
 
-    use crate::python::Lines;
+    use crate::runtime::python::Lines;
 
     #[test]
     fn lnotab_lines() {

@@ -97,7 +97,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::{CodeCache, ENTRY_BYTES};
-    use crate::python::{code::Code, lines::Lines};
+    use crate::runtime::python::{code::Code, lines::Lines};
 
     fn code(name_bytes: usize) -> Option<Arc<Code>> {
         Some(Arc::new(Code {
