@@ -76,8 +76,11 @@ const MIN_PYTHON_SHARE: f64 = 0.9;
 /// The share of the Node.js program's main-thread samples walked in the
 /// kernel that must show its work, `hotLoop` or `coldLoop`, as a
 /// JavaScript frame (x86_64: the legacy variant's V8 walk, in a
-/// tail-called program of its own).
-const MIN_NODE_SHARE: f64 = 0.9;
+/// tail-called program of its own). Not 0.9 as when the program was
+/// hotLoop alone: `--cpu-prof`'s signals and the event loop's turns take
+/// their part of the thread (0.882 to 0.970 of arm64's samples in the
+/// work with a turn every 20 calls of handler; now every 100).
+const MIN_NODE_SHARE: f64 = 0.85;
 
 /// How far hostprof's share of `hotLoop` in the program's work may be
 /// from `--cpu-prof`'s (0.75 by design, 0.77-0.80 measured on x86_64:
