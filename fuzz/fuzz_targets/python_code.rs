@@ -1,15 +1,15 @@
-//! A code object in a Python process's memory (`python/code.rs`): its
+//! A code object in a Python process's memory (`runtime/python/code.rs`): its
 //! fingerprint, then its name, file and location table, then lines of it.
 //! Pointers in it may point anywhere in the input, to itself included.
 #![no_main]
 
 use hostprof::{
-    python::{
+    procs::memory::{Image, Memory},
+    runtime::python::{
         Code,
         layout::fixed,
         limits::{MAX_LINETABLE_BYTES, MAX_STRING_CHARS},
     },
-    procs::memory::{Image, Memory},
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -1,15 +1,15 @@
 //! A Python process's `_Py_DebugOffsets` (the first bytes of `_PyRuntime`,
-//! `python/layout.rs`), then a code object read with the layout it gives,
+//! `runtime/python/layout.rs`), then a code object read with the layout it gives,
 //! over the same bytes. Accepted offsets must stay inside their caps.
 #![no_main]
 
 use hostprof::{
-    python::{
+    procs::memory::Image,
+    runtime::python::{
         Code,
         layout::from_debug_offsets,
         limits::{MAX_OBJECT_BYTES, MAX_STATE_BYTES},
     },
-    procs::memory::Image,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -1,4 +1,4 @@
-//! A code object's location table (`co_linetable`, `python/lines.rs`):
+//! A code object's location table (`co_linetable`, `runtime/python/lines.rs`):
 //! decoded once into line runs, which must agree with a scan of the table
 //! at every code unit looked at, and hold no more than the table's entries.
 #![no_main]
