@@ -40,7 +40,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         generated::{
             bpf_get_current_task, bpf_get_current_task_btf, bpf_get_prandom_u32,
             bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_task_pt_regs,
@@ -334,7 +334,14 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         (*sample).off_cpu_ns = 0;
         (*sample).kind = kind;
         (*sample).thread_state = state;
-        (*sample).comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+        // Straight into the record: aya's `bpf_get_current_comm` returns
+        // the name by value, and its copies, byte by byte, were a few hundred
+        // instructions a sample. The helper pads the name with zeros, and
+        // zeroes the whole buffer when it fails.
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            (&raw mut (*sample).comm).cast(),
+            COMM_LEN as u32,
+        );
         let (kernel_len, kernel_flags) = if in_kernel {
             read_stack(ctx, (*sample).kernel_stack.as_mut_ptr(), false)
         } else {
