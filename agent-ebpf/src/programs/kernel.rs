@@ -95,7 +95,7 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
         Some(finish_unwind(state, dst, runtime))
     }
 
-    /// Mappings: the CPU's last mapping, checked with two reads, else
+    /// Mappings: the CPU's last mapping at this depth, checked with two reads, else
     /// branch-free probes in line (the process's mappings are one map
     /// value already in hand: a few loads and compares, no helper call).
     /// Rows: the CPU's hint for this address, checked the same way, else
@@ -105,7 +105,8 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
         let start = match what {
             Sorted::Mappings => {
                 let mappings = process.mappings;
-                let hint = MAPPING_HINTS.get_ptr_mut(0);
+                let depth = process.depth & (MAX_USER_STACK_DEPTH as u32 - 1);
+                let hint = MAPPING_HINTS.get_ptr_mut(depth);
                 if let Some(hint) = hint {
                     let hint = unsafe { read_volatile(hint) };
                     if unwind::hint_holds(len, target, hint, |index| mapping_start(mappings, index))

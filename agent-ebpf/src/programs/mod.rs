@@ -178,12 +178,16 @@ fn present(bit: u32) -> bool {
 #[map(name = "ROW_HINTS")]
 static ROW_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(unwind::ROW_HINT_SLOTS, 0);
 
-/// Per CPU, the mapping its last search of a process's mappings found
-/// (checked the same way): a stack's frames, and the next samples' stacks,
-/// mostly stay in one binary, and checking the hint is two reads where
-/// the branch-free search is nine probes.
+/// Per CPU and per depth in the stack, the mapping the last search of a
+/// process's mappings at that depth found (checked the same way): the
+/// next samples' stacks mostly repeat the last one's binaries frame by
+/// frame, and checking the hint is two reads where the branch-free search
+/// is nine probes. One hint for all depths missed at every change of
+/// binary within a stack (an executable's frames, libc's, the
+/// executable's `_start` again): two or three searches a sample.
 #[map(name = "MAPPING_HINTS")]
-static MAPPING_HINTS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static MAPPING_HINTS: PerCpuArray<u32> =
+    PerCpuArray::with_max_entries(MAX_USER_STACK_DEPTH as u32, 0);
 
 /// The tail-call targets of the CPU sampler (`hostprof_common::TAIL_PYTHON`,
 /// `hostprof_common::LEGACY_TAIL_PROGRAMS`): CPython's walk (both

@@ -12,6 +12,8 @@ pub(super) struct KernelProcess<'a, K> {
     /// Legacy only: the address of the rows map's first row, as a plain
     /// number (see [`rows_base`]); 0 when unknown.
     pub(super) rows_base: u64,
+    /// Frames found so far: which of the CPU's mapping hints to check.
+    pub(super) depth: u32,
     pub(super) kernel: core::marker::PhantomData<K>,
 }
 
@@ -137,6 +139,7 @@ pub(super) fn frame<K: Kernel>(
     let mut process = KernelProcess::<K> {
         mappings,
         rows_base,
+        depth: unsafe { read_volatile(&state.len) },
         kernel: core::marker::PhantomData,
     };
     // Through memory, not registers, from one frame to the next: what
