@@ -277,6 +277,8 @@ pub struct UnwindState {
     /// Runtime frames found in place of native ones (JIT code), which
     /// `frames` refers to by `runtime::FRAME_MARK` entries.
     pub runtime: [runtime::Frame; runtime::MAX_FRAMES],
+    /// The user stack the walk read last (see [`unwind::StackWindow`]).
+    pub window: unwind::StackWindow,
 }
 
 /// Global `u32`: byte offset of `tgid` in the running kernel's `task_struct`

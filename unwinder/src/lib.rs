@@ -29,10 +29,12 @@ pub mod search;
 pub mod table;
 #[cfg(test)]
 mod tests;
+pub mod window;
 
 pub use mappings::*;
 pub use packed::*;
 pub use search::*;
+pub use window::*;
 
 /// Target architecture of the unwound code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

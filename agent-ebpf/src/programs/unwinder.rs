@@ -14,6 +14,9 @@ pub(super) struct KernelProcess<'a, K> {
     pub(super) rows_base: u64,
     /// Frames found so far: which of the CPU's mapping hints to check.
     pub(super) depth: u32,
+    /// The unwind's copy of the user stack (modern only: the legacy
+    /// verifiers walk each read's paths once per frame of a call).
+    pub(super) window: *mut unwind::StackWindow,
     pub(super) kernel: core::marker::PhantomData<K>,
 }
 
@@ -42,7 +45,11 @@ pub(super) fn rows_base() -> u64 {
 impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
     #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Option<u64> {
-        read_user(address)
+        // SAFETY: the UNWIND_STATE value this walk runs in (or null).
+        match unsafe { self.window.as_mut() } {
+            Some(window) if K::BPF_LOOP && address & 7 == 0 => window_read(window, address),
+            _ => read_user(address),
+        }
     }
 
     #[inline(always)]
@@ -57,6 +64,33 @@ impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
             |start: u32, len: u32, found: u32| unwind::packed_row(start, len, found, word, rule);
         unwind::lookup_in(self.mappings, pc, search, row)
     }
+}
+
+/// The aligned word of user memory at `address`, from `window`, which is
+/// refilled from `address` on when it does not hold it.
+#[inline(always)]
+fn window_read(window: &mut unwind::StackWindow, address: u64) -> Option<u64> {
+    let slot = match window.slot(address) {
+        Some(slot) => slot,
+        None => {
+            let len = unwind::window_fill_len(address);
+            let read = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    window.words.as_mut_ptr().cast(),
+                    len,
+                    address as *const c_void,
+                )
+            };
+            if read != 0 {
+                window.len = 0;
+                return None;
+            }
+            window.base = address;
+            window.len = len;
+            0
+        }
+    };
+    Some(window.words[slot])
 }
 
 /// Word `index` of the rows map (a row: its pc in the low half).
@@ -140,6 +174,7 @@ pub(super) fn frame<K: Kernel>(
         mappings,
         rows_base,
         depth: unsafe { read_volatile(&state.len) },
+        window: &raw mut state.window,
         kernel: core::marker::PhantomData,
     };
     // Through memory, not registers, from one frame to the next: what
@@ -245,6 +280,7 @@ pub(super) fn start_unwind<K: Kernel>(state: &mut UnwindState, tgid: u32) -> Opt
     state.frames[0] = pc;
     state.len = 1;
     state.runtime_len = 0;
+    state.window.len = 0;
     state.reason = RUNNING;
     Some(())
 }
