@@ -32,33 +32,62 @@ pub struct Found<'a> {
 }
 
 /// The code symbols of one ELF file, and how its file offsets map to addresses.
+///
+/// Nine bytes a symbol, in three columns: every process of a node's
+/// distinct binaries keeps one per function (with 40 binaries of 20,000
+/// functions, a third of a host-wide record's memory at 24 bytes a
+/// symbol, a fifth at 12).
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
-    /// Sorted by start. Large binaries (a compiler's shared library) have
-    /// hundreds of thousands of names.
-    symbols: Vec<Entry>,
-    /// The lowest symbol's address, which entries' starts count from.
+    /// Each symbol's start, from [`ElfSymbols::base`], sorted. Large
+    /// binaries (a compiler's shared library) have hundreds of thousands.
+    starts: Vec<u32>,
+    /// Each symbol's name.
+    name_at: Vec<NameAt>,
+    /// How far each symbol reaches, in a byte ([`Extent`]): compiled
+    /// functions end at most a few bytes of padding before the next one
+    /// starts.
+    extents: Vec<u8>,
+    /// (index, size) of the symbols whose extent is [`Extent::WIDE`], by index.
+    wide: Vec<(u32, u32)>,
+    /// The lowest symbol's address, which starts count from.
     base: u64,
-    /// (index in `symbols`, file name) of the local symbols that have a
-    /// source file, by index: few symbols have one, so it is not a field of
-    /// every entry.
+    /// (index in `starts`, file name) of the local symbols that have a
+    /// source file, by index: few symbols have one, so it is not a column.
     files: Vec<(u32, NameAt)>,
     names: Names,
     /// PT_LOAD segments as (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
 }
 
-/// One symbol of [`ElfSymbols`]: its extent and where its name is. Twelve
-/// bytes: a binary's code spans far less than 4 GiB, and every process of a
-/// node's distinct binaries keeps one per function (a third of the
-/// agent's memory with 40 of them, at 24 bytes).
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    /// From [`ElfSymbols::base`].
-    start: u32,
-    /// 0 when unknown (a symbol of 4 GiB or more is cut to 4 GiB).
-    size: u32,
-    name: NameAt,
+/// The values of [`ElfSymbols::extents`]: up to [`Extent::MAX_GAP`], the
+/// bytes between the symbol's end and the next symbol's start.
+struct Extent;
+
+impl Extent {
+    const MAX_GAP: u8 = 0xfd;
+    /// No size (hand-written assembly): up to the next symbol.
+    const UNSIZED: u8 = 0xfe;
+    /// Its size is in [`ElfSymbols::wide`] (the last symbol, one that
+    /// overlaps the next, one followed by a wide gap).
+    const WIDE: u8 = 0xff;
+
+    /// The extent of a symbol at `start` of `size` bytes followed by one
+    /// at `next`.
+    fn of(start: u32, size: u32, next: Option<u32>) -> u8 {
+        if size == 0 {
+            return Self::UNSIZED;
+        }
+        let end = u64::from(start) + u64::from(size);
+        match next {
+            Some(next)
+                if end <= u64::from(next) && u64::from(next) - end <= u64::from(Self::MAX_GAP) =>
+            {
+                (u64::from(next) - end) as u8
+            }
+            _ => Self::WIDE,
+        }
+    }
 }
 
 impl ElfSymbols {
@@ -123,7 +152,10 @@ impl ElfSymbols {
             }
         }
         let mut names = Names::with_capacity(bytes, count);
-        let mut entries = Vec::with_capacity(symbols.len());
+        let mut starts = Vec::with_capacity(symbols.len());
+        let mut name_at = Vec::with_capacity(symbols.len());
+        // Until the extents are known (they need the next start).
+        let mut sizes: Vec<u32> = Vec::with_capacity(symbols.len());
         let mut files: Vec<(u32, NameAt)> = Vec::new();
         // The last file pushed: a file's local symbols sit together, so one
         // copy of its name serves them all.
@@ -134,12 +166,12 @@ impl ElfSymbols {
             let Ok(start) = u32::try_from(start - base) else {
                 break;
             };
-            let (Some(name), Ok(index)) = (names.push(&[name]), u32::try_from(entries.len()))
-            else {
+            let (Some(name), Ok(index)) = (names.push(&[name]), u32::try_from(starts.len())) else {
                 break;
             };
-            let size = u32::try_from(size).unwrap_or(u32::MAX);
-            entries.push(Entry { start, size, name });
+            starts.push(start);
+            name_at.push(name);
+            sizes.push(u32::try_from(size).unwrap_or(u32::MAX));
             let Some(file) = file else { continue };
             let at = match last_file {
                 Some((last, at)) if last == file => at,
@@ -153,9 +185,25 @@ impl ElfSymbols {
             };
             files.push((index, at));
         }
-        entries.shrink_to_fit();
+        starts.shrink_to_fit();
+        name_at.shrink_to_fit();
+        let mut wide = Vec::new();
+        let extents = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &size)| {
+                let extent = Extent::of(starts[index], size, starts.get(index + 1).copied());
+                if extent == Extent::WIDE {
+                    wide.push((index as u32, size));
+                }
+                extent
+            })
+            .collect();
         ElfSymbols {
-            symbols: entries,
+            starts,
+            name_at,
+            extents,
+            wide,
             base,
             files,
             names,
@@ -172,26 +220,39 @@ impl ElfSymbols {
     }
 
     fn iter(&self) -> impl Iterator<Item = Symbol<'_>> {
-        self.symbols.iter().enumerate().map(|(index, entry)| {
-            let found = self.found(index, entry);
+        (0..self.starts.len()).map(|index| {
+            let found = self.found(index);
             (
-                self.base + u64::from(entry.start),
-                u64::from(entry.size),
+                self.base + u64::from(self.starts[index]),
+                u64::from(self.size(index)),
                 found.name,
                 found.file,
             )
         })
     }
 
-    /// Entry `index`'s name and file.
-    fn found(&self, index: usize, entry: &Entry) -> Found<'_> {
+    /// Symbol `index`'s size (0: unsized).
+    fn size(&self, index: usize) -> u32 {
+        match self.extents[index] {
+            Extent::UNSIZED => 0,
+            Extent::WIDE => self
+                .wide
+                .binary_search_by_key(&index, |&(at, _)| at as usize)
+                .map_or(0, |found| self.wide[found].1),
+            // A gap is coded only where a next symbol is.
+            gap => self.starts[index + 1] - u32::from(gap) - self.starts[index],
+        }
+    }
+
+    /// Symbol `index`'s name and file.
+    fn found(&self, index: usize) -> Found<'_> {
         let file = self
             .files
             .binary_search_by_key(&index, |(at, _)| *at as usize)
             .ok()
             .map(|found| self.names.get(self.files[found].1));
         Found {
-            name: self.names.get(entry.name),
+            name: self.names.get(self.name_at[index]),
             file,
         }
     }
@@ -212,16 +273,16 @@ impl ElfSymbols {
         let offset = address.checked_sub(self.base)?;
         let clamped = u32::try_from(offset).unwrap_or(u32::MAX);
         let index = self
-            .symbols
-            .partition_point(|entry| entry.start <= clamped)
+            .starts
+            .partition_point(|&start| start <= clamped)
             .checked_sub(1)?;
-        let entry = self.symbols.get(index)?;
         // A sized symbol must contain the address; an unsized one (hand-written
         // assembly) covers up to the next symbol.
-        if entry.size != 0 && offset - u64::from(entry.start) >= u64::from(entry.size) {
+        let size = self.size(index);
+        if size != 0 && offset - u64::from(self.starts[index]) >= u64::from(size) {
             return None;
         }
-        Some(self.found(index, entry))
+        Some(self.found(index))
     }
 
     /// The raw name of the function at ELF address `address`.
@@ -241,17 +302,18 @@ impl ElfSymbols {
 
     /// Number of code symbols (0 for a fully stripped file).
     pub fn len(&self) -> usize {
-        self.symbols.len()
+        self.starts.len()
     }
 
     /// True for a file without code symbols (fully stripped).
     pub fn is_empty(&self) -> bool {
-        self.symbols.is_empty()
+        self.starts.is_empty()
     }
 
     /// Rough heap size, for the cache's memory budget.
     pub fn estimated_size(&self) -> usize {
-        self.symbols.len() * size_of::<Entry>()
+        self.starts.len() * (size_of::<u32>() + size_of::<NameAt>() + 1)
+            + self.wide.len() * size_of::<(u32, u32)>()
             + self.files.len() * size_of::<(u32, NameAt)>()
             + self.names.bytes()
             + self.segments.len() * 24
@@ -325,6 +387,41 @@ mod tests {
         assert_eq!(symbols.offset_to_address(u64::MAX - 1), Some(0));
         assert_eq!(symbols.offset_to_address(1), None);
         assert_eq!(symbols.lookup_name(u64::MAX), Some("f"));
+    }
+
+    /// Each kind of extent ends its symbol where its size says: padding
+    /// before the next symbol, a gap too wide for a byte, an overlap, none
+    /// (up to the next symbol), and the last symbol's.
+    #[test]
+    fn extents_end_symbols_where_their_sizes_say() {
+        let table = vec![
+            (0x1000, 0x10, "padded", None),
+            (0x1020, 0x20, "flush", None),
+            (0x1040, 0x10, "far", None),
+            (0x2000, 0x100, "overlapping", None),
+            (0x2080, 0, "unsized", None),
+            (0x3000, 0x8, "last", None),
+        ];
+        let symbols = ElfSymbols::build(table.clone(), Vec::new());
+        for (address, name) in [
+            (0x100f, Some("padded")),
+            (0x1010, None),
+            (0x103f, Some("flush")),
+            (0x104f, Some("far")),
+            (0x1050, None),
+            (0x207f, Some("overlapping")),
+            (0x2fff, Some("unsized")),
+            (0x3007, Some("last")),
+            (0x3008, None),
+        ] {
+            assert_eq!(symbols.lookup_name(address), name, "{address:#x}");
+        }
+        assert_eq!(symbols.extents[0], 0x10);
+        assert_eq!(symbols.extents[1], 0);
+        assert_eq!(symbols.wide.len(), 3);
+        // Sizes come back whole (a merge rebuilds from them).
+        let back: Vec<_> = symbols.iter().collect();
+        assert_eq!(back, table);
     }
 
     /// At one address the sized symbol wins, then the first listed; a
