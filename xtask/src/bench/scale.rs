@@ -7,7 +7,8 @@
 //! its process's table is in the kernel, which says how fast the tables
 //! keep up. For each host-wide run, why the incomplete stacks stopped:
 //! walked in the kernel, from early copies on the host, or copies that
-//! were dropped or waited too long.
+//! were dropped or waited too long. Then the agent, beside the copies and
+//! without them (the idle host).
 use std::{
     fmt::Write as _,
     fs,
@@ -399,6 +400,15 @@ pub(crate) fn bench_scale(hostprof: &Path, dir: &Path, count: usize) -> Result<(
         .map(|(event, count)| format!("{} {count}", event.trim_start_matches("unwind_")))
         .collect();
     println!("{:<24} stopped short: {}", "", stopped.join(", "));
+    // The same agent with none of the copies: what a node pays at idle.
+    let idle = super::scale_agent::agent_after(hostprof, &[], &dir.join("agent-cache-idle"))?;
+    println!(
+        "agent without the copies (the host at idle), 60-80 s after its start: RSS {:.1} MiB + \
+         BPF maps {:.1} MiB = {:.1} MiB",
+        idle.rss_mib,
+        idle.map_mib,
+        idle.rss_mib + idle.map_mib
+    );
     let bytes: u64 = fs::read_dir(&cache)?
         .flatten()
         .filter_map(|entry| entry.metadata().ok())
