@@ -497,8 +497,8 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
 }
 
 /// `record` and `top` start with the lean sampling program (no JIT
-/// runtimes' walks, no Go labels), whose verifier walk is a fraction of
-/// the whole program's, and replace it with the whole one, which then
+/// runtimes' walks, no Go labels), whose verifier walk is at most three
+/// fifths of the whole program's, and replace it with the whole one, which then
 /// samples, once a process needs it.
 #[test]
 fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
@@ -542,8 +542,12 @@ fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
         println!(
             "the verifier walked {lean} instructions for the lean program, {whole} for the whole one"
         );
+        // Both carry the native unwinder, whose share of the lean one's
+        // walk is most of it: 9,653 of the lean program's instructions
+        // against 18,187 for the whole one on Linux 6.18, once the
+        // unwinder read the stack through its window (8,706 before).
         assert!(
-            lean >= 1_000 && lean * 2 < whole,
+            lean >= 1_000 && lean * 5 < whole * 3,
             "lean {lean}, whole {whole}"
         );
     }

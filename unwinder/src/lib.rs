@@ -214,6 +214,14 @@ pub enum Lookup {
 pub trait Process {
     /// Reads 8 bytes of user memory.
     fn read_u64(&mut self, address: u64) -> Option<u64>;
+    /// A read the walk seldom makes (the code at a pc, a signal frame's
+    /// saved registers): as [`Process::read_u64`] unless the process says
+    /// otherwise. The kernel's reads these directly, so that its copy of
+    /// the stack ([`StackWindow`]) serves the reads of every frame, and
+    /// the verifier checks that copy's paths at four places, not ten.
+    fn read_u64_seldom(&mut self, address: u64) -> Option<u64> {
+        self.read_u64(address)
+    }
     /// Finds the row for `pc` (already adjusted to lie inside the call
     /// instruction for return addresses).
     fn lookup(&mut self, pc: u64) -> Lookup;
@@ -449,7 +457,7 @@ fn frame_pointer_step<P: Process>(
 /// `mov x8, #139; svc #0`.
 #[inline(always)]
 fn is_sigreturn<P: Process>(arch: Arch, pc: u64, process: &mut P) -> bool {
-    let Some(code) = process.read_u64(pc) else {
+    let Some(code) = process.read_u64_seldom(pc) else {
         return false;
     };
     match arch {
@@ -457,7 +465,7 @@ fn is_sigreturn<P: Process>(arch: Arch, pc: u64, process: &mut P) -> bool {
         Arch::X86_64 => {
             code & 0x00ff_ffff_ffff_ffff == 0x0000_0000_0fc0_c748
                 && process
-                    .read_u64(pc.wrapping_add(7))
+                    .read_u64_seldom(pc.wrapping_add(7))
                     .is_some_and(|next| next & 0xffff == 0x050f)
         }
         // d2801168 d4000001
@@ -502,17 +510,17 @@ fn signal_step<P: Process>(arch: Arch, regs: &mut Regs, process: &mut P) -> Step
     };
     let base = regs.sp;
     // One read at a time (see `frame_pointer_step`).
-    let Some(pc) = process.read_u64(base.wrapping_add(frame.pc)) else {
+    let Some(pc) = process.read_u64_seldom(base.wrapping_add(frame.pc)) else {
         return Step::Stop(reason::READ_FAULT);
     };
-    let Some(sp) = process.read_u64(base.wrapping_add(frame.sp)) else {
+    let Some(sp) = process.read_u64_seldom(base.wrapping_add(frame.sp)) else {
         return Step::Stop(reason::READ_FAULT);
     };
-    let Some(fp) = process.read_u64(base.wrapping_add(frame.fp)) else {
+    let Some(fp) = process.read_u64_seldom(base.wrapping_add(frame.fp)) else {
         return Step::Stop(reason::READ_FAULT);
     };
     if arch == Arch::Aarch64 {
-        match process.read_u64(base.wrapping_add(frame.lr)) {
+        match process.read_u64_seldom(base.wrapping_add(frame.lr)) {
             Some(lr) => regs.lr = lr,
             None => return Step::Stop(reason::READ_FAULT),
         }

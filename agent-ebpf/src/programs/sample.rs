@@ -18,7 +18,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
 }
 
 /// `sample_cpu` without the JIT runtimes' walks and Go's labels
-/// (`hostprof_common::PROGRAM_SAMPLE_LEAN`): a third of its verifier
+/// (`hostprof_common::PROGRAM_SAMPLE_LEAN`): about half of its verifier
 /// work, for a start where no process needs them yet.
 #[perf_event]
 pub fn sample_cpu_lean(ctx: PerfEventContext) -> u32 {

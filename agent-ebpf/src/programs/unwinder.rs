@@ -14,8 +14,7 @@ pub(super) struct KernelProcess<'a, K> {
     pub(super) rows_base: u64,
     /// Frames found so far: which of the CPU's mapping hints to check.
     pub(super) depth: u32,
-    /// The unwind's copy of the user stack (modern only: the legacy
-    /// verifiers walk each read's paths once per frame of a call).
+    /// The unwind's copy of the user stack.
     pub(super) window: *mut unwind::StackWindow,
     pub(super) kernel: core::marker::PhantomData<K>,
 }
@@ -47,9 +46,14 @@ impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
     fn read_u64(&mut self, address: u64) -> Option<u64> {
         // SAFETY: the UNWIND_STATE value this walk runs in (or null).
         match unsafe { self.window.as_mut() } {
-            Some(window) if K::BPF_LOOP && address & 7 == 0 => window_read(window, address),
+            Some(window) if address & 7 == 0 => window_read(window, address),
             _ => read_user(address),
         }
+    }
+
+    #[inline(always)]
+    fn read_u64_seldom(&mut self, address: u64) -> Option<u64> {
+        read_user(address)
     }
 
     #[inline(always)]
