@@ -9,7 +9,8 @@
  *     fresh record, valid = 1, then the pointer), detached (pointer NULL)
  *     for 3 ms, and a record marked under modification (valid = 0) for
  *     3 ms. Each span carries attributes (OTEP 4947's attrs-data):
- *     http.route, "/cart" or "/checkout" by turns, and, once the process
+ *     http.route, "/cart", "/checkout" or a 150-byte route by turns (every
+ *     other record ends its page, the next page unmapped), and, once the process
  *     context has been republished with a second key (KEYS_AFTER_NS after
  *     the start), http.method "GET" or "POST". The process context (OTEP
  *     4719, otel_ctx_publish.h) holds the key map: ["http.route"], then
@@ -54,8 +55,19 @@ struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
     uint8_t valid;
     uint8_t trace_flags;
     uint16_t attrs_data_size;
-    uint8_t attrs_data[36];
+    uint8_t attrs_data[200];
 };
+
+/* Bytes of the records that end a page (see run): the fixed part and the
+ * attributes of their spans, which are short. */
+#define SHORT_RECORD (28 + 36)
+
+/* A route longer than the attribute bytes a sampler may read along with
+ * the fixed part (hostprof takes 100), so that the rest needs a read of
+ * its own. */
+static const char LONG_ROUTE[] =
+    "/catalog/departments/garden-and-outdoor/categories/watering-equipment/"
+    "products/oscillating-sprinkler-with-sixteen-nozzles/reviews/most-helpful";
 
 /* When the key map gains http.method. */
 #define KEYS_AFTER_NS 1500000000ull
@@ -151,22 +163,31 @@ static void *run(void *p) {
     struct thread_arg *arg = p;
     arg->tid = gettid();
     /* Two records used in turn: the one being built is never the one
-     * the pointer shows. */
-    static __thread struct otel_thread_ctx_record records[2];
+     * the pointer shows. The second ends its page and the next page is
+     * not readable: a reader must not read past a record's own bytes. */
+    static __thread struct otel_thread_ctx_record first;
+    long page = sysconf(_SC_PAGESIZE);
+    uint8_t *pages = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pages == MAP_FAILED)
+        return NULL;
+    mprotect(pages + page, page, PROT_NONE);
+    struct otel_thread_ctx_record *records[2] = {
+        &first, (struct otel_thread_ctx_record *)(pages + page - SHORT_RECORD)};
     uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(arg->seconds * 1e9);
     uint64_t serial = 0;
     note(arg, 0, NULL, NULL, NULL);
     while (!stopping && now_ns(CLOCK_MONOTONIC) < end) {
-        struct otel_thread_ctx_record *record = &records[serial & 1];
-        serial++;
+        uint64_t n = serial++;
+        struct otel_thread_ctx_record *record = records[n & 1];
         /* Attach: build the record, mark it valid, then point at it. */
-        memset(record, 0, sizeof *record);
+        memset(record, 0, n & 1 ? SHORT_RECORD : sizeof *record);
         for (int i = 0; i < 16; i++)
             record->trace_id[i] = (uint8_t)(0x10 * (arg->index + 1) + (serial >> 8) + i);
         for (int i = 0; i < 8; i++)
             record->span_id[i] = (uint8_t)((serial >> (8 * (i % 4))) + 0x40 * (i / 4) + 1);
         record->trace_flags = 1;
-        const char *route = serial & 1 ? "/checkout" : "/cart";
+        const char *route = n & 1 ? ((n >> 1) & 1 ? "/checkout" : "/cart")
+                                  : ((n >> 1) & 1 ? LONG_ROUTE : "/checkout");
         const char *method =
             atomic_load(&published_keys) > 1 ? (serial % 3 ? "GET" : "POST") : NULL;
         uint16_t size = put_attr(record, 0, 0, route);

@@ -231,9 +231,7 @@ fn g_of<K: Kernel>(process: &go::Process) -> Option<u64> {
     if offset == 0 {
         return None;
     }
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let thread_pointer =
-        unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) }.ok()?;
+    let thread_pointer = K::thread_pointer(offset)?;
     read_user::<u64>(thread_pointer.wrapping_add(process.tls_offset as u64))
 }
 

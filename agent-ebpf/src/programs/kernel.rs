@@ -25,6 +25,9 @@ pub(super) trait Kernel {
     /// kernel entry: right whether the sample hit user or kernel code),
     /// or null.
     fn user_regs() -> *const u8;
+    /// The current task's thread pointer (x86_64 `fsbase`, aarch64
+    /// `tpidr_el0`), `offset` bytes into its `task_struct`.
+    fn thread_pointer(offset: usize) -> Option<u64>;
     /// Steps the frame at `state.regs`, in the code of the runtime tagged
     /// `runtime`; true when the unwind stops here (`state.reason` set, or,
     /// legacy, the reason that hands the unwind to the runtime's walk).
@@ -55,6 +58,15 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
     #[inline(always)]
     fn user_regs() -> *const u8 {
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+    }
+
+    /// A plain load through the task's BTF pointer, no helper call: the
+    /// offset is a constant of the frozen globals, so the verifier
+    /// checks it against `task_struct`'s BTF (a load that faults gives 0).
+    #[inline(always)]
+    fn thread_pointer(offset: usize) -> Option<u64> {
+        let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+        Some(unsafe { read_volatile(task.add(offset).cast::<u64>()) })
     }
 
     /// Right here, in the same `bpf_loop` callback as the native frames
@@ -169,6 +181,12 @@ impl Kernel for Legacy {
     const BPF_LOOP: bool = false;
     /// Its runtimes' walks are programs of their own, tail-called.
     const RUNTIMES: bool = true;
+
+    #[inline(always)]
+    fn thread_pointer(offset: usize) -> Option<u64> {
+        let task = unsafe { bpf_get_current_task() } as *const u8;
+        unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) }.ok()
+    }
 
     #[inline(always)]
     fn user_regs() -> *const u8 {

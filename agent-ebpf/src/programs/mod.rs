@@ -395,11 +395,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         (*sample).user_stack_len = user_len;
         // The thread's trace context: CPU, off-CPU and early-copy records
         // alike are filled here.
-        let trace = trace::read_context(
-            tgid,
-            &raw mut (*sample).trace,
-            (&raw mut (*sample).attrs).cast(),
-        );
+        let trace = trace::read_context::<K>(tgid, sample);
         // A Go goroutine's pprof labels, in the same room, when the
         // thread has no OpenTelemetry context (a cgo program's C library
         // publishing one wins: its record is the richer).

@@ -1,9 +1,12 @@
 //! The OpenTelemetry thread context (OTEP 4947) of the sampled thread,
 //! for processes the agent registered (see `hostprof_common::trace`):
-//! three reads (thread pointer, thread-local, record), three more for a
-//! variable in dynamic TLS (the DTV, its length, the module's block), one
-//! more for a record with attributes (a single read of their size, capped),
-//! no loop, so both variants carry it.
+//! the thread pointer (a load through the task's BTF pointer on modern
+//! kernels, a read on legacy ones), then two reads of the thread's memory
+//! (the thread-local; the record with its first attribute bytes), three
+//! more for a variable in dynamic TLS (the DTV, its length, the module's
+//! block), one more for longer attributes; no loop, so both variants
+//! carry it. A read of the thread's memory costs about as much as a frame
+//! of the unwind (~65 ns): issue 30 allows the context 300 ns.
 use super::*;
 
 use hostprof_common::trace::{self as tc};
@@ -25,19 +28,19 @@ pub(super) fn task_tp_offset() -> usize {
     unsafe { read_volatile(&TASK_TP_OFFSET) as usize }
 }
 
-/// Where `append_link` assembles a record's attributes and link (a
-/// `Sample`'s own bytes would overlap: its used part may end anywhere
-/// before them).
+/// Where `append_link` moves a record's attributes when they would
+/// overlap themselves (a `Sample`'s used part may end anywhere before
+/// them).
 #[map(name = "TRACE_TAIL")]
 static TRACE_TAIL: PerCpuArray<Tail> = PerCpuArray::with_max_entries(1, 0);
 
 #[repr(C)]
 pub(super) struct Tail {
-    bytes: [u8; tc::ATTRS_ROOM + tc::LINK_BYTES],
+    bytes: [u8; tc::ATTRS_ROOM],
 }
 
-/// Reads the current thread's context record into `link` (its attributes,
-/// if any, into `attrs`, a `Sample::attrs`) when its process is
+/// Reads the current thread's context record into `sample.trace` (its
+/// attributes, if any, into `sample.attrs`) when its process is
 /// registered and the record is valid; returns the flag to set on the
 /// sample (`SAMPLE_FLAG_TRACE` or 0). Counts every outcome.
 ///
@@ -45,7 +48,7 @@ pub(super) struct Tail {
 /// an off-CPU record is written when its thread comes back, while
 /// another task (maybe another process) is current.
 #[inline(always)]
-pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u32 {
+pub(super) fn read_context<K: Kernel>(tgid: u32, sample: *mut Sample) -> u32 {
     let offset = unsafe { read_volatile(&TASK_TP_OFFSET) } as usize;
     if offset == 0 || !present(hostprof_common::present::TRACE) {
         return 0;
@@ -53,10 +56,7 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
     let Some(process) = (unsafe { TRACE_PROCS.get(&tgid) }) else {
         return 0;
     };
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let Ok(thread_pointer) =
-        (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) })
-    else {
+    let Some(thread_pointer) = K::thread_pointer(offset) else {
         bump(Counter::TraceReadFault);
         return 0;
     };
@@ -71,40 +71,41 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
                 return 0;
             }
             Block::Fault => {
-                user_read_failed(task);
+                user_read_failed();
                 return 0;
             }
         }
     };
     let Some(pointer) = read_user::<u64>(variable) else {
-        user_read_failed(task);
+        user_read_failed();
         return 0;
     };
     if pointer == 0 {
         bump(Counter::TraceDetached);
         return 0;
     }
-    let Some(record) = read_user::<tc::Record>(pointer) else {
-        user_read_failed(task);
+    let link = unsafe { &raw mut (*sample).trace };
+    let Some((record, eager)) = read_record(link, pointer) else {
+        user_read_failed();
         return 0;
     };
     if record.valid != 1 {
         bump(Counter::TraceDetached);
         return 0;
     }
+    let attrs = unsafe { (&raw mut (*sample).attrs).cast::<u8>() };
     let size = record.attrs_size as usize;
     let (attrs_len, attrs_refused) = if size == 0 {
         (0, 0)
     } else if size > tc::MAX_ATTRS {
         (0, tc::attrs::OVER_CAP)
-    } else if read_attrs(attrs, pointer.wrapping_add(tc::RECORD_BYTES as u64), size) {
+    } else if size <= eager || read_attrs(attrs, pointer.wrapping_add(RECORD), size) {
+        clear_past(attrs, size);
         (size as u16, 0)
     } else {
         (0, tc::attrs::UNREADABLE)
     };
     unsafe {
-        (*link).trace_id = record.trace_id;
-        (*link).span_id = record.span_id;
         (*link).trace_flags = record.trace_flags;
         (*link).attrs_refused = attrs_refused;
         (*link).attrs_len = attrs_len;
@@ -114,12 +115,86 @@ pub(super) fn read_context(tgid: u32, link: *mut tc::Link, attrs: *mut u8) -> u3
     SAMPLE_FLAG_TRACE
 }
 
+/// Attribute bytes read with the record, in its one read: a record's
+/// attributes are a few dozen bytes (a route, a user id), and a read of
+/// the thread's memory costs about as much as a frame of the unwind.
+const EAGER_ATTRS: usize = 100;
+
+const RECORD: u64 = tc::RECORD_BYTES as u64;
+const PAGE: u64 = 4096;
+
+/// Reads the record at `pointer` to the end of `link`, so that the
+/// [`EAGER_ATTRS`] bytes after it land where a sample keeps its
+/// attributes (`Sample::attrs` follows `Sample::trace`), then moves its
+/// ids to their place in `link`; returns the record's fixed part and how
+/// many attribute bytes came with it. Reads only the record when the
+/// eager bytes would cross into the next page, which may be unmapped
+/// where the record's own is not.
+#[inline(always)]
+fn read_record(link: *mut tc::Link, pointer: u64) -> Option<(tc::Record, usize)> {
+    const HEAD: usize = tc::LINK_BYTES - tc::RECORD_BYTES;
+    let head = link.cast::<u8>().wrapping_add(HEAD);
+    let room = PAGE - (pointer & (PAGE - 1));
+    let size = if room >= RECORD + EAGER_ATTRS as u64 {
+        tc::RECORD_BYTES + EAGER_ATTRS
+    } else {
+        tc::RECORD_BYTES
+    };
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            head.cast(),
+            size as u32,
+            pointer as *const c_void,
+        )
+    };
+    if read != 0 {
+        return None;
+    }
+    unsafe {
+        // Loaded one by one: with the three from one word, LLVM checked
+        // the size's bound on the word, which the verifier cannot carry
+        // over to the size.
+        let record = tc::Record {
+            valid: read_volatile(head.add(24)),
+            trace_flags: read_volatile(head.add(25)),
+            attrs_size: read_volatile(head.add(26).cast::<u16>()),
+            ..Default::default()
+        };
+        // Trace and span ids (24 bytes) to the start of the link, in
+        // words upwards: each word is read before the one copy that
+        // overwrites it.
+        let words = link.cast::<u32>();
+        for word in 0..6 {
+            write_volatile(words.add(word), read_volatile(words.add(word + 1)));
+        }
+        Some((record, size - tc::RECORD_BYTES))
+    }
+}
+
+/// Zeroes the bytes of the attributes' last word past their `size`: the
+/// ring record carries whole words, and the eager read may have put the
+/// thread's other memory there.
+#[inline(always)]
+fn clear_past(attrs: *mut u8, size: usize) {
+    let last = size & !7;
+    let used = size & 7;
+    if used == 0 || last + 8 > tc::ATTRS_ROOM {
+        return;
+    }
+    unsafe {
+        let word = attrs.add(last).cast::<u64>();
+        let kept = read_volatile(word) & ((1u64 << (used * 8)) - 1);
+        write_volatile(word, kept);
+    }
+}
+
 /// Counts a failed read of the thread's memory: a thread past `exit_mm`
 /// in `do_exit` (its `mm` gone, its user memory with it) is still sampled
 /// while it exits, and is told apart from a read that should have worked.
 /// Read only here, so a sample that reads its context pays nothing.
 #[inline(always)]
-fn user_read_failed(task: *const u8) {
+fn user_read_failed() {
+    let task = unsafe { bpf_get_current_task() } as *const u8;
     let offset = unsafe { read_volatile(&TASK_MM_OFFSET) } as usize;
     let exited = offset != 0
         && unsafe { bpf_probe_read_kernel(task.wrapping_add(offset).cast::<u64>()) } == Ok(0);
@@ -131,17 +206,13 @@ fn user_read_failed(task: *const u8) {
 }
 
 /// Reads `size` bytes (1..=`MAX_ATTRS`) of attributes at `from` into
-/// `attrs`, zeroing the rest of their last word first: the ring record
-/// carries whole words, and the scratch may hold an earlier sample's
-/// bytes, maybe another process's.
+/// `attrs` (the caller clears the rest of their last word: the ring
+/// record carries whole words, and the scratch may hold an earlier
+/// sample's bytes, maybe another process's).
 #[inline(always)]
 fn read_attrs(attrs: *mut u8, from: u64, size: usize) -> bool {
     if size == 0 || size > tc::MAX_ATTRS {
         return false;
-    }
-    let last = size & !7;
-    if last < size && last + 8 <= tc::ATTRS_ROOM {
-        unsafe { write_volatile(attrs.add(last).cast::<u64>(), 0) };
     }
     let read = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
@@ -200,66 +271,80 @@ fn dynamic_block(thread_pointer: u64, module: u32, dtv: tc::Dtv) -> Block {
 
 /// Appends `sample`'s link right after its used part (`len` bytes) when
 /// it has one, its attributes (padded to words) before the link when it
-/// has those too; returns the record's length with them. Without
-/// attributes the used part ends at or before `Sample::trace`, so the
-/// copy, word by word from the start, never overwrites a word it has yet
-/// to read; with them, attributes and link are put together in
-/// `TRACE_TAIL` first, then copied after the used part.
+/// has those too; returns the record's length with them. The link's
+/// words are loaded before anything is written: the attributes' copy
+/// may land on them.
 #[inline(always)]
 pub(super) fn append_link(sample: *mut Sample, len: usize, flags: u32) -> usize {
     if flags & SAMPLE_FLAG_TRACE == 0 || len > SAMPLE_TRACE_AT {
         return len;
     }
+    let base = sample.cast::<u8>();
+    let link = unsafe {
+        let from = base.add(SAMPLE_TRACE_AT).cast::<u64>();
+        [
+            read_volatile(from),
+            read_volatile(from.add(1)),
+            read_volatile(from.add(2)),
+            read_volatile(from.add(3)),
+        ]
+    };
     let attrs = unsafe { (*sample).trace.attrs_len } as usize;
-    if attrs != 0 {
-        return append_tail(sample, len, attrs);
+    let padded = (attrs + 7) & !7;
+    if padded > tc::ATTRS_ROOM {
+        return len;
+    }
+    let at = if padded == 0 {
+        len
+    } else if len + padded <= SAMPLE_ATTRS_AT {
+        // Apart from where they are: one copy.
+        if unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                base.add(len).cast(),
+                padded as u32,
+                base.add(SAMPLE_ATTRS_AT).cast(),
+            )
+        } != 0
+        {
+            return len;
+        }
+        len + padded
+    } else {
+        match move_through_tail(base, len, padded) {
+            Some(at) => at,
+            None => return len,
+        }
+    };
+    if at > SAMPLE_TRACE_AT + tc::ATTRS_ROOM {
+        return len;
     }
     unsafe {
-        let from = sample.cast::<u8>().add(SAMPLE_TRACE_AT).cast::<u64>();
-        let to = sample.cast::<u8>().add(len).cast::<u64>();
-        for word in 0..tc::LINK_BYTES / 8 {
-            let value = read_volatile(from.add(word));
+        let to = base.add(at).cast::<u64>();
+        for (word, value) in link.into_iter().enumerate() {
             write_volatile(to.add(word), value);
         }
     }
-    len + tc::LINK_BYTES
+    at + tc::LINK_BYTES
 }
 
-/// `append_link` for a record with `attrs` bytes of attributes.
+/// The attributes' copy when they would overlap where they go (a record
+/// whose used part ends less than their size before them): through
+/// `TRACE_TAIL`. Returns where the link goes.
 #[inline(always)]
-fn append_tail(sample: *mut Sample, len: usize, attrs: usize) -> usize {
-    let padded = (attrs + 7) & !7;
-    if padded > tc::ATTRS_ROOM || len > SAMPLE_TRACE_AT {
-        return len;
-    }
-    let Some(tail) = TRACE_TAIL.get_ptr_mut(0) else {
-        return len;
-    };
+fn move_through_tail(base: *mut u8, len: usize, padded: usize) -> Option<usize> {
+    let tail = TRACE_TAIL.get_ptr_mut(0)?;
     unsafe {
         let tail = (&raw mut (*tail).bytes).cast::<u8>();
-        let base = sample.cast::<u8>();
-        if aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-            tail.cast(),
-            padded as u32,
-            base.add(SAMPLE_ATTRS_AT).cast(),
-        ) != 0
-        {
-            return len;
+        for (to, from) in [(tail, base.add(SAMPLE_ATTRS_AT)), (base.add(len), tail)] {
+            if aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                to.cast(),
+                padded as u32,
+                from.cast(),
+            ) != 0
+            {
+                return None;
+            }
         }
-        let from = base.add(SAMPLE_TRACE_AT).cast::<u64>();
-        let to = tail.add(padded).cast::<u64>();
-        for word in 0..tc::LINK_BYTES / 8 {
-            write_volatile(to.add(word), read_volatile(from.add(word)));
-        }
-        let total = padded + tc::LINK_BYTES;
-        if aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-            base.add(len).cast(),
-            total as u32,
-            tail.cast(),
-        ) != 0
-        {
-            return len;
-        }
-        len + total
     }
+    Some(len + padded)
 }
