@@ -315,6 +315,12 @@ pub(super) fn append_link(sample: *mut Sample, len: usize, flags: u32) -> usize 
             None => return len,
         }
     };
+    // Masked, through `opaque` so that LLVM keeps the mask: on a path that
+    // cannot happen (attributes short enough for the one copy taken as
+    // too long) Linux 6.1's verifier kept contradictory bounds for `at`,
+    // its lowest above its highest, and refused the store; an AND makes it
+    // compute them afresh.
+    let at = unwind::opaque(at as u64) as usize & AT_MASK;
     if at > SAMPLE_TRACE_AT + tc::ATTRS_ROOM {
         return len;
     }
@@ -326,6 +332,10 @@ pub(super) fn append_link(sample: *mut Sample, len: usize, flags: u32) -> usize 
     }
     at + tc::LINK_BYTES
 }
+
+/// Above any offset in a `Sample`.
+const AT_MASK: usize = 0x1fff;
+const _: () = assert!(size_of::<Sample>() <= AT_MASK);
 
 /// The attributes' copy when they would overlap where they go (a record
 /// whose used part ends less than their size before them): through
