@@ -376,9 +376,11 @@ pub(crate) fn record_host_wide(
     hostprof: &Path,
     seconds: u64,
     extra: &[&str],
+    env: &[(&str, &str)],
     out: &Path,
 ) -> Result<(Usage, String)> {
     let child = Command::new(hostprof)
+        .envs(env.iter().copied())
         .args([
             "record",
             "-F",
@@ -404,7 +406,8 @@ fn bench_hostprof_with(
     name: &'static str,
     extra: &[&str],
 ) -> Result<(Row, String)> {
-    let (usage, text) = record_host_wide(hostprof, seconds, extra, &dir.join("hostprof.folded"))?;
+    let (usage, text) =
+        record_host_wide(hostprof, seconds, extra, &[], &dir.join("hostprof.folded"))?;
     let samples =
         number_before(&text, " samples from").context("hostprof printed no sample count")?;
     let kernel = number_before(&text, " ns per run").map(|ns| ns as f64);

@@ -58,6 +58,7 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
     let probee = has_probee();
     let mut peers = vec![
         dwarf_run(Dwarf::Hostprof, hostprof, dir, &workload, seconds)?,
+        dwarf_run(Dwarf::HostprofLegacy, hostprof, dir, &workload, seconds)?,
         busy(&workload, seconds, || {
             hostprof_run(
                 hostprof,
@@ -65,6 +66,7 @@ pub fn run(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
                 seconds,
                 "hostprof record --unwind fp",
                 &["--unwind", "fp"],
+                &[],
             )
         })?,
         dwarf_run(Dwarf::Perf, hostprof, dir, &workload, seconds)?,
@@ -95,7 +97,7 @@ pub fn run_dwarf(hostprof: &Path, dir: &Path, seconds: u64) -> Result<()> {
     if !probee {
         println!("(probee not installed: `cargo xtask setup` installs profile-bee)");
     }
-    let kinds: Vec<Dwarf> = [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee]
+    let kinds: Vec<Dwarf> = Dwarf::ALL
         .into_iter()
         .filter(|&peer| peer != Dwarf::Probee || probee)
         .collect();
@@ -169,8 +171,20 @@ fn compile(dir: &Path, seconds: u64) -> Result<PathBuf> {
 #[derive(Clone, Copy, PartialEq)]
 enum Dwarf {
     Hostprof,
+    /// The eBPF variant for Linux 5.10 to 5.16 (no `bpf_loop`), forced
+    /// on this kernel: what the many fleets on those kernels pay.
+    HostprofLegacy,
     Perf,
     Probee,
+}
+
+impl Dwarf {
+    const ALL: [Dwarf; 4] = [
+        Dwarf::Hostprof,
+        Dwarf::HostprofLegacy,
+        Dwarf::Perf,
+        Dwarf::Probee,
+    ];
 }
 
 /// One DWARF-mode run of `peer`, `seconds` long, beside the workload.
@@ -182,7 +196,17 @@ fn dwarf_run(
     seconds: u64,
 ) -> Result<Peer> {
     busy(workload, seconds, || match peer {
-        Dwarf::Hostprof => hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[]),
+        Dwarf::Hostprof => {
+            hostprof_run(hostprof, dir, seconds, "hostprof record (dwarf)", &[], &[])
+        }
+        Dwarf::HostprofLegacy => hostprof_run(
+            hostprof,
+            dir,
+            seconds,
+            "hostprof (dwarf, legacy eBPF)",
+            &[],
+            &[("HOSTPROF_BPF_VARIANT", "legacy")],
+        ),
         Dwarf::Perf => perf_run(
             dir,
             seconds,
@@ -205,7 +229,7 @@ fn split(
     probee: bool,
 ) -> Result<()> {
     let mut short = Vec::new();
-    for peer in [Dwarf::Hostprof, Dwarf::Perf, Dwarf::Probee] {
+    for peer in Dwarf::ALL {
         if peer != Dwarf::Probee || probee {
             short.push(dwarf_run(peer, hostprof, dir, workload, SHORT_SECONDS)?);
         }
@@ -366,9 +390,10 @@ fn hostprof_run(
     seconds: u64,
     name: &'static str,
     extra: &[&str],
+    env: &[(&str, &str)],
 ) -> Result<Peer> {
     let folded = dir.join("peer-hostprof.folded");
-    let (usage, stderr) = crate::bench::record_host_wide(hostprof, seconds, extra, &folded)?;
+    let (usage, stderr) = crate::bench::record_host_wide(hostprof, seconds, extra, env, &folded)?;
     let text = fs::read_to_string(&folded)?;
     let (workload, reaching_main, host, own) = count_folded(&text, "hostprof");
     Ok(Peer {
