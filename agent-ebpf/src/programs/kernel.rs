@@ -240,8 +240,8 @@ impl Kernel for Legacy {
     /// read with `bpf_probe_read_kernel` from the rows map's flat memory,
     /// because a map lookup per probe is a branch (its NULL check) too.
     /// A row search first checks the CPU's hint, as the modern variant
-    /// does: two reads instead of the search's 22, which were most of a
-    /// legacy sample's cost.
+    /// does: two map lookups instead of the search's 22 reads, which were
+    /// most of a legacy sample's cost.
     #[inline(always)]
     fn search(process: &KernelProcess<Self>, what: Sorted, len: u32, target: u64) -> Option<u32> {
         match what {
@@ -251,28 +251,32 @@ impl Kernel for Legacy {
                 if base == 0 {
                     return None;
                 }
-                let pc_of = |index: u32| {
+                let hint = ROW_HINTS.get_ptr_mut(unwind::hint_slot(start, target));
+                if let Some(hint) = hint {
+                    let hint = unsafe { read_volatile(hint) };
+                    // Map lookups here (inlined by the verifier): the
+                    // check branches anyway.
+                    let pc_of = |index: u32| {
+                        word(start.wrapping_add(index)).map(|word| u64::from(word as u32))
+                    };
+                    if unwind::hint_holds(len, target, hint, pc_of) {
+                        return Some(hint);
+                    }
+                }
+                let key = |index: u32| {
                     let at = base + u64::from(start.wrapping_add(index)) * size_of::<u64>() as u64;
+                    // A failed read (past the map's end, only for the probes after
+                    // the search is over) leaves "greater than any target".
                     let mut pc = u32::MAX;
-                    let read = unsafe {
+                    unsafe {
                         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
                             (&mut pc as *mut u32).cast(),
                             size_of::<u32>() as u32,
                             at as *const c_void,
                         )
                     };
-                    (read == 0).then_some(u64::from(pc))
+                    Some(u64::from(pc))
                 };
-                let hint = ROW_HINTS.get_ptr_mut(unwind::hint_slot(start, target));
-                if let Some(hint) = hint {
-                    let hint = unsafe { read_volatile(hint) };
-                    if unwind::hint_holds(len, target, hint, pc_of) {
-                        return Some(hint);
-                    }
-                }
-                // A failed read (past the map's end, only for the probes
-                // after the search is over) leaves "greater than any target".
-                let key = |index: u32| Some(pc_of(index).unwrap_or(u64::from(u32::MAX)));
                 let found = unwind::search_last_le_branchless(len, target, LEGACY_ROW_PROBES, key);
                 if let (Some(found), Some(hint)) = (found, hint) {
                     unsafe { write_volatile(hint, found) };
