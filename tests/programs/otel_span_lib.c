@@ -15,15 +15,7 @@
 #include <string.h>
 
 #include "otel_ctx_publish.h"
-
-struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
-    uint8_t trace_id[16];
-    uint8_t span_id[8];
-    uint8_t valid;
-    uint8_t trace_flags;
-    uint16_t attrs_data_size;
-    uint8_t attrs_data[256];
-};
+#include "otel_thread_ctx.h"
 
 __thread struct otel_thread_ctx_record *otel_thread_ctx_v1;
 static __thread struct otel_thread_ctx_record record;

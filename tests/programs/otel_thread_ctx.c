@@ -47,16 +47,7 @@
 #include <unistd.h>
 
 #include "otel_ctx_publish.h"
-
-/* The record, byte-packed as the OTEP lays it out. */
-struct __attribute__((packed, aligned(8))) otel_thread_ctx_record {
-    uint8_t trace_id[16];
-    uint8_t span_id[8];
-    uint8_t valid;
-    uint8_t trace_flags;
-    uint16_t attrs_data_size;
-    uint8_t attrs_data[200];
-};
+#include "otel_thread_ctx.h"
 
 /* Bytes of the records that end a page (see run): the fixed part and the
  * attributes of their spans, which are short. */
