@@ -108,16 +108,36 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
             .arg(&library)
             .arg(program_source("otel_span_lib.c")),
     );
+    // Profiled from when the span is attached: the agent looks for the
+    // variable when it first sees the process, and looks again only when
+    // a sample lands outside the mappings it read, which this program's
+    // samples, all in the interpreter, never do.
+    let mut python = std::process::Command::new("python3")
+        .arg(program_source("deep_span.py"))
+        .arg(&library)
+        .args(["60", ROUTE])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python3");
+    let stdout = python.stdout.take().expect("its stdout");
+    let python = running::KillOnDrop(python);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .expect("read its first line");
+    assert_eq!(
+        line.trim(),
+        "attached",
+        "deep_span.py did not attach its span"
+    );
     let recording = dir.join("deep.otlp.pb");
     run_ok(
         hostprof()
-            .args(["record", "-F", "499", "-o"])
-            .arg(&recording)
-            .args(["--", "python3"])
-            .arg(program_source("deep_span.py"))
-            .arg(&library)
-            .args(["6", ROUTE]),
+            .args(["record", "-F", "499", "-d", "5", "-p"])
+            .arg(python.0.id().to_string())
+            .arg("-o")
+            .arg(&recording),
     );
+    drop(python);
     let samples = decode(&recording);
     let deep: Vec<&Seen> = samples.iter().filter(|seen| seen.depth >= DEEP).collect();
     let linked = deep.iter().filter(|seen| seen.link.is_some()).count();

@@ -1,6 +1,7 @@
 """A Python thread with an OpenTelemetry span attached (through
 tests/programs/otel_span_lib.c, loaded with ctypes) that burns CPU 150
-calls deep in `descend`, for tests/python_context.rs.
+calls deep in `descend`, for tests/python_context.rs. Prints "attached"
+once the span is.
 
     python3 deep_span.py LIBRARY SECONDS ROUTE
 """
@@ -28,6 +29,8 @@ def main():
     library = ctypes.CDLL(sys.argv[1])
     library.otel_span_publish()
     library.otel_span_attach(sys.argv[3].encode())
+    # The reader may start now: the variable is loaded and set.
+    print("attached", flush=True)
     descend(150, float(sys.argv[2]))
 
 
