@@ -118,19 +118,23 @@ const MIN_JAVA_ROOTED_SHARE: f64 = 0.9;
 const MIN_JAVA_HOT_SHARE: f64 = 0.6;
 
 /// How far hostprof's share of `JSpin.hotLoop` in the worker's samples
-/// in Java may be from JFR's, in the same window.
+/// in Java may be from JFR's, in the same window, or from the design's.
+///
+/// Either will do: in the arm64 guest (TCG) JFR leans to hotLoop. Its
+/// share was above hostprof's in every run on record, by 0.022, 0.062 and
+/// 0.026 (JDK 11, 17, 21), 0.052, 0.060 and 0.040, and 0.032, 0.028 and
+/// 0.042, JFR's between 0.841 and 0.876, where hostprof's leaves in Java
+/// were all but a dozen in hotLoop or coldLoop, at 0.798 to 0.848 of them
+/// in hotLoop (on x86_64, natively, both put 0.85). JFR keeps only the
+/// samples whose whole stack it walked, and coldLoop's is the one with the
+/// JNI upcall in it. Noise alone is about 0.02 (hostprof's ~1,450 samples
+/// in Java against JFR's ~550), so a tolerance about JFR's share alone
+/// failed a run in every few.
 const JAVA_SHARE_TOLERANCE: f64 = 0.05;
 
 /// `JSpin.hotLoop`'s share by design: 100,000 iterations for
 /// `coldLoop`'s 20,000 of the same body.
 const JAVA_DESIGNED_SHARE: f64 = 5.0 / 6.0;
-
-/// How far JFR's share may be from the design before hostprof is judged
-/// against the design instead: twice JFR's sampling noise over its
-/// ~600 samples. In the arm64 guest (TCG), JFR put 0.841, 0.876 and
-/// 0.874 on hotLoop for JDK 11, 17 and 21, where hostprof put 0.819,
-/// 0.814 and 0.848 (on x86_64, natively, both 0.85).
-const JFR_OFF_DESIGN: f64 = 0.03;
 
 /// The share that must show the JNI path, `JSpin.viaJni` → the C
 /// `Java_JSpin_nativeCall` → `JSpin.callback`, in that order: it has the
@@ -529,11 +533,7 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
             let in_java = check.number("hot_leaf") as f64 / check.number("java").max(1) as f64;
             let truth_samples = check.number("truth_worker");
             let truth = check.number("truth_hot") as f64 / truth_samples.max(1) as f64;
-            let reference = if (truth - JAVA_DESIGNED_SHARE).abs() > JFR_OFF_DESIGN {
-                JAVA_DESIGNED_SHARE
-            } else {
-                truth
-            };
+            let near = |reference: f64| (in_java - reference).abs() <= JAVA_SHARE_TOLERANCE;
             let passed = exit == "0"
                 && compiled
                 && worker >= MIN_SAMPLES
@@ -541,7 +541,7 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
                 && hot >= MIN_JAVA_HOT_SHARE
                 && jni >= MIN_JAVA_JNI_SHARE
                 && truth_samples >= MIN_SAMPLES
-                && (in_java - reference).abs() <= JAVA_SHARE_TOLERANCE;
+                && (near(truth) || near(JAVA_DESIGNED_SHARE));
             verdict(
                 passed,
                 format!(
@@ -554,13 +554,8 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
                      JSpin.hotLoop as a Java frame (want >= {MIN_JAVA_HOT_SHARE} of >= \
                      {MIN_SAMPLES}), {jni:.3} through JNI into Java again (want >= \
                      {MIN_JAVA_JNI_SHARE}); hotLoop {in_java:.3} of the samples in Java, JFR \
-                     {truth:.3} of {truth_samples} (want within {JAVA_SHARE_TOLERANCE} of \
-                     {reference:.3}{}, >= {MIN_SAMPLES} each): {detail}",
-                    if reference == truth {
-                        ""
-                    } else {
-                        ", the design's: JFR's is off it"
-                    },
+                     {truth:.3} of {truth_samples} (want within {JAVA_SHARE_TOLERANCE} of it or \
+                     of the design's {JAVA_DESIGNED_SHARE:.3}, >= {MIN_SAMPLES} each): {detail}",
                     if compiled {
                         ""
                     } else {
