@@ -7,9 +7,15 @@
 //! decoded here with the generated protobuf types alone.
 mod common;
 
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use common::*;
+use common::{
+    running::{interrupt, record_pid, wait_for_cpu},
+    *,
+};
 use hostprof_proto::{
     Message,
     common::any_value::Value,
@@ -90,15 +96,18 @@ fn decode(path: &Path) -> Vec<Seen> {
     seen
 }
 
-#[test]
-fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
-    let Some(_serial) = require_ebpf() else {
-        return;
-    };
-    if !require_tool("python3") {
-        return;
-    }
-    let dir = work_dir().join("python_context");
+/// What `deep_span.py` prints, line by line.
+type Said = std::io::Lines<std::io::BufReader<std::process::ChildStdout>>;
+
+/// Its next line.
+fn next_line(said: &mut Said) -> String {
+    said.next().and_then(Result::ok).unwrap_or_default()
+}
+
+/// Builds the span library in `name`'s directory and starts
+/// `deep_span.py` with it (and `extra`), once it printed `first`.
+fn start_python(name: &str, extra: &[&str], first: &str) -> (running::KillOnDrop, Said, PathBuf) {
+    let dir = work_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let library = dir.join("libotel_span.so");
@@ -108,27 +117,54 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
             .arg(&library)
             .arg(program_source("otel_span_lib.c")),
     );
-    // Profiled from when the span is attached: the agent looks for the
-    // variable when it first sees the process, and looks again only when
-    // a sample lands outside the mappings it read, which this program's
-    // samples, all in the interpreter, never do.
     let mut python = std::process::Command::new("python3")
         .arg(program_source("deep_span.py"))
         .arg(&library)
         .args(["60", ROUTE])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start python3");
     let stdout = python.stdout.take().expect("its stdout");
     let python = running::KillOnDrop(python);
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-        .expect("read its first line");
-    assert_eq!(
-        line.trim(),
-        "attached",
-        "deep_span.py did not attach its span"
+    let mut said = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    assert_eq!(next_line(&mut said), first, "deep_span.py's first line");
+    (python, said, dir)
+}
+
+/// Checks the deep samples of `recording`: each linked one carries the
+/// span and route, and at least 100 are linked.
+fn check_deep_links(recording: &Path) {
+    let samples = decode(recording);
+    let deep: Vec<&Seen> = samples.iter().filter(|seen| seen.depth >= DEEP).collect();
+    let linked = deep.iter().filter(|seen| seen.link.is_some()).count();
+    println!(
+        "{} samples, {} with at least {DEEP} descend frames, {linked} of them linked",
+        samples.len(),
+        deep.len()
     );
+    // Before the agent has found the variable, samples are unlinked; once
+    // linked, always right.
+    for seen in &deep {
+        if let Some((trace, span)) = &seen.link {
+            assert_eq!((trace.as_str(), span.as_str()), (TRACE, SPAN));
+            assert_eq!(seen.route.as_deref(), Some(ROUTE), "a deep sample's route");
+        }
+    }
+    assert!(linked >= 100, "{linked} linked deep samples");
+}
+
+#[test]
+fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("python3") {
+        return;
+    }
+    // Profiled from when the span is attached (the late load is the next
+    // test's).
+    let (python, _said, dir) = start_python("python_context", &[], "attached");
     let recording = dir.join("deep.otlp.pb");
     run_ok(
         hostprof()
@@ -138,21 +174,37 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
             .arg(&recording),
     );
     drop(python);
-    let samples = decode(&recording);
-    let deep: Vec<&Seen> = samples.iter().filter(|seen| seen.depth >= DEEP).collect();
-    let linked = deep.iter().filter(|seen| seen.link.is_some()).count();
-    println!(
-        "{} samples, {} with at least {DEEP} descend frames, {linked} of them linked",
-        samples.len(),
-        deep.len()
-    );
-    // Before the agent has found the variable (the library is loaded after
-    // the start), samples are unlinked; once linked, always right.
-    for seen in &deep {
-        if let Some((trace, span)) = &seen.link {
-            assert_eq!((trace.as_str(), span.as_str()), (TRACE, SPAN));
-            assert_eq!(seen.route.as_deref(), Some(ROUTE), "a deep sample's route");
-        }
+    check_deep_links(&recording);
+}
+
+/// A service that loads its SDK's library after the agent first read its
+/// maps, and whose samples never land in that library (they are all in
+/// the interpreter): the agent finds the thread context's variable once
+/// a later look at the process finds the process context the library
+/// published.
+#[test]
+fn a_span_library_loaded_after_the_first_look_is_found() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("python3") {
+        return;
     }
-    assert!(linked >= 100, "{linked} linked deep samples");
+    let (python, mut said, dir) = start_python("python_context_late", &["--late"], "waiting");
+    let pid = python.0.id();
+    let recording = dir.join("late.otlp.pb");
+    let (mut record, _stderr) = record_pid(pid, "499", &recording);
+    // Its samples have come, and the agent has read its maps, without the
+    // library.
+    let limit = Duration::from_secs(120);
+    assert_eq!(wait_for_cpu(pid, 1.0, limit), Some(true), "python3 ran");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
+    assert_eq!(next_line(&mut said), "attached", "deep_span.py woke");
+    // The process context is searched for with backoff (2 s after the
+    // first read, then 4 s later): time enough to find it twice over.
+    assert_eq!(wait_for_cpu(pid, 7.0, limit), Some(true), "python3 ran");
+    assert!(interrupt(&mut record).success(), "hostprof record failed");
+    drop(python);
+    check_deep_links(&recording);
 }

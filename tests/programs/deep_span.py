@@ -3,11 +3,23 @@ tests/programs/otel_span_lib.c, loaded with ctypes) that burns CPU 150
 calls deep in `descend`, for tests/python_context.rs. Prints "attached"
 once the span is.
 
-    python3 deep_span.py LIBRARY SECONDS ROUTE
+    python3 deep_span.py LIBRARY SECONDS ROUTE [--late]
+
+With --late, the library is loaded only on SIGUSR1, which the program
+waits for burning CPU outside it (printing "waiting" first): a service
+that loads its SDK after the agent first looked at it.
 """
 import ctypes
+import signal
 import sys
 import time
+
+woken = False
+
+
+def wake(_signum, _frame):
+    global woken
+    woken = True
 
 
 def spin(seconds):
@@ -26,6 +38,11 @@ def descend(depth, seconds):
 
 
 def main():
+    if sys.argv[4:] == ["--late"]:
+        signal.signal(signal.SIGUSR1, wake)
+        print("waiting", flush=True)
+        while not woken:
+            spin(0.01)
     library = ctypes.CDLL(sys.argv[1])
     library.otel_span_publish()
     library.otel_span_attach(sys.argv[3].encode())

@@ -54,6 +54,20 @@ struct Context {
     keys: Arc<KeyMap>,
 }
 
+/// What [`Identity::recheck`] found.
+#[derive(Debug)]
+pub(super) struct Recheck {
+    /// [`Identity::service`] or [`Identity::thread_keys`] changed.
+    pub changed: bool,
+    /// The text of `/proc/PID/maps` when it showed a context where none
+    /// was known: the process mapped what publishes it since its maps were
+    /// read (an SDK's library, `dlopen`ed), and that library may hold the
+    /// thread context's variable, which is looked for in the process's
+    /// mappings only when they change. Its samples may never land in the
+    /// library, so an address missing the mappings does not tell.
+    pub maps: Option<Vec<u8>>,
+}
+
 /// What is known of one process image's identity.
 #[derive(Clone, Debug)]
 pub(super) struct Identity {
@@ -156,10 +170,10 @@ impl Identity {
         self.checked_at.elapsed() >= self.check_after
     }
 
-    /// Looks again; true when [`Identity::service`] or
-    /// [`Identity::thread_keys`] changed. `reads` counts `/proc` reads.
-    pub(super) fn recheck(&mut self, pid: u32, reads: &mut u64) -> bool {
+    /// Looks again. `reads` counts `/proc` reads.
+    pub(super) fn recheck(&mut self, pid: u32, reads: &mut u64) -> Recheck {
         let before = (self.service(), self.thread_keys());
+        let mut maps_now = None;
         if self.check_after < MIN_SEARCH_INTERVAL {
             self.check_after = CONTEXT_RECHECK;
         }
@@ -202,7 +216,10 @@ impl Identity {
             None => {
                 *reads += 1;
                 match std::fs::read(format!("/proc/{pid}/maps")) {
-                    Ok(maps) => self.take_context(pid, &maps),
+                    Ok(maps) => {
+                        self.take_context(pid, &maps);
+                        maps_now = self.context.is_some().then_some(maps);
+                    }
                     // Gone: nothing more to learn.
                     Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
                 }
@@ -211,7 +228,10 @@ impl Identity {
                 }
             }
         }
-        (self.service(), self.thread_keys()) != before
+        Recheck {
+            changed: (self.service(), self.thread_keys()) != before,
+            maps: maps_now,
+        }
     }
 
     /// Reads the context of the mapping named in `maps`, if any (the payload

@@ -6,7 +6,9 @@
 //! is told from the old process without reading `/proc` per sample. Each
 //! image is read from `/proc` once, at its first sample (a forked child
 //! starts as a copy of its parent and is not read at all), and again only
-//! when an address misses every mapping (a `dlopen`), with backoff. Samples
+//! when an address misses every mapping (a `dlopen`), with backoff, or
+//! when a search for its process context finds one (an SDK's library
+//! `dlopen`ed, see [`identity::Recheck`]). Samples
 //! go to the image that ran at their kernel time, so samples taken before an
 //! exec or a pid reuse keep their old names. What a process says it is
 //! (`service.name`, …: its OpenTelemetry process context or environment)
@@ -61,6 +63,32 @@ struct Process {
     readable: bool,
     /// Where `info.service` came from, and when to look again.
     identity: Identity,
+}
+
+impl Process {
+    /// Looks at the identity again when due. Samples already attributed
+    /// keep the identity they ran under (a new `info`); a context found
+    /// in maps read just now brings those maps along (see
+    /// [`identity::Recheck::maps`]).
+    fn recheck_identity(&mut self, pid: u32, reads: &mut u64) {
+        if !self.identity.due() {
+            return;
+        }
+        let recheck = self.identity.recheck(pid, reads);
+        if let Some(text) = recheck.maps
+            && let Ok(maps) = parse_maps(&text)
+            && !maps.is_empty()
+        {
+            self.maps = maps;
+        }
+        if recheck.changed {
+            self.info = Arc::new(ProcessInfo {
+                service: self.identity.service(),
+                thread_keys: self.identity.thread_keys(),
+                ..(*self.info).clone()
+            });
+        }
+    }
 }
 
 /// What one pid ran from kernel time `since` on.
@@ -232,13 +260,7 @@ impl ProcessTable {
             .and_then(|image| image.process.as_mut())
             .filter(|process| process.readable)?;
         process.identity.hurry();
-        if process.identity.due() && process.identity.recheck(pid, &mut self.stats.proc_reads) {
-            process.info = Arc::new(ProcessInfo {
-                service: process.identity.service(),
-                thread_keys: process.identity.thread_keys(),
-                ..(*process.info).clone()
-            });
-        }
+        process.recheck_identity(pid, &mut self.stats.proc_reads);
         process.info.thread_keys.clone()
     }
 
@@ -405,14 +427,8 @@ fn image_of<'a>(
         });
     }
     let process = image.process.as_mut().expect("set above");
-    if latest && process.readable && process.identity.due() && process.identity.recheck(pid, reads)
-    {
-        // Samples already attributed keep the identity they ran under.
-        process.info = Arc::new(ProcessInfo {
-            service: process.identity.service(),
-            thread_keys: process.identity.thread_keys(),
-            ..(*process.info).clone()
-        });
+    if latest && process.readable {
+        process.recheck_identity(pid, reads);
     }
     (process, latest)
 }
