@@ -14,7 +14,7 @@ mod common;
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use common::{
-    collector::{location_names, sample_count, sample_locations, sample_pid},
+    collector::{location_names, sample_count, sample_locations, sample_pid, text_attribute},
     running::{self, KillOnDrop},
 };
 use hostprof_proto::{
@@ -202,19 +202,6 @@ fn check_bulk(dictionary: &ProfilesDictionary, sample: &Sample, what: &str) -> b
     !labels.is_empty()
 }
 
-fn route_of(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<String> {
-    sample.attribute_indices.iter().find_map(|&index| {
-        let attribute = &dictionary.attribute_table[index as usize];
-        if dictionary.string_table[attribute.key_strindex as usize] != "route" {
-            return None;
-        }
-        match attribute.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(value) => Some(value.clone()),
-            _ => None,
-        }
-    })
-}
-
 /// Builds the program with `go`, cgo or not; `None` when that toolchain
 /// is not installed.
 fn build(go: &str, cgo: bool) -> Option<(PathBuf, String)> {
@@ -313,7 +300,10 @@ fn check_on(go: &str, cgo: bool, variant: Option<&str>) {
                     }
                     // Labels without a trace context: no link.
                     assert_eq!(sample.link_index, 0, "{what}: a Go sample has a link");
-                    let key = (turn_of(dictionary, sample), route_of(dictionary, sample));
+                    let key = (
+                        turn_of(dictionary, sample),
+                        text_attribute(dictionary, sample, "route"),
+                    );
                     if key.0 == Turn::Bulk {
                         let count = sample_count(sample);
                         bulk += count;

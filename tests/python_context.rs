@@ -13,12 +13,12 @@ use std::{
 };
 
 use common::{
+    collector::text_attribute,
     running::{interrupt, record_pid, wait_for_cpu},
     *,
 };
 use hostprof_proto::{
     Message,
-    common::any_value::Value,
     profiles::{ProfilesData, ProfilesDictionary, Sample},
 };
 
@@ -41,19 +41,6 @@ struct Seen {
     depth: usize,
     link: Option<(String, String)>,
     route: Option<String>,
-}
-
-fn route_of(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<String> {
-    sample.attribute_indices.iter().find_map(|&index| {
-        let attribute = &dictionary.attribute_table[index as usize];
-        if dictionary.string_table[attribute.key_strindex as usize] != "http.route" {
-            return None;
-        }
-        match attribute.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(value) => Some(value.clone()),
-            _ => None,
-        }
-    })
 }
 
 fn depth_of(dictionary: &ProfilesDictionary, sample: &Sample) -> usize {
@@ -86,7 +73,7 @@ fn decode(path: &Path) -> Vec<Seen> {
                         seen.push(Seen {
                             depth: depth_of(dictionary, sample),
                             link: link.clone(),
-                            route: route_of(dictionary, sample),
+                            route: text_attribute(dictionary, sample, "http.route"),
                         });
                     }
                 }

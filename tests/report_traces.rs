@@ -15,36 +15,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use common::*;
-use hostprof_proto::{
-    Message,
-    common::any_value::Value,
-    pprof::Profile,
-    profiles::{ProfilesData, ProfilesDictionary, Sample},
-};
+use common::{collector::int_attribute, *};
+use hostprof_proto::{Message, pprof::Profile, profiles::ProfilesData};
 
 /// One sample as the recording has it: thread, time, trace and span (hex).
 type Linked = (i64, u64, String, String);
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn thread_id(dictionary: &ProfilesDictionary, sample: &Sample) -> i64 {
-    sample
-        .attribute_indices
-        .iter()
-        .find_map(|&index| {
-            let attribute = &dictionary.attribute_table[index as usize];
-            if dictionary.string_table[attribute.key_strindex as usize] != "thread.id" {
-                return None;
-            }
-            match attribute.value.as_ref()?.value.as_ref()? {
-                Value::IntValue(tid) => Some(*tid),
-                _ => None,
-            }
-        })
-        .expect("a thread.id attribute")
 }
 
 /// Every sample of an OTLP file (one per timestamp), and the linked ones.
@@ -62,7 +40,8 @@ fn decode(path: &Path) -> (usize, Vec<Linked>) {
                         continue;
                     }
                     let link = &dictionary.link_table[sample.link_index as usize];
-                    let tid = thread_id(dictionary, sample);
+                    let tid = int_attribute(dictionary, sample, "thread.id")
+                        .expect("a thread.id attribute");
                     for &time in &sample.timestamps_unix_nano {
                         linked.push((tid, time, hex(&link.trace_id), hex(&link.span_id)));
                     }

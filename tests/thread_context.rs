@@ -20,14 +20,10 @@ use std::{
 };
 
 use common::{
-    collector::{Collector, sample_pid},
+    collector::{Collector, int_attribute, sample_pid, text_attribute},
     running::{KillOnDrop, free_port, metric, scrape},
 };
-use hostprof_proto::{
-    collector::ExportProfilesServiceRequest,
-    common::any_value::Value,
-    profiles::{ProfilesDictionary, Sample},
-};
+use hostprof_proto::collector::ExportProfilesServiceRequest;
 use tokio::net::TcpListener;
 
 /// How long the linked samples may take to show in the collector.
@@ -60,32 +56,6 @@ struct Seen {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn text_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<String> {
-    sample.attribute_indices.iter().find_map(|&index| {
-        let attribute = &dictionary.attribute_table[index as usize];
-        if dictionary.string_table[attribute.key_strindex as usize] != key {
-            return None;
-        }
-        match attribute.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(value) => Some(value.clone()),
-            _ => None,
-        }
-    })
-}
-
-fn int_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<i64> {
-    sample.attribute_indices.iter().find_map(|&index| {
-        let attribute = &dictionary.attribute_table[index as usize];
-        if dictionary.string_table[attribute.key_strindex as usize] != key {
-            return None;
-        }
-        match attribute.value.as_ref()?.value.as_ref()? {
-            Value::IntValue(value) => Some(*value),
-            _ => None,
-        }
-    })
 }
 
 /// Every sample of `pid` in the requests, one per timestamp.

@@ -92,18 +92,43 @@ pub fn resource_string(group: &ResourceProfiles, key: &str) -> Option<String> {
         })
 }
 
-/// The `process.pid` of a sample, if it has one.
-pub fn sample_pid(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<i64> {
+/// The value of `sample`'s attribute `key`, if it has one.
+pub fn sample_attribute<'a>(
+    dictionary: &'a ProfilesDictionary,
+    sample: &Sample,
+    key: &str,
+) -> Option<&'a Value> {
     sample.attribute_indices.iter().find_map(|&index| {
         let attribute = &dictionary.attribute_table[index as usize];
-        if dictionary.string_table[attribute.key_strindex as usize] != "process.pid" {
-            return None;
-        }
-        match attribute.value.as_ref()?.value.as_ref()? {
-            Value::IntValue(pid) => Some(*pid),
-            _ => None,
-        }
+        (dictionary.string_table[attribute.key_strindex as usize] == key)
+            .then(|| attribute.value.as_ref()?.value.as_ref())
+            .flatten()
     })
+}
+
+/// `sample`'s attribute `key`, if it has one with a string value.
+pub fn text_attribute(
+    dictionary: &ProfilesDictionary,
+    sample: &Sample,
+    key: &str,
+) -> Option<String> {
+    match sample_attribute(dictionary, sample, key)? {
+        Value::StringValue(value) => Some(value.clone()),
+        _ => None,
+    }
+}
+
+/// `sample`'s attribute `key`, if it has one with an integer value.
+pub fn int_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<i64> {
+    match sample_attribute(dictionary, sample, key)? {
+        Value::IntValue(value) => Some(*value),
+        _ => None,
+    }
+}
+
+/// The `process.pid` of a sample, if it has one.
+pub fn sample_pid(dictionary: &ProfilesDictionary, sample: &Sample) -> Option<i64> {
+    int_attribute(dictionary, sample, "process.pid")
 }
 
 /// Pids with samples in `group`.
