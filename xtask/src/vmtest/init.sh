@@ -303,7 +303,10 @@ kill $spin
 # image carries (arm64 images only: Debian's 11, 17 and 21; the host's
 # tests walk x86_64's), one line each.
 # Recorded once C2 has compiled handler, the last of its methods to be
-# compiled (hotLoop before it), until the JVM has run 3 s of CPU.
+# compiled (hotLoop before it), until the JVM has run 3 s of CPU. C2
+# inlines hotLoop into handler (PrintInlining says so: `inlined=`), so
+# the samples' hotLoop frames are inlined ones, told from handler's code
+# by its debug info.
 # java_frames FILE: spin-worker's samples (`worker=`), those whose leaf
 # is a Java frame (`Class.method (File.java:LINE)`: the thread was running
 # Java, the only samples JFR takes; `java=`) and JSpin.hotLoop among them
@@ -334,7 +337,7 @@ for java in $javas; do
     rm -f /tmp/jspin.jfr
     # JDK 17 in a pid namespace of its own, as a container's JVM.
     [ "$version" = 17 ] && contained=1 || contained=0
-    start $contained $java -Xmx64m -XX:+PrintCompilation -XX:StartFlightRecording=filename=/tmp/jspin.jfr,settings=/java/jspin.jfc -cp /java JSpin /java/libjspin.so >/tmp/java.log 2>&1
+    start $contained $java -Xmx64m -XX:+UnlockDiagnosticVMOptions -XX:+PrintInlining -XX:+PrintCompilation -XX:StartFlightRecording=filename=/tmp/jspin.jfr,settings=/java/jspin.jfc -cp /java JSpin /java/libjspin.so >/tmp/java.log 2>&1
     jvm=${run:-0}
     # PrintCompilation's line for C2 (tier 4) compiling handler whole
     # (OSR compilations name a bci: `JSpin::hotLoop @ 6 (35 bytes)`).
@@ -351,9 +354,10 @@ for java in $javas; do
     # The worker's commonest stacks, for the log.
     awk '/^spin-worker;/ { print $NF "\t" $0 }' /tmp/java.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/java.top
     show java-stacks-$version /tmp/java.top
-    grep -e JSpin -e rror /tmp/java.log >/tmp/jit.log
+    grep -q 'JSpin::hotLoop (35 bytes) *inline (hot)' /tmp/java.log && inlined=1 || inlined=0
+    grep -e JSpin -e rror /tmp/java.log | grep -v '::<init>' >/tmp/jit.log
     show jit-$version /tmp/jit.log
-    say check=java version=$version contained=$contained exit=$rc compiled=$compiled $(java_frames /tmp/java.folded) ${truth:-truth_worker=0 truth_hot=0} detail="$(detail /tmp/java.err 'samples from')"
+    say check=java version=$version contained=$contained exit=$rc compiled=$compiled inlined=$inlined $(java_frames /tmp/java.folded) ${truth:-truth_worker=0 truth_hot=0} detail="$(detail /tmp/java.err 'samples from')"
 done
 
 # 7b. Go's pprof labels, read in the kernel from the thread's goroutine:

@@ -21,7 +21,7 @@ const PASSING: &[&str] = &[
     "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
     "check=node exit=0 copied=50 samples=700 threads=12 hot=473 cold=157 truth_hot=1500 \
      truth_cold=500 detail=x",
-    "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+    "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
      truth_worker=400 truth_hot=330 detail=x",
     "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
     "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
@@ -51,7 +51,7 @@ fn java_passes_near_the_design_where_jfr_leans_off_it() {
     // JFR's 0.875 is 0.042 off the design's 0.833: hostprof's 0.821 is
     // 0.054 off JFR's, and 0.012 off the design's.
     let mut lines = PASSING.to_vec();
-    let java = "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 \
+    let java = "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 \
                 hot=480 jni=95 truth_worker=400 truth_hot=350 detail=x";
     lines[8] = java;
     let verdicts = judge(&boot(&lines));
@@ -142,52 +142,59 @@ fn each_bad_figure_fails_its_check() {
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=200 rooted=588 hot=200 jni=95 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=200 rooted=588 hot=200 jni=95 \
              truth_worker=400 truth_hot=137 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=100 hot=480 jni=95 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=100 hot=480 jni=95 \
              truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=10 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=10 \
              truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=1 worker=90 java=85 hot_leaf=75 rooted=90 hot=75 jni=15 \
+            "check=java exit=0 compiled=1 inlined=1 worker=90 java=85 hot_leaf=75 rooted=90 hot=75 jni=15 \
              truth_worker=400 truth_hot=353 detail=x",
         ),
         (
             8,
-            "check=java exit=0 compiled=0 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+            "check=java exit=0 compiled=0 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
              truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
-            "check=java exit=1 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+            // hotLoop not inlined: its frames would not show the walk
+            // expands inlined ones.
+            "check=java exit=0 compiled=1 inlined=0 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+             truth_worker=400 truth_hot=328 detail=x",
+        ),
+        (
+            8,
+            "check=java exit=1 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
              truth_worker=400 truth_hot=328 detail=x",
         ),
         (
             8,
             // In Java, hotLoop's share off JFR's and the design's: 0.684
             // for 0.825 and 0.833.
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=400 rooted=588 hot=480 jni=95 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=400 rooted=588 hot=480 jni=95 \
              truth_worker=400 truth_hot=330 detail=x",
         ),
         (
             8,
             // hostprof's 0.901 is off both JFR's 0.840 and the design's
             // 0.833.
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=527 rooted=588 hot=527 jni=60 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=527 rooted=588 hot=527 jni=60 \
              truth_worker=400 truth_hot=336 detail=x",
         ),
         (
             8,
             // No JFR recording to judge by.
-            "check=java exit=0 compiled=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
+            "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
              truth_worker=0 truth_hot=0 detail=x",
         ),
         (
@@ -384,7 +391,7 @@ fn node_line(version: &str, work: u32) -> String {
 
 fn java_line(version: u32, hot: u32) -> String {
     format!(
-        "check=java version={version} exit=0 compiled=1 worker=590 java=585 hot_leaf={hot} rooted=588 hot={hot} \
+        "check=java version={version} exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf={hot} rooted=588 hot={hot} \
          jni=95 truth_worker=400 truth_hot={} detail=x",
         // JFR's share as hostprof's in Java.
         400 * hot / 585
