@@ -120,8 +120,8 @@ fn start_python(name: &str, extra: &[&str], first: &str) -> (running::KillOnDrop
 }
 
 /// Checks the deep samples of `recording`: each linked one carries the
-/// span and route, and at least 100 are linked.
-fn check_deep_links(recording: &Path) {
+/// span and `route`, and at least 100 are linked.
+fn check_deep_links(recording: &Path, route: Option<&str>) {
     let samples = decode(recording);
     let deep: Vec<&Seen> = samples.iter().filter(|seen| seen.depth >= DEEP).collect();
     let linked = deep.iter().filter(|seen| seen.link.is_some()).count();
@@ -135,7 +135,7 @@ fn check_deep_links(recording: &Path) {
     for seen in &deep {
         if let Some((trace, span)) = &seen.link {
             assert_eq!((trace.as_str(), span.as_str()), (TRACE, SPAN));
-            assert_eq!(seen.route.as_deref(), Some(ROUTE), "a deep sample's route");
+            assert_eq!(seen.route.as_deref(), route, "a deep sample's route");
         }
     }
     assert!(linked >= 100, "{linked} linked deep samples");
@@ -161,23 +161,18 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
             .arg(&recording),
     );
     drop(python);
-    check_deep_links(&recording);
+    check_deep_links(&recording, Some(ROUTE));
 }
 
 /// A service that loads its SDK's library after the agent first read its
 /// maps, and whose samples never land in that library (they are all in
 /// the interpreter): the agent finds the thread context's variable once
-/// a later look at the process finds the process context the library
-/// published.
-#[test]
-fn a_span_library_loaded_after_the_first_look_is_found() {
-    let Some(_serial) = require_ebpf() else {
-        return;
-    };
-    if !require_tool("python3") {
-        return;
-    }
-    let (python, mut said, dir) = start_python("python_context_late", &["--late"], "waiting");
+/// a later look at the process (the search for its process context, with
+/// backoff) reads maps that hold the library. `flags`: deep_span.py's
+/// besides `--late`.
+fn loaded_late(name: &str, flags: &[&str]) -> PathBuf {
+    let flags: Vec<&str> = ["--late"].iter().chain(flags).copied().collect();
+    let (python, mut said, dir) = start_python(name, &flags, "waiting");
     let pid = python.0.id();
     let recording = dir.join("late.otlp.pb");
     let (mut record, _stderr) = record_pid(pid, "499", &recording);
@@ -188,10 +183,34 @@ fn a_span_library_loaded_after_the_first_look_is_found() {
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
     assert_eq!(next_line(&mut said), "attached", "deep_span.py woke");
-    // The process context is searched for with backoff (2 s after the
-    // first read, then 4 s later): time enough to find it twice over.
+    // The maps are searched 2 s after the first read, then 4 s later:
+    // time enough to find the library twice over.
     assert_eq!(wait_for_cpu(pid, 7.0, limit), Some(true), "python3 ran");
     assert!(interrupt(&mut record).success(), "hostprof record failed");
-    drop(python);
-    check_deep_links(&recording);
+    recording
+}
+
+#[test]
+fn a_span_library_loaded_after_the_first_look_is_found() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("python3") {
+        return;
+    }
+    check_deep_links(&loaded_late("python_context_late", &[]), Some(ROUTE));
+}
+
+/// The same without a process context: nothing names the route (the key
+/// map is the context's), but the samples are linked.
+#[test]
+fn a_span_library_without_a_process_context_loaded_late_is_found() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("python3") {
+        return;
+    }
+    let recording = loaded_late("python_context_late_bare", &["--no-context"]);
+    check_deep_links(&recording, None);
 }

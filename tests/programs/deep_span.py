@@ -3,11 +3,13 @@ tests/programs/otel_span_lib.c, loaded with ctypes) that burns CPU 150
 calls deep in `descend`, for tests/python_context.rs. Prints "attached"
 once the span is.
 
-    python3 deep_span.py LIBRARY SECONDS ROUTE [--late]
+    python3 deep_span.py LIBRARY SECONDS ROUTE [--late] [--no-context]
 
 With --late, the library is loaded only on SIGUSR1, which the program
 waits for burning CPU outside it (printing "waiting" first): a service
-that loads its SDK after the agent first looked at it.
+that loads its SDK after the agent first looked at it. With
+--no-context, it publishes no process context (no service name, and no
+key map to name the route with).
 """
 import ctypes
 import signal
@@ -38,13 +40,15 @@ def descend(depth, seconds):
 
 
 def main():
-    if sys.argv[4:] == ["--late"]:
+    flags = sys.argv[4:]
+    if "--late" in flags:
         signal.signal(signal.SIGUSR1, wake)
         print("waiting", flush=True)
         while not woken:
             spin(0.01)
     library = ctypes.CDLL(sys.argv[1])
-    library.otel_span_publish()
+    if "--no-context" not in flags:
+        library.otel_span_publish()
     library.otel_span_attach(sys.argv[3].encode())
     # The reader may start now: the variable is loaded and set.
     print("attached", flush=True)

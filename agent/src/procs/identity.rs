@@ -59,12 +59,11 @@ struct Context {
 pub(super) struct Recheck {
     /// [`Identity::service`] or [`Identity::thread_keys`] changed.
     pub changed: bool,
-    /// The text of `/proc/PID/maps` when it showed a context where none
-    /// was known: the process mapped what publishes it since its maps were
-    /// read (an SDK's library, `dlopen`ed), and that library may hold the
-    /// thread context's variable, which is looked for in the process's
-    /// mappings only when they change. Its samples may never land in the
-    /// library, so an address missing the mappings does not tell.
+    /// The text of `/proc/PID/maps`, when this look read it (searching
+    /// for a context): it may show a library `dlopen`ed since the process's
+    /// maps were read, which the thread context's variable may be in, and
+    /// which its samples may never land in (so no address missing the
+    /// maps would tell).
     pub maps: Option<Vec<u8>>,
 }
 
@@ -218,7 +217,7 @@ impl Identity {
                 match std::fs::read(format!("/proc/{pid}/maps")) {
                     Ok(maps) => {
                         self.take_context(pid, &maps);
-                        maps_now = self.context.is_some().then_some(maps);
+                        maps_now = Some(maps);
                     }
                     // Gone: nothing more to learn.
                     Err(_) => self.check_after = MAX_SEARCH_INTERVAL,

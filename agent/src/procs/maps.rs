@@ -52,6 +52,20 @@ impl ExecutableMaps {
         self.mappings.len()
     }
 
+    /// Whether these mappings hold a file's code that `earlier` did not
+    /// (a library loaded since), at the same place.
+    pub fn maps_files_beyond(&self, earlier: &ExecutableMaps) -> bool {
+        self.mappings
+            .iter()
+            .filter(|mapping| mapping.inode != 0)
+            .any(|mapping| {
+                !earlier.find(mapping.start).is_some_and(|(known, _)| {
+                    (known.start, known.dev, known.inode)
+                        == (mapping.start, mapping.dev, mapping.inode)
+                })
+            })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
     }
@@ -174,6 +188,31 @@ mod tests {
         // Read-only data is not code; the gap after the last mapping is nothing.
         assert!(maps.find(0x55d0a0000010).is_none());
         assert!(maps.find(0x7ffd00002000).is_none());
+    }
+
+    #[test]
+    fn tells_a_library_mapped_since() {
+        let before = parse_maps(MAPS.as_bytes()).unwrap();
+        assert!(!before.maps_files_beyond(&before));
+        // JIT code, anonymous, is not a library.
+        let jit = format!("{MAPS}7f0000200000-7f0000201000 rwxp 00000000 00:00 0 \n");
+        assert!(
+            !parse_maps(jit.as_bytes())
+                .unwrap()
+                .maps_files_beyond(&before)
+        );
+        let loaded =
+            format!("{MAPS}7f0000300000-7f0000301000 r-xp 00001000 fd:01 300 /x/libsdk.so\n");
+        let after = parse_maps(loaded.as_bytes()).unwrap();
+        assert!(after.maps_files_beyond(&before));
+        assert!(!before.maps_files_beyond(&after));
+        // Another file where libc was (unloaded, and a library put there).
+        let replaced = MAPS.replace("fd:01 200 /usr/lib/libc.so.6", "fd:01 201 /x/libsdk.so");
+        assert!(
+            parse_maps(replaced.as_bytes())
+                .unwrap()
+                .maps_files_beyond(&before)
+        );
     }
 
     #[test]

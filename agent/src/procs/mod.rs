@@ -7,8 +7,8 @@
 //! image is read from `/proc` once, at its first sample (a forked child
 //! starts as a copy of its parent and is not read at all), and again only
 //! when an address misses every mapping (a `dlopen`), with backoff, or
-//! when a search for its process context finds one (an SDK's library
-//! `dlopen`ed, see [`identity::Recheck`]). Samples
+//! when a search for its process context reads maps holding a library
+//! its own do not (`dlopen`ed, see [`identity::Recheck`]). Samples
 //! go to the image that ran at their kernel time, so samples taken before an
 //! exec or a pid reuse keep their old names. What a process says it is
 //! (`service.name`, …: its OpenTelemetry process context or environment)
@@ -67,9 +67,9 @@ struct Process {
 
 impl Process {
     /// Looks at the identity again when due. Samples already attributed
-    /// keep the identity they ran under (a new `info`); a context found
-    /// in maps read just now brings those maps along (see
-    /// [`identity::Recheck::maps`]).
+    /// keep the identity they ran under (a new `info`); maps read for it
+    /// replace the process's when they hold a file's code its own do not
+    /// (see [`identity::Recheck::maps`]).
     fn recheck_identity(&mut self, pid: u32, reads: &mut u64) {
         if !self.identity.due() {
             return;
@@ -77,7 +77,7 @@ impl Process {
         let recheck = self.identity.recheck(pid, reads);
         if let Some(text) = recheck.maps
             && let Ok(maps) = parse_maps(&text)
-            && !maps.is_empty()
+            && maps.maps_files_beyond(&self.maps)
         {
             self.maps = maps;
         }
