@@ -169,8 +169,13 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
 /// the interpreter): the agent finds the thread context's variable once
 /// a later look at the process (the search for its process context, with
 /// backoff) reads maps that hold the library. `flags`: deep_span.py's
-/// besides `--late`.
-fn loaded_late(name: &str, flags: &[&str]) -> PathBuf {
+/// besides `--late`. The recording, or `None` when skipped (no eBPF or
+/// no python3, outside CI).
+fn loaded_late(name: &str, flags: &[&str]) -> Option<PathBuf> {
+    let _serial = require_ebpf()?;
+    if !require_tool("python3") {
+        return None;
+    }
     let flags: Vec<&str> = ["--late"].iter().chain(flags).copied().collect();
     let (python, mut said, dir) = start_python(name, &flags, "waiting");
     let pid = python.0.id();
@@ -187,30 +192,21 @@ fn loaded_late(name: &str, flags: &[&str]) -> PathBuf {
     // time enough to find the library twice over.
     assert_eq!(wait_for_cpu(pid, 7.0, limit), Some(true), "python3 ran");
     assert!(interrupt(&mut record).success(), "hostprof record failed");
-    recording
+    Some(recording)
 }
 
 #[test]
 fn a_span_library_loaded_after_the_first_look_is_found() {
-    let Some(_serial) = require_ebpf() else {
-        return;
-    };
-    if !require_tool("python3") {
-        return;
+    if let Some(recording) = loaded_late("python_context_late", &[]) {
+        check_deep_links(&recording, Some(ROUTE));
     }
-    check_deep_links(&loaded_late("python_context_late", &[]), Some(ROUTE));
 }
 
 /// The same without a process context: nothing names the route (the key
 /// map is the context's), but the samples are linked.
 #[test]
 fn a_span_library_without_a_process_context_loaded_late_is_found() {
-    let Some(_serial) = require_ebpf() else {
-        return;
-    };
-    if !require_tool("python3") {
-        return;
+    if let Some(recording) = loaded_late("python_context_late_bare", &["--no-context"]) {
+        check_deep_links(&recording, None);
     }
-    let recording = loaded_late("python_context_late_bare", &["--no-context"]);
-    check_deep_links(&recording, None);
 }
