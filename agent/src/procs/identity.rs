@@ -199,7 +199,10 @@ impl Identity {
                         match std::fs::read(format!("/proc/{pid}/maps")) {
                             // Unmapped, moved to a new mapping, or (no
                             // maps at all) exited: see `take_context`.
-                            Ok(maps) => self.take_context(pid, &maps),
+                            Ok(maps) => {
+                                self.take_context(pid, &maps);
+                                maps_now = Some(maps);
+                            }
                             Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
                         }
                     }
