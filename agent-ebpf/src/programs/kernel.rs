@@ -325,19 +325,35 @@ pub(super) fn read_user_regs<K: Kernel>() -> Option<[u64; 4]> {
         }
         return Some(values);
     }
-    // One read into a zeroed array: nothing undefined for old verifiers
-    // to trip on (see `unwind::frame_pointer_step`).
+    // Reads into zeroed arrays: nothing undefined for old verifiers to
+    // trip on (see `unwind::frame_pointer_step`). One for the block the
+    // registers sit in, one more for a register outside it: each helper
+    // call costs about as much as a frame's table lookup.
+    let mut block = [0u64; PT_REGS_BLOCK_WORDS];
+    if !read_kernel_words(&mut block, unsafe { regs.add(PT_REGS_BLOCK) }) {
+        return None;
+    }
     for (value, offset) in values.iter_mut().zip(PT_REGS) {
-        let read = unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-                (value as *mut u64).cast(),
-                size_of::<u64>() as u32,
-                regs.add(offset).cast(),
-            )
-        };
-        if read != 0 {
-            return None;
+        match block.get(offset.wrapping_sub(PT_REGS_BLOCK) / size_of::<u64>()) {
+            Some(&word) => *value = word,
+            None => {
+                if !read_kernel_words(core::slice::from_mut(value), unsafe { regs.add(offset) }) {
+                    return None;
+                }
+            }
         }
     }
     Some(values)
+}
+
+/// Fills `words` from kernel address `from` (`bpf_probe_read_kernel`).
+#[inline(always)]
+fn read_kernel_words(words: &mut [u64], from: *const u8) -> bool {
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            words.as_mut_ptr().cast(),
+            size_of_val(words) as u32,
+            from.cast(),
+        ) == 0
+    }
 }

@@ -226,6 +226,16 @@ const PT_REGS: [usize; 4] = [32 * 8, 31 * 8, 29 * 8, 30 * 8];
 #[cfg(not(bpf_target_arch = "aarch64"))]
 const PT_REGS: [usize; 4] = [16 * 8, 19 * 8, 4 * 8, 16 * 8];
 
+/// Legacy kernels read `struct pt_regs` through a helper call each time:
+/// the registers come in one read of the [`PT_REGS_BLOCK_WORDS`] words from
+/// this offset on, which hold all four on arm64 (x29, x30, sp, pc) and all
+/// but the frame pointer on x86_64 (ip, cs, flags, sp), read alone.
+#[cfg(bpf_target_arch = "aarch64")]
+const PT_REGS_BLOCK: usize = 29 * 8;
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const PT_REGS_BLOCK: usize = 16 * 8;
+const PT_REGS_BLOCK_WORDS: usize = 4;
+
 /// `UnwindState::reason` while the unwind is still going.
 const RUNNING: u32 = u32::MAX;
 
