@@ -194,18 +194,9 @@ impl Identity {
                     // Mid-update for every attempt: keep what was read, try
                     // again next time.
                     Err(Refusal::Unsettled) => otel_ctx::count_refusal(pid, Refusal::Unsettled),
-                    Err(Refusal::Unreadable) => {
-                        *reads += 1;
-                        match std::fs::read(format!("/proc/{pid}/maps")) {
-                            // Unmapped, moved to a new mapping, or (no
-                            // maps at all) exited: see `take_context`.
-                            Ok(maps) => {
-                                self.take_context(pid, &maps);
-                                maps_now = Some(maps);
-                            }
-                            Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
-                        }
-                    }
+                    // Unmapped, moved to a new mapping, or (no maps at
+                    // all) exited: see `take_context`.
+                    Err(Refusal::Unreadable) => maps_now = self.search_maps(pid, reads),
                     // Overwritten: the context is gone, search the maps
                     // again from the shortest wait.
                     Err(reason) => {
@@ -216,15 +207,7 @@ impl Identity {
                 }
             }
             None => {
-                *reads += 1;
-                match std::fs::read(format!("/proc/{pid}/maps")) {
-                    Ok(maps) => {
-                        self.take_context(pid, &maps);
-                        maps_now = Some(maps);
-                    }
-                    // Gone: nothing more to learn.
-                    Err(_) => self.check_after = MAX_SEARCH_INTERVAL,
-                }
+                maps_now = self.search_maps(pid, reads);
                 if self.context.is_none() {
                     self.search_wait = (self.search_wait * 2).min(UNKNOWN_CONTEXT_SEARCH);
                 }
@@ -233,6 +216,23 @@ impl Identity {
         Recheck {
             changed: (self.service(), self.thread_keys()) != before,
             maps: maps_now,
+        }
+    }
+
+    /// Reads `/proc/PID/maps` and takes the context it names (see
+    /// `take_context`); the text, for [`Recheck::maps`].
+    fn search_maps(&mut self, pid: u32, reads: &mut u64) -> Option<Vec<u8>> {
+        *reads += 1;
+        match std::fs::read(format!("/proc/{pid}/maps")) {
+            Ok(maps) => {
+                self.take_context(pid, &maps);
+                Some(maps)
+            }
+            // Gone: nothing more to learn.
+            Err(_) => {
+                self.check_after = MAX_SEARCH_INTERVAL;
+                None
+            }
         }
     }
 

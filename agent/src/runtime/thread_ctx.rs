@@ -212,8 +212,8 @@ enum State {
     /// No variable in the files it mapped when last looked: looked at
     /// again when its mappings change (a library `dlopen`ed), told by the
     /// mappings given (the process table re-reads them on an address
-    /// they miss, or when it finds a process context it did not know, and
-    /// hands out a new list).
+    /// they miss, or takes the maps a search for the process context read
+    /// when they hold a library its own lack, and hands out a new list).
     Absent(MapsSeen),
     /// Its executable was not among the mappings given, or a library's
     /// slots were not filled yet, when last looked.
