@@ -1,7 +1,7 @@
 //! `hostprof record --off-cpu`: where and why threads block, on the real kernel.
 mod common;
 
-use common::*;
+use common::{collector::sample_functions, *};
 use hostprof::profile::dictionary_violations;
 use hostprof_proto::{
     Message,
@@ -220,20 +220,6 @@ fn cpu_bound_program_shows_little_off_cpu_time() {
     );
 }
 
-/// Function names of a sample's stack, leaf first.
-fn stack_functions(dictionary: &ProfilesDictionary, sample: &Sample) -> Vec<String> {
-    let stack = &dictionary.stack_table[sample.stack_index as usize];
-    stack
-        .location_indices
-        .iter()
-        .flat_map(|&location| &dictionary.location_table[location as usize].lines)
-        .map(|line| {
-            let function = &dictionary.function_table[line.function_index as usize];
-            dictionary.string_table[function.name_strindex as usize].clone()
-        })
-        .collect()
-}
-
 fn string_attribute(dictionary: &ProfilesDictionary, sample: &Sample, key: &str) -> Option<String> {
     sample.attribute_indices.iter().find_map(|&index| {
         let attribute = &dictionary.attribute_table[index as usize];
@@ -297,7 +283,7 @@ fn otlp_output_has_an_off_cpu_profile_with_blocked_time_and_state() {
             string_attribute(dictionary, sample, "thread.state").is_some(),
             "every off-CPU sample has thread.state"
         );
-        if stack_functions(dictionary, sample)
+        if sample_functions(dictionary, sample)
             .iter()
             .any(|f| f == "in_sleep")
         {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::{
-    collector::text_attribute,
+    collector::{sample_functions, text_attribute},
     running::{interrupt, record_pid, wait_for_cpu},
     *,
 };
@@ -44,15 +44,9 @@ struct Seen {
 }
 
 fn depth_of(dictionary: &ProfilesDictionary, sample: &Sample) -> usize {
-    let stack = &dictionary.stack_table[sample.stack_index as usize];
-    stack
-        .location_indices
+    sample_functions(dictionary, sample)
         .iter()
-        .flat_map(|&location| &dictionary.location_table[location as usize].lines)
-        .filter(|line| {
-            let function = &dictionary.function_table[line.function_index as usize];
-            dictionary.string_table[function.name_strindex as usize] == "descend"
-        })
+        .filter(|name| *name == "descend")
         .count()
 }
 
@@ -152,14 +146,13 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
     // Profiled from when the span is attached (the late load is the next
     // test's).
     let (python, _said, dir) = start_python("python_context", &[], "attached");
+    let pid = python.0.id();
     let recording = dir.join("deep.otlp.pb");
-    run_ok(
-        hostprof()
-            .args(["record", "-F", "499", "-d", "5", "-p"])
-            .arg(python.0.id().to_string())
-            .arg("-o")
-            .arg(&recording),
-    );
+    let (mut record, _stderr) = record_pid(pid, "499", &recording);
+    // 5 s of its CPU, however long a loaded machine takes to give it.
+    let enough = wait_for_cpu(pid, 5.0, Duration::from_secs(120));
+    assert!(interrupt(&mut record).success(), "hostprof record failed");
+    assert_eq!(enough, Some(true), "python3 ran");
     drop(python);
     check_deep_links(&recording, Some(ROUTE));
 }

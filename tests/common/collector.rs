@@ -165,6 +165,15 @@ pub fn location_names(dictionary: &ProfilesDictionary, location: &Location) -> V
         .collect()
 }
 
+/// The function names of a sample's stack, leaf first (a location's
+/// inlined functions before it, as [`location_names`]).
+pub fn sample_functions(dictionary: &ProfilesDictionary, sample: &Sample) -> Vec<String> {
+    sample_locations(dictionary, sample)
+        .into_iter()
+        .flat_map(|location| location_names(dictionary, location))
+        .collect()
+}
+
 /// A sample's count: its value, or one per timestamp when it has none.
 pub fn sample_count(sample: &Sample) -> u64 {
     match sample.values.first() {
