@@ -127,8 +127,45 @@ struct Seen {
     unrooted: String,
 }
 
-/// Samples a workload must have, at the least: 19 Hz for seconds, shared.
-const MIN_SAMPLES: u64 = 5;
+/// Samples a workload must have before its shares are judged; the agent
+/// runs until each has them.
+const MIN_SAMPLES: u64 = 100;
+
+/// Samples of each of `pids` in `requests`, whatever their group.
+fn samples_of(requests: &[ExportProfilesServiceRequest], pids: &[u32]) -> Vec<u64> {
+    let mut counts = vec![0; pids.len()];
+    for request in requests {
+        let dictionary = request.dictionary.as_ref().unwrap();
+        for group in &request.resource_profiles {
+            for sample in &group.scope_profiles[0].profiles[0].samples {
+                let pid = sample_pid(dictionary, sample);
+                if let Some(at) = pids.iter().position(|&p| Some(i64::from(p)) == pid) {
+                    counts[at] += sample_count(sample);
+                }
+            }
+        }
+    }
+    counts
+}
+
+/// Waits until the collector holds [`MIN_SAMPLES`] of each of `pids`
+/// (false after `limit`, or once `alive` says the agent is gone).
+fn wait_for_samples(
+    collector: &Collector,
+    pids: &[u32],
+    limit: Duration,
+    mut alive: impl FnMut() -> bool,
+) -> bool {
+    wait_for(limit, || {
+        let counts = samples_of(&collector.requests(), pids);
+        if counts.iter().all(|&count| count >= MIN_SAMPLES) {
+            Some(true)
+        } else {
+            (!alive()).then_some(false)
+        }
+    })
+    .unwrap_or(false)
+}
 
 /// The shares a workload's samples must reach: CPU in its hot loop, and
 /// stacks walked down to the program's `main`. Not to `_start` below it:
@@ -256,18 +293,37 @@ async fn agent_exports_each_docker_container_as_its_own_resource() {
     let collector = Collector::default();
     let server = collector.serve(listener);
 
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
-        .args(["agent", "--duration", "8", "--report-interval", "1s"])
+    // Until each workload has its samples (a bound, not the wait), then
+    // SIGTERM, which flushes.
+    let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_hostprof"))
+        .args(["agent", "--duration", "300", "--report-interval", "1s"])
         .args(["--otlp-endpoint", &endpoint, "--service-name", "containers"])
-        .output()
-        .await
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run hostprof agent");
+    let agent_pid = agent.id().expect("the agent's pid");
+    let pids = [containers[0].pid(), containers[1].pid(), host.id()];
+    let enough = wait_for_samples(&collector, &pids, Duration::from_secs(240), || {
+        matches!(agent.try_wait(), Ok(None))
+    });
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent_pid as i32, libc::SIGTERM) };
+    let output = agent
+        .wait_with_output()
+        .await
+        .expect("wait for hostprof agent");
     let _ = host.kill();
     let _ = host.wait();
     server.abort();
     assert!(
         output.status.success(),
         "hostprof agent failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        enough,
+        "fewer than {MIN_SAMPLES} samples of a workload:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     let requests = collector.requests();
@@ -481,25 +537,13 @@ async fn daemonset_image_profiles_the_other_containers() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = docker.start_container(&args);
 
-    // Until both workloads arrived in their own groups, then SIGTERM (what
-    // the kubelet sends) must flush and end the agent cleanly.
-    let ids: Vec<&str> = containers.iter().map(|c| c.id.as_str()).collect();
-    let arrived = wait_for(Duration::from_secs(90), || {
-        let requests = collector.requests();
-        let all = ids.iter().all(|id| {
-            requests
-                .iter()
-                .flat_map(|r| &r.resource_profiles)
-                .any(|g| resource_string(g, "container.id").as_deref() == Some(id))
-        });
-        if all {
-            Some(true)
-        } else {
-            // An agent that died (killed at its memory limit) sends nothing more.
-            (agent.inspect("{{.State.Running}}") != "true").then_some(false)
-        }
-    })
-    .unwrap_or(false);
+    // Until each workload has its samples, then SIGTERM (what the kubelet
+    // sends) must flush and end the agent cleanly. An agent that died
+    // (killed at its memory limit) sends nothing more.
+    let pids = [containers[0].pid(), containers[1].pid(), host.id()];
+    let arrived = wait_for_samples(&collector, &pids, Duration::from_secs(240), || {
+        agent.inspect("{{.State.Running}}") == "true"
+    });
     docker.run(&["stop", "--time", "30", &agent.id]);
     let exit = agent.wait(Duration::from_secs(5));
     let logs = agent.logs();
