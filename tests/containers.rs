@@ -16,6 +16,7 @@ use std::{
 };
 
 use common::{
+    MIN_SHARE_SAMPLES,
     collector::{
         Collector, assert_valid, location_names, resource_string, sample_count, sample_locations,
         sample_pid,
@@ -127,10 +128,6 @@ struct Seen {
     unrooted: String,
 }
 
-/// Samples a workload must have before its shares are judged; the agent
-/// runs until each has them.
-const MIN_SAMPLES: u64 = 100;
-
 /// Samples of each of `pids` in `requests`, whatever their group.
 fn samples_of(requests: &[ExportProfilesServiceRequest], pids: &[u32]) -> Vec<u64> {
     let mut counts = vec![0; pids.len()];
@@ -148,7 +145,7 @@ fn samples_of(requests: &[ExportProfilesServiceRequest], pids: &[u32]) -> Vec<u6
     counts
 }
 
-/// Waits until the collector holds [`MIN_SAMPLES`] of each of `pids`
+/// Waits until the collector holds [`MIN_SHARE_SAMPLES`] of each of `pids`
 /// (false after `limit`, or once `alive` says the agent is gone).
 fn wait_for_samples(
     collector: &Collector,
@@ -158,7 +155,7 @@ fn wait_for_samples(
 ) -> bool {
     wait_for(limit, || {
         let counts = samples_of(&collector.requests(), pids);
-        if counts.iter().all(|&count| count >= MIN_SAMPLES) {
+        if counts.iter().all(|&count| count >= MIN_SHARE_SAMPLES) {
             Some(true)
         } else {
             (!alive()).then_some(false)
@@ -263,7 +260,7 @@ fn assert_per_container(
         let who = ids.get(at).map_or("the host", String::as_str);
         eprintln!("{who}: {seen:?}");
         assert!(
-            seen.samples >= MIN_SAMPLES,
+            seen.samples >= MIN_SHARE_SAMPLES,
             "{who}: too few samples in its group ({seen:?})"
         );
         let hot = seen.hot_leaf as f64 / seen.samples as f64;
@@ -323,7 +320,7 @@ async fn agent_exports_each_docker_container_as_its_own_resource() {
     );
     assert!(
         enough,
-        "fewer than {MIN_SAMPLES} samples of a workload:\n{}",
+        "fewer than {MIN_SHARE_SAMPLES} samples of a workload:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     let requests = collector.requests();

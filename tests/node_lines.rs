@@ -45,7 +45,6 @@ const SHARE_TOLERANCE: f64 = 0.05;
 /// [`SHARE_TOLERANCE`] from this, hostprof is judged against this instead,
 /// and the test says so.
 const DESIGNED_SHARE: f64 = 0.75;
-const MIN_SAMPLES: u64 = 100;
 /// The builds `cargo xtask setup` unpacks in target/node-roots.
 const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0"];
 const FUNCTION: &str = "hot";
@@ -305,7 +304,7 @@ fn profile(
             .unwrap_or("")
     );
     let mut failures = Vec::new();
-    if seen_samples < MIN_SAMPLES || truth_samples < MIN_SAMPLES {
+    if seen_samples < MIN_SHARE_SAMPLES || truth_samples < MIN_SHARE_SAMPLES {
         failures.push(format!(
             "too few samples of `{FUNCTION}`: hostprof {seen_samples}, --cpu-prof {truth_samples}"
         ));

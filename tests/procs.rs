@@ -205,7 +205,10 @@ fn stacks_reach_main_from_a_new_processs_first_samples() {
     eprintln!(
         "{share:.3} of {samples} stacks reach main; {early} early samples unwound on the host"
     );
-    assert!(samples >= 20, "only {samples} samples in the workers");
+    assert!(
+        samples >= MIN_SHARE_SAMPLES,
+        "only {samples} samples in the workers"
+    );
     assert!(
         share >= 0.99,
         "{share:.3} of {samples} stacks reach main ({early} early samples unwound on the host)"

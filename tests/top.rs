@@ -86,6 +86,18 @@ fn self_share_of(screen: &str, function: &str) -> f64 {
         .sum()
 }
 
+/// The samples the title says the view shows (`…, 340 shown in 2 processes`):
+/// the filter's, where one is set.
+fn shown(screen: &str) -> Option<u64> {
+    screen
+        .split(" shown in ")
+        .next()?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The line under the title: view, sort and filter.
 fn state_line(screen: &str) -> &str {
     screen.lines().nth(1).unwrap_or_default()
@@ -150,11 +162,14 @@ fn top_ranks_the_hot_function_and_follows_the_keys() {
         &top_command(&format!("-F 199 -p {a} -p {b}")),
     );
     // The designed split: hot_work holds ~75% of both programs' samples
-    // (one row per program: their files differ).
+    // (one row per program: their files differ), judged on enough of them.
     let screen = tmux.wait_for("hot_work on top with its share", 60, |screen| {
         let (function, _, _) = top_function(screen)?;
         let hot = self_share_of(screen, "hot_work");
-        (function == "hot_work" && (60.0..=90.0).contains(&hot)).then(|| screen.to_owned())
+        (function == "hot_work"
+            && shown(screen)? >= MIN_SHARE_SAMPLES
+            && (60.0..=90.0).contains(&hot))
+        .then(|| screen.to_owned())
     });
     assert!(
         screen.starts_with(&format!(
@@ -259,7 +274,10 @@ fn top_host_wide_finds_the_program_in_its_container() {
     tmux.keys(&["Enter"]);
     let screen = tmux.wait_for("hot_work in the container", 60, |screen| {
         let (function, self_share, _) = top_function(screen)?;
-        (function == "hot_work" && (60.0..=90.0).contains(&self_share)).then(|| screen.to_owned())
+        (function == "hot_work"
+            && shown(screen)? >= MIN_SHARE_SAMPLES
+            && (60.0..=90.0).contains(&self_share))
+        .then(|| screen.to_owned())
     });
     let row = &rows(&screen)[0];
     assert_eq!(

@@ -196,8 +196,14 @@ pub fn failure_report(
     )
 }
 
+/// The fewest samples a share is judged on: below, one sample moves it by
+/// more than 0.01, and a test's bounds would catch noise, not a bug. Tests
+/// wait for these (or run workloads bounded by their own CPU time), so a
+/// busy machine slows them instead of failing them.
+pub const MIN_SHARE_SAMPLES: u64 = 100;
+
 /// Share (0..=1) of samples whose leaf frame is `function`, among stacks whose
-/// first element (comm) is `comm`.
+/// first element (comm) is `comm`; there must be [`MIN_SHARE_SAMPLES`].
 pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> f64 {
     let of_comm: Vec<_> = stacks
         .iter()
@@ -209,11 +215,11 @@ pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> 
         .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == function))
         .map(|(_, count)| count)
         .sum();
-    if total == 0 {
-        0.0
-    } else {
-        hits as f64 / total as f64
-    }
+    assert!(
+        total >= MIN_SHARE_SAMPLES,
+        "{comm}: only {total} samples, too few to judge {function}'s share on"
+    );
+    hits as f64 / total as f64
 }
 
 pub fn gnu_build_id(path: &Path) -> String {

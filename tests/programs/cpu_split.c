@@ -1,7 +1,8 @@
 // A CPU-bound program with a designed profile: hot_work does 3 units of work
 // for every 1 unit of cold_work, so hot_work should hold ~75% of its samples
 // and cold_work ~25%. Both loops are the same code, so time follows counts.
-// Usage: cpu_split SECONDS
+// Usage: cpu_split SECONDS (of its own CPU time: a busy machine makes it run
+// longer, not give fewer samples)
 #include <stdlib.h>
 #include <time.h>
 
@@ -17,7 +18,7 @@ __attribute__((noinline)) void cold_work(unsigned long units) {
 
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 

@@ -1,5 +1,6 @@
 // Unwinding target built without frame pointers (-O2 -fomit-frame-pointer).
-// Usage: unwind_c MODE SECONDS
+// Usage: unwind_c MODE SECONDS (of its own CPU time: a busy machine makes it
+// run longer, not give fewer samples)
 //   split:   main -> run_split -> stage -> hot_work (75%) / cold_work (25%)
 //   qsort:   main -> run_qsort -> qsort (libc) -> compare_slowly (the hot path
 //            goes through libc's callback)
@@ -12,7 +13,7 @@ volatile unsigned long sink;
 
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 

@@ -1,7 +1,8 @@
 // C++ unwinding target without frame pointers: virtual dispatch into a hot
-// member function, through a std::function. Usage: unwind_cpp SECONDS
-#include <chrono>
+// member function, through a std::function. Usage: unwind_cpp SECONDS (of
+// its own CPU time: a busy machine makes it run longer, not give fewer samples)
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <memory>
 
@@ -19,9 +20,15 @@ struct Square : Shape {
 };
 }  // namespace shapes
 
+static double cpu_now() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 __attribute__((noinline)) void drive(const std::function<void()> &step, double seconds) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) step();
+    double end = cpu_now() + seconds;
+    while (cpu_now() < end) step();
     sink++;
 }
 
