@@ -29,7 +29,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Mutex, OnceLock, mpsc},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use common::{jfr::ExecutionSample, *};
@@ -374,18 +374,6 @@ fn java_method(label: &str) -> Option<&str> {
     plausible.then_some(method)
 }
 
-/// Whether `frames` (root first, as names) hold `path` in order.
-fn holds_path<'a>(mut frames: impl Iterator<Item = &'a str>, path: &[&str]) -> bool {
-    path.iter().all(|step| frames.any(|frame| frame == *step))
-}
-
-fn now_nanos() -> i128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i128
-}
-
 /// JFR's numbers for the worker threads between two instants.
 struct Truth {
     samples: usize,
@@ -497,10 +485,10 @@ fn profile(jvm: &Jvm) -> Vec<String> {
     let folded = work_dir().join(format!("java-{}.folded", program.pid));
     let (mut recording, mut log) =
         running::record_pid_on(program.pid, RATE_HZ, &folded, jvm.variant);
-    let start = now_nanos();
+    let start = jfr::now_unix_nanos();
     // Until the JVM has run enough to give both profilers their samples.
     let enough = running::wait_for_cpu(program.pid, CPU_SECONDS, Duration::from_secs(300));
-    let end = now_nanos();
+    let end = jfr::now_unix_nanos();
     let status = running::interrupt(&mut recording);
     if enough == Some(false) {
         let status = program.wait_status();
@@ -658,7 +646,7 @@ fn jfr_sees_the_programs_call_graph() {
         flags: vec![],
         variant: None,
     };
-    let start = now_nanos();
+    let start = jfr::now_unix_nanos();
     let recording = Program::start(&jvm, 3).wait();
     let samples = jfr::execution_samples(&Path::new(HOST_JDK).join("bin/jfr"), &recording);
     let truth = jfr_truth(&samples, (start, i128::MAX));

@@ -254,10 +254,6 @@ fn is_entry(label: &str) -> bool {
     label.starts_with("Builtins_JS") && label.ends_with("Entry")
 }
 
-fn holds_path<'a>(mut frames: impl Iterator<Item = &'a str>, path: &[&str]) -> bool {
-    path.iter().all(|step| frames.any(|frame| frame == *step))
-}
-
 /// `--cpu-prof`'s share of the main thread's samples with a frame of
 /// hot.js whose leaf is `hotLoop`, between `from` and `to` (µs); and how
 /// many samples that share is of.

@@ -96,6 +96,14 @@ fn frame(frame: &Value) -> Result<JavaFrame, String> {
     })
 }
 
+/// Now as nanoseconds since the Unix epoch, the clock of JFR's times.
+pub fn now_unix_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128
+}
+
 /// `2026-11-25T13:54:26.193771177Z` (what `jfr print --json` writes: UTC,
 /// up to nanoseconds) as nanoseconds since the Unix epoch.
 pub fn unix_nanos(time: &str) -> Option<i128> {

@@ -222,6 +222,11 @@ pub fn leaf_share(stacks: &[(Vec<String>, u64)], comm: &str, function: &str) -> 
     hits as f64 / total as f64
 }
 
+/// Whether `frames` (root first, as names) hold `path` in order.
+pub fn holds_path<'a>(mut frames: impl Iterator<Item = &'a str>, path: &[&str]) -> bool {
+    path.iter().all(|step| frames.any(|frame| frame == *step))
+}
+
 pub fn gnu_build_id(path: &Path) -> String {
     use object::Object;
     let data = std::fs::read(path).expect("read binary");
