@@ -155,7 +155,7 @@ fn share(lines: &HashMap<u32, u64>, line: u32) -> (f64, u64) {
 
 #[test]
 fn interpreted_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("jitless", |_| vec!["--jitless"]);
+    lines_match_cpu_prof("jitless", |_| vec!["--jitless"], &[]);
 }
 
 /// With V8's compilers at work (`hot` runs in Sparkplug, Maglev or
@@ -165,8 +165,22 @@ fn interpreted_frames_name_the_line_cpu_prof_names() {
 /// node 22's samples of `hot` outside its caller's code, 929 inlined).
 #[test]
 fn compiled_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("jit", |_| vec!["--no-turbo-inlining"]);
+    lines_match_cpu_prof("jit", |_| vec!["--no-turbo-inlining"], &[]);
 }
+
+/// With `hot` called once and looping for seconds (the program's `osr`):
+/// V8 optimizes it while it runs and enters the optimized code by
+/// on-stack replacement, code its function never points at, which the
+/// agent finds from the frame's pc. Half of hostprof's samples of `hot`
+/// at least must be named from code found that way (the report's count),
+/// or the test did not test it.
+#[test]
+fn on_stack_replaced_frames_name_the_line_cpu_prof_names() {
+    lines_match_cpu_prof(OSR, |_| vec![], &["osr"]);
+}
+
+/// The run whose frames must be in on-stack-replacement code.
+const OSR: &str = "osr";
 
 /// With `hot` kept in Sparkplug's (baseline) code: most of its samples
 /// are in the frameless builtins that code calls for its arithmetic and
@@ -178,18 +192,22 @@ fn compiled_frames_name_the_line_cpu_prof_names() {
 /// as often here to keep its share's noise near the other runs'.
 #[test]
 fn sparkplug_frames_name_the_line_cpu_prof_names() {
-    lines_match_cpu_prof("sparkplug", |version| {
-        let mut flags = vec!["--always-sparkplug", "--no-opt", "--cpu-prof-interval=250"];
-        if !version.starts_with("18.") {
-            flags.push("--no-maglev");
-        }
-        flags
-    });
+    lines_match_cpu_prof(
+        "sparkplug",
+        |version| {
+            let mut flags = vec!["--always-sparkplug", "--no-opt", "--cpu-prof-interval=250"];
+            if !version.starts_with("18.") {
+                flags.push("--no-maglev");
+            }
+            flags
+        },
+        &[],
+    );
 }
 
-/// Profiles the program under each node with its `flags`; fails on any
-/// version that went wrong.
-fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>) {
+/// Profiles the program (given `args`) under each node with its `flags`;
+/// fails on any version that went wrong.
+fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>, args: &[&str]) {
     let Some(_guard) = require_ebpf() else { return };
     let source_path = program_source("node").join("lines.js");
     let source = std::fs::read_to_string(&source_path).unwrap();
@@ -203,7 +221,16 @@ fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>) {
         if !require_tool(&node.display().to_string()) {
             continue;
         }
-        let run = || profile(version, name, &flags(version), &node, &source_path, &lines);
+        let run = || {
+            profile(
+                version,
+                name,
+                (&flags(version), args),
+                &node,
+                &source_path,
+                &lines,
+            )
+        };
         // A second run where the first missed: each share is over about
         // 1000 samples, and both must miss to fail; the first miss is
         // printed. Node 18's interpreted frames once missed in every run
@@ -222,11 +249,12 @@ fn lines_match_cpu_prof(name: &str, flags: fn(&str) -> Vec<&'static str>) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Profiles the program under one node; what went wrong.
+/// Profiles the program under one node, with node's flags and the
+/// program's arguments; what went wrong.
 fn profile(
     version: &str,
     name: &str,
-    flags: &[&str],
+    (flags, args): (&[&str], &[&str]),
     node: &Path,
     source: &Path,
     lines: &Lines,
@@ -239,6 +267,7 @@ fn profile(
         .arg("--cpu-prof")
         .arg(format!("--cpu-prof-dir={}", dir.join("profiles").display()))
         .arg(source)
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start node");
@@ -304,6 +333,20 @@ fn profile(
             .unwrap_or("")
     );
     let mut failures = Vec::new();
+    if name == OSR {
+        let by_pc = report
+            .split("(and ")
+            .nth(1)
+            .and_then(|rest| rest.split(" more in code found from their pc").next())
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or(0);
+        if by_pc < seen_samples / 2 {
+            failures.push(format!(
+                "{by_pc} frames in code found from their pc, for {seen_samples} samples of \
+                 `{FUNCTION}`: its on-stack-replacement code was not tested"
+            ));
+        }
+    }
     if seen_samples < MIN_SHARE_SAMPLES || truth_samples < MIN_SHARE_SAMPLES {
         failures.push(format!(
             "too few samples of `{FUNCTION}`: hostprof {seen_samples}, --cpu-prof {truth_samples}"

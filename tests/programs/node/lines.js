@@ -12,12 +12,26 @@
 // drifted between 0.67 and 0.81 from run to run. Prints
 // `warm MICROS` once started and exits on SIGTERM or SIGINT (then
 // `--cpu-prof` writes its profile).
+//
+// With `osr` as its argument, `hot` is first called once, repeating its
+// loops until the process has had OSR_CPU_SECONDS more of CPU: V8 then
+// optimizes it while it runs and enters that code by on-stack
+// replacement, code the function itself never points at.
 'use strict';
 
-function hot(n) {
+const OSR_CPU_SECONDS = 4;
+
+function cpuMicros() {
+  const usage = process.cpuUsage();
+  return usage.user + usage.system;
+}
+
+function hot(n, until) {
   let s = 0;
-  for (let i = 0; i < 3 * n; i++) { s = (s + i * 7) % 1000003; }
-  for (let i = 0; i < 1 * n; i++) { s = (s + i * 7) % 1000003; }
+  do {
+    for (let i = 0; i < 3 * n; i++) { s = (s + i * 7) % 1000003; }
+    for (let i = 0; i < 1 * n; i++) { s = (s + i * 7) % 1000003; }
+  } while (until > 0 && cpuMicros() < until);
   return s;
 }
 
@@ -28,7 +42,12 @@ let sink = 0;
 let warm = false;
 
 function loop() {
-  sink += hot(15000 + Math.floor(Math.random() * 10000));
+  if (!warm && process.argv[2] === 'osr') {
+    warm = true;
+    console.log(`warm ${process.hrtime.bigint() / 1000n}`);
+    sink += hot(15000 + Math.floor(Math.random() * 10000), cpuMicros() + OSR_CPU_SECONDS * 1e6);
+  }
+  sink += hot(15000 + Math.floor(Math.random() * 10000), 0);
   if (!warm) {
     warm = true;
     console.log(`warm ${process.hrtime.bigint() / 1000n}`);

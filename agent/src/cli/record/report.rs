@@ -102,10 +102,11 @@ pub(in crate::cli) fn unwind_report(
             "hostprof: JavaScript frames: {} walked in the kernel ({} frames of V8 without a \
              function kept as native); walks stopped: {}; interpreted frames at their running \
              line {}, at their function's first line: V8 had no source positions for it {}, \
-             its position table unreadable {}; compiled frames at their running line {}, at \
-             their function's first line: Sparkplug pc unmapped {}, pc outside the function's \
-             current code {}, in inlined code not expanded {}, code or table unreadable {}, V8's code \
-             layout unknown {}; frames of scripts without lines (node's own) {}\n",
+             its position table unreadable {}; compiled frames at their running line {} (and {} \
+             more in code found from their pc: on-stack replacement, or replaced since), at \
+             their function's first line: Sparkplug pc unmapped {}, pc in no code found {}, in \
+             inlined code not expanded {}, code or table unreadable {}, V8's code layout unknown \
+             {}; frames of scripts without lines (node's own) {}\n",
             javascript_frames,
             event(V8, v8::event::NOT_FUNCTION),
             runtime_stops(counters, V8),
@@ -113,6 +114,7 @@ pub(in crate::cli) fn unwind_report(
             n(NoPositions),
             n(Unreadable),
             n(Compiled),
+            n(CompiledFoundByPc),
             n(CompiledBaseline),
             n(CompiledOtherCode),
             n(CompiledInlined),

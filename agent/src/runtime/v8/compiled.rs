@@ -13,9 +13,10 @@
 //! own function.
 //!
 //! A frame whose pc is not in its function's current code (on-stack
-//! replacement code, or code replaced since the sample) keeps its
-//! function's first line, as do positions in inlined code whose inlining
-//! cannot be read: each counted.
+//! replacement code, or code replaced since the sample) runs code found
+//! from its pc ([`code_search`](super::code_search)); where none is, it
+//! keeps its function's first line, as do positions in inlined code whose
+//! inlining cannot be read: each counted.
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -87,6 +88,15 @@ enum Tier {
 /// when last checked.
 pub type CachedCode = (Arc<Compiled>, (u64, u64, u64, u64), Instant);
 
+/// Where a compiled frame was in its script: the position, the functions
+/// inlined there (each with its position, innermost first), and whether
+/// its code was found from the pc (not its function's own).
+struct Position {
+    offset: u32,
+    inlined: Vec<(u64, u32)>,
+    by_pc: bool,
+}
+
 /// The lines of a compiled frame: its own function's (`None`: unknown),
 /// and those of the functions its code inlined there, innermost first.
 pub struct CompiledLines {
@@ -123,7 +133,11 @@ impl Node {
         leaf: bool,
     ) -> Option<CompiledLines> {
         let found = self.compiled_position(memory, function, shared, pc, leaf);
-        let (position, chain) = match found {
+        let Position {
+            offset: position,
+            inlined: chain,
+            by_pc,
+        } = match found {
             Ok(found) => found,
             Err(why) => {
                 count(why);
@@ -134,6 +148,7 @@ impl Node {
         // source) still has its inlined frames expanded.
         let line = self.line(memory, script, position);
         count(match line {
+            Some(_) if by_pc => LineSource::CompiledFoundByPc,
             Some(_) => LineSource::Compiled,
             None => LineSource::ScriptWithoutLines,
         });
@@ -159,6 +174,7 @@ impl Node {
         super::javascript_line(named.as_deref(), line, start)
     }
 
+    /// Where `pc` was in the script.
     fn compiled_position(
         &mut self,
         memory: &impl Memory,
@@ -166,7 +182,7 @@ impl Node {
         shared: u64,
         pc: u64,
         leaf: bool,
-    ) -> Result<(u32, Vec<(u64, u32)>), LineSource> {
+    ) -> Result<Position, LineSource> {
         let layout = self
             .layout
             .code
@@ -181,12 +197,18 @@ impl Node {
             .filter(|&code| {
                 self.layout.type_code.is_some() && heap.instance_type(code) == self.layout.type_code
             })
-            .ok_or(LineSource::CompiledUnreadable)?;
-        let compiled = self.code(memory, code)?;
+            .ok_or(LineSource::CompiledUnreadable);
         let at = pc.wrapping_sub(u64::from(!leaf));
-        if at < compiled.start || at - compiled.start >= compiled.size {
-            return Err(LineSource::CompiledOtherCode);
-        }
+        let current = code.and_then(|code| self.code(memory, code));
+        let (compiled, by_pc) = match current {
+            Ok(compiled) if compiled.holds(at) => (compiled, false),
+            // Not the function's code (or none readable): the code the pc
+            // is in, when it can be found.
+            Ok(_) | Err(_) => match self.code_holding(memory, at) {
+                Some(compiled) => (compiled, true),
+                None => return Err(current.err().unwrap_or(LineSource::CompiledOtherCode)),
+            },
+        };
         match compiled.tier {
             Tier::Baseline => {
                 let pcs = compiled.pcs.as_ref().ok_or(LineSource::CompiledBaseline)?;
@@ -199,7 +221,11 @@ impl Node {
                 let position = table
                     .script_offset_at(bytecode)
                     .ok_or(LineSource::CompiledUnreadable)?;
-                return Ok((position, Vec::new()));
+                return Ok(Position {
+                    offset: position,
+                    inlined: Vec::new(),
+                    by_pc,
+                });
             }
             Tier::Other => return Err(LineSource::CompiledOtherCode),
             Tier::Optimized => {}
@@ -212,21 +238,30 @@ impl Node {
             .entry_at((at - compiled.start) as i64)
             .ok_or(LineSource::CompiledUnreadable)?;
         let position = entry.script_offset.ok_or(LineSource::CompiledUnreadable)?;
-        match entry.inlining_id {
-            None => Ok((position, Vec::new())),
+        let (offset, inlined) = match entry.inlining_id {
+            None => (position, Vec::new()),
             Some(id) => {
                 let inlined = compiled
                     .inlined
                     .as_deref()
                     .ok_or(LineSource::CompiledInlined)?;
-                expand(inlined, id, position).ok_or(LineSource::CompiledInlined)
+                expand(inlined, id, position).ok_or(LineSource::CompiledInlined)?
             }
-        }
+        };
+        Ok(Position {
+            offset,
+            inlined,
+            by_pc,
+        })
     }
 
     /// The record of the `Code` at `code`, cached, checked again now and
     /// then: read again when its instructions or its table moved.
-    fn code(&mut self, memory: &impl Memory, code: u64) -> Result<Arc<Compiled>, LineSource> {
+    pub(super) fn code(
+        &mut self,
+        memory: &impl Memory,
+        code: u64,
+    ) -> Result<Arc<Compiled>, LineSource> {
         let layout = self
             .layout
             .code
@@ -328,6 +363,17 @@ impl Node {
 }
 
 impl Compiled {
+    /// Whether its instructions hold `at`.
+    pub(super) fn holds(&self, at: u64) -> bool {
+        at.checked_sub(self.start)
+            .is_some_and(|offset| offset < self.size)
+    }
+
+    /// Where its instructions start and end.
+    pub(super) fn range(&self) -> (u64, u64) {
+        (self.start, self.start + self.size)
+    }
+
     /// The entries its tables hold, counted against the cache's bound.
     fn entries(&self) -> usize {
         self.table.as_ref().map_or(0, |table| table.len())

@@ -50,6 +50,7 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_Code__instruction_size__int",
     "v8dbg_class_Code__instruction_start__uintptr_t",
     "v8dbg_class_Code__instruction_start__Address",
+    "v8dbg_class_InstructionStream__instruction_start__uintptr_t",
     "v8dbg_class_Code__source_position_table__ByteArray",
     "v8dbg_class_Code__deoptimization_data__FixedArray",
     "v8dbg_DeoptimizationDataLiteralArrayIndex",
@@ -195,6 +196,10 @@ pub struct CodeLayout {
     /// `CodeKind::BASELINE` (Sparkplug); Maglev's and TurboFan's follow.
     pub kind_baseline: u32,
     pub start: CodeStart,
+    /// Where an `InstructionStream`'s instructions start in it (V8 11 and
+    /// later, whose `Code` points at them; the stream's word after its map
+    /// points back at the `Code`): how code is found from a pc in it.
+    pub stream: Option<u64>,
     /// `Code::instruction_size` (`i32`).
     pub size: u64,
     /// `Code::source_position_table` (baseline code keeps its bytecode
@@ -292,6 +297,16 @@ fn code_layout(
         kind_shift: small("v8dbg_CodeKindFieldShift").unwrap_or(0).min(31),
         kind_baseline: small("v8dbg_CodeKindBaseline")?,
         start,
+        // The word after the stream's map is its `Code` in both (checked
+        // on node 20.18.0's and 22.11.0's objects).
+        stream: match start {
+            CodeStart::Inline(_) => None,
+            CodeStart::Field(_) => {
+                value("v8dbg_class_InstructionStream__instruction_start__uintptr_t")
+                    .and_then(offset)
+                    .filter(|&header| header >= 16)
+            }
+        },
         size,
         positions,
         inlining,

@@ -7,6 +7,7 @@
 //! frame at the line of the code it was running ([`positions`]), a
 //! compiled one too when V8's code says ([`compiled`]).
 mod baseline;
+mod code_search;
 mod compiled;
 mod layout;
 mod names;
@@ -102,6 +103,8 @@ struct Node {
     /// By `Code` object, and the table entries they hold in all.
     codes: HashMap<u64, compiled::CachedCode>,
     code_entries: usize,
+    /// Code found from pcs in it.
+    found: code_search::FoundCode,
     /// The bytecodes' lengths (`None`: not found; Sparkplug frames keep
     /// their first line).
     bytecode_sizes: Option<Arc<baseline::BytecodeSizes>>,
@@ -133,8 +136,8 @@ pub enum LineSource {
     /// A frame of Sparkplug code whose pc could not be mapped (no
     /// bytecode lengths, or its tables unreadable or ending before it).
     CompiledBaseline,
-    /// A frame whose pc is not in its function's current code (on-stack
-    /// replacement code, or replaced since).
+    /// A frame whose pc is in no code found: not its function's current
+    /// code, nor code found from the pc.
     CompiledOtherCode,
     /// A frame in code inlined from another function whose inlining could
     /// not be read (its frames are not expanded).
@@ -147,10 +150,14 @@ pub enum LineSource {
     /// the agent can read (node's own modules: their source is kept
     /// outside V8's heap): at its function's first line, or none.
     ScriptWithoutLines,
+    /// A compiled frame at its running line, in code found from its pc:
+    /// not its function's current code (on-stack replacement code, or
+    /// replaced since).
+    CompiledFoundByPc,
 }
 
 /// How many of each [`LineSource`].
-pub const LINE_SOURCES: usize = 10;
+pub const LINE_SOURCES: usize = 11;
 static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOURCES];
 
 fn count(source: LineSource) {
@@ -278,6 +285,7 @@ impl V8 {
             scripts: HashMap::new(),
             codes: HashMap::new(),
             code_entries: 0,
+            found: Default::default(),
             bytecode_sizes,
             recent: Recent::default(),
         })

@@ -8,6 +8,8 @@ use super::{
 use crate::{model::Mapping, procs::memory::Image};
 use std::sync::Arc;
 
+mod code_search;
+
 const BASE: u64 = 0x10_0000;
 
 /// Node 20's constants (`v8dbg_*` of node 20.18.0).
@@ -53,6 +55,7 @@ fn layout() -> Layout {
             kind_shift: 0,
             kind_baseline: 11,
             start: super::layout::CodeStart::Field(40),
+            stream: Some(16),
             size: 56,
             positions: 24,
             inlining: super::layout::InliningLayout {
@@ -93,6 +96,7 @@ impl Node {
             scripts: Default::default(),
             codes: Default::default(),
             code_entries: 0,
+            found: Default::default(),
             bytecode_sizes: None,
             recent: Default::default(),
         }
