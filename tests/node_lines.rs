@@ -85,14 +85,7 @@ fn program_lines(source: &str) -> Lines {
 /// program does the same work from its start; the share of each line
 /// does not depend on the tier running it).
 fn cpu_prof_lines(profiles: &Path) -> HashMap<u32, u64> {
-    let path = std::fs::read_dir(profiles)
-        .expect("read the profiles")
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .find(|path| path.to_string_lossy().ends_with(".cpuprofile"))
-        .unwrap_or_else(|| panic!("no profile in {}", profiles.display()));
-    let profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let profile = read_cpu_prof(profiles);
     let mut lines = HashMap::new();
     for node in profile["nodes"].as_array().expect("nodes") {
         let call = &node["callFrame"];
@@ -109,15 +102,131 @@ fn cpu_prof_lines(profiles: &Path) -> HashMap<u32, u64> {
     lines
 }
 
-/// hostprof's samples whose innermost JavaScript frame (a line of a
-/// function with a file) is `hot`, by the frame's line; and the start
-/// lines `hot`'s functions carry.
-fn hostprof_lines(pprof: &Path) -> (HashMap<u32, u64>, Vec<i64>) {
+/// The `.cpuprofile` `--cpu-prof` wrote in `profiles`.
+fn read_cpu_prof(profiles: &Path) -> serde_json::Value {
+    let path = std::fs::read_dir(profiles)
+        .expect("read the profiles")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.to_string_lossy().ends_with(".cpuprofile"))
+        .unwrap_or_else(|| panic!("no profile in {}", profiles.display()));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn read_pprof(pprof: &Path) -> Profile {
     let mut bytes = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(pprof).expect("open the profile"))
         .read_to_end(&mut bytes)
         .expect("gunzip");
-    let profile = Profile::decode(&bytes[..]).expect("decode pprof");
+    Profile::decode(&bytes[..]).expect("decode pprof")
+}
+
+/// Functions of node's own modules (files `node:…`), by name and file.
+type Internal = HashMap<(String, String), InternalFunction>;
+
+/// One such function: its definition line, and (hostprof's) the samples
+/// with a frame of it, and those whose frame has a line.
+#[derive(Debug, Default)]
+struct InternalFunction {
+    start: i64,
+    samples: u64,
+    with_line: u64,
+}
+
+/// `--cpu-prof`'s functions of node's own modules, with their definition
+/// lines (its `lineNumber` counts from 0).
+fn cpu_prof_internal(profiles: &Path) -> Internal {
+    let profile = read_cpu_prof(profiles);
+    let mut functions = Internal::new();
+    for node in profile["nodes"].as_array().expect("nodes") {
+        let call = &node["callFrame"];
+        let url = call["url"].as_str().unwrap_or("");
+        let name = call["functionName"].as_str().unwrap_or("");
+        if url.starts_with("node:") && !name.is_empty() {
+            let start = call["lineNumber"].as_i64().unwrap_or(-1) + 1;
+            let key = (name.to_string(), url.to_string());
+            functions.entry(key).or_default().start = start;
+        }
+    }
+    functions
+}
+
+/// hostprof's frames of functions of node's own modules.
+fn hostprof_internal(pprof: &Path) -> Internal {
+    let profile = read_pprof(pprof);
+    let string = |at: i64| profile.string_table[at as usize].as_str();
+    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
+    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
+    let samples_at = profile
+        .sample_type
+        .iter()
+        .position(|t| string(t.r#type) == "samples")
+        .expect("a samples value");
+    let mut internal = Internal::new();
+    for sample in &profile.sample {
+        let count = sample.value[samples_at] as u64;
+        let lines = sample.location_id.iter().flat_map(|id| &locations[id].line);
+        for line in lines {
+            let function = functions[&line.function_id];
+            let file = string(function.filename);
+            if !file.starts_with("node:") {
+                continue;
+            }
+            let key = (string(function.name).to_string(), file.to_string());
+            let seen = internal.entry(key).or_default();
+            seen.start = function.start_line;
+            seen.samples += count;
+            if line.line > 0 {
+                seen.with_line += count;
+            }
+        }
+    }
+    internal
+}
+
+/// What is wrong with the frames of node's own modules: ≥ 0.99 of them
+/// must carry a line, and a function `--cpu-prof` saw too the same
+/// definition line; at least one function in both.
+fn internal_failures(seen: &Internal, truth: &Internal) -> Vec<String> {
+    let samples: u64 = seen.values().map(|function| function.samples).sum();
+    let with_line: u64 = seen.values().map(|function| function.with_line).sum();
+    let mut failures = Vec::new();
+    if (with_line as f64) < 0.99 * samples as f64 {
+        failures.push(format!(
+            "{with_line} of {samples} frames of node's own modules have a line: {seen:?}"
+        ));
+    }
+    let both: Vec<_> = seen
+        .iter()
+        .filter_map(|(key, function)| Some((key, function.start, truth.get(key)?.start)))
+        .collect();
+    eprintln!(
+        "node's own modules: {with_line} of {samples} frames with a line; {} functions in both \
+         profiles",
+        both.len()
+    );
+    if both.is_empty() {
+        failures.push(format!(
+            "no function of node's own modules in both profiles: hostprof {:?}, --cpu-prof {:?}",
+            seen.keys(),
+            truth.keys()
+        ));
+    }
+    for ((name, file), ours, theirs) in both {
+        if ours != theirs {
+            failures.push(format!(
+                "{name} ({file}): defined on line {ours}, --cpu-prof says {theirs}"
+            ));
+        }
+    }
+    failures
+}
+
+/// hostprof's samples whose innermost JavaScript frame (a line of a
+/// function with a file) is `hot`, by the frame's line; and the start
+/// lines `hot`'s functions carry.
+fn hostprof_lines(pprof: &Path) -> (HashMap<u32, u64>, Vec<i64>) {
+    let profile = read_pprof(pprof);
     let string = |at: i64| profile.string_table[at as usize].as_str();
     let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
     let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
@@ -332,7 +441,10 @@ fn profile(
             .find(|line| line.contains("JavaScript frames"))
             .unwrap_or("")
     );
-    let mut failures = Vec::new();
+    let mut failures = internal_failures(
+        &hostprof_internal(&pprof),
+        &cpu_prof_internal(&dir.join("profiles")),
+    );
     if name == OSR {
         let by_pc = report
             .split("(and ")

@@ -106,7 +106,7 @@ pub(in crate::cli) fn unwind_report(
              more in code found from their pc: on-stack replacement, or replaced since), at \
              their function's first line: Sparkplug pc unmapped {}, pc in no code found {}, in \
              inlined code not expanded {}, code or table unreadable {}, V8's code layout unknown \
-             {}; frames of scripts without lines (node's own) {}\n",
+             {}; frames of scripts without readable lines {}\n",
             javascript_frames,
             event(V8, v8::event::NOT_FUNCTION),
             runtime_stops(counters, V8),

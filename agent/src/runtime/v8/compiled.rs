@@ -144,8 +144,8 @@ impl Node {
                 return None;
             }
         };
-        // A script without lines (node's own, when V8 dropped their
-        // source) still has its inlined frames expanded.
+        // A script without lines (its source unreadable) still has its
+        // inlined frames expanded.
         let line = self.line(memory, script, position);
         count(match line {
             Some(_) if by_pc => LineSource::CompiledFoundByPc,

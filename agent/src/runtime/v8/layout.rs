@@ -36,6 +36,7 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_SlicedString__parent__String",
     "v8dbg_class_SlicedString__offset__SMI",
     "v8dbg_class_ThinString__actual__String",
+    "v8dbg_class_ExternalString__resource__Object",
     "v8dbg_class_FixedArrayBase__length__SMI",
     "v8dbg_class_FixedArray__data__uintptr_t",
     "v8dbg_class_BytecodeArray__data__uintptr_t",
@@ -114,6 +115,10 @@ pub struct Layout {
     pub sliced_parent: u64,
     pub sliced_offset: u64,
     pub thin_actual: u64,
+    /// `ExternalString::resource`, the embedder's object holding the
+    /// characters; V8 keeps a copy of its data pointer in the word after
+    /// (`None`: not exported, external strings are not read).
+    pub external_resource: Option<u64>,
     pub array_length: u64,
     pub fixed_array_data: u64,
     pub bytecode_data: u64,
@@ -391,6 +396,7 @@ impl Layout {
             sliced_parent: field("v8dbg_class_SlicedString__parent__String")?,
             sliced_offset: field("v8dbg_class_SlicedString__offset__SMI")?,
             thin_actual: field("v8dbg_class_ThinString__actual__String")?,
+            external_resource: field("v8dbg_class_ExternalString__resource__Object").ok(),
             array_length: field("v8dbg_class_FixedArrayBase__length__SMI")?,
             fixed_array_data: field("v8dbg_class_FixedArray__data__uintptr_t")?,
             bytecode_data: field("v8dbg_class_BytecodeArray__data__uintptr_t")?,

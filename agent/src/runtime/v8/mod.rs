@@ -147,8 +147,9 @@ pub enum LineSource {
     /// A compiled frame of a V8 whose code layout the agent does not know.
     CompiledUnknown,
     /// A frame (interpreted or compiled) whose script has no line table
-    /// the agent can read (node's own modules: their source is kept
-    /// outside V8's heap): at its function's first line, or none.
+    /// the agent can read (no line ends made by V8, and a source it cannot
+    /// read: an "uncached" external string, whose characters only the
+    /// embedder's object knows): at its function's first line, or none.
     ScriptWithoutLines,
     /// A compiled frame at its running line, in code found from its pc:
     /// not its function's current code (on-stack replacement code, or

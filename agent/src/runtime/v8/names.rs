@@ -16,6 +16,9 @@ const MAX_NAME: usize = 1024;
 /// Longest script source read to find its lines (when V8 keeps no line
 /// ends): larger scripts get no line numbers.
 const MAX_SOURCE: usize = 8 << 20;
+/// The instance type bit of an external string without V8's copy of its
+/// data pointer (`kUncachedExternalStringMask`, V8 10 to 12).
+const UNCACHED_EXTERNAL: u32 = 0x10;
 /// Most line ends read from a script.
 const MAX_LINES: usize = 1 << 20;
 /// Strings nested deeper than this (cons, sliced, thin) are not read.
@@ -220,24 +223,35 @@ impl<M: Memory> Heap<'_, M> {
             let text: String = parent.chars().skip(offset).take(length.min(max)).collect();
             return Some(text);
         }
-        if representation == layout.external_tag {
-            return None;
-        }
         if length > MAX_SOURCE {
             refusals::refuse(Runtime::V8, Reason::TooLong);
             return None;
         }
         let length = length.min(max);
+        let chars = if representation == layout.external_tag {
+            // Characters outside V8's heap (node's own modules' sources,
+            // in the binary): at the data pointer V8 copies from the
+            // embedder's resource, except in "uncached" external strings,
+            // where only the resource, an object of the embedder's, has it.
+            if kind & UNCACHED_EXTERNAL != 0 {
+                return None;
+            }
+            self.word(
+                string
+                    .checked_add(layout.external_resource?)?
+                    .checked_add(8)?,
+            )?
+        } else if one_byte {
+            string + layout.seq_one_byte_chars
+        } else {
+            string + layout.seq_two_byte_chars
+        };
         if one_byte {
-            let bytes = self
-                .memory
-                .read_vec(string + layout.seq_one_byte_chars, length)?;
+            let bytes = self.memory.read_vec(chars, length)?;
             // Latin-1: every byte is its own code point.
             Some(bytes.iter().map(|&byte| char::from(byte)).collect())
         } else {
-            let bytes = self
-                .memory
-                .read_vec(string + layout.seq_two_byte_chars, length * 2)?;
+            let bytes = self.memory.read_vec(chars, length * 2)?;
             let units: Vec<u16> = bytes
                 .chunks_exact(2)
                 .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))

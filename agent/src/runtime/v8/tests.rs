@@ -9,6 +9,7 @@ use crate::{model::Mapping, procs::memory::Image};
 use std::sync::Arc;
 
 mod code_search;
+mod strings;
 
 const BASE: u64 = 0x10_0000;
 
@@ -37,6 +38,7 @@ fn layout() -> Layout {
         sliced_parent: 16,
         sliced_offset: 24,
         thin_actual: 16,
+        external_resource: Some(16),
         array_length: 8,
         fixed_array_data: 16,
         bytecode_data: 54,
