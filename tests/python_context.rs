@@ -203,3 +203,24 @@ fn a_span_library_without_a_process_context_loaded_late_is_found() {
         check_deep_links(&recording, None);
     }
 }
+
+/// A service whose SDK published its process context at start and loads
+/// the library with the thread context's variable later: the agent keeps
+/// searching the maps of a process with a context (with backoff) and
+/// finds the library; the route is named by the context's key map.
+#[test]
+fn a_span_library_loaded_after_the_process_context_is_found() {
+    let dir = work_dir().join("python_context_late_after_context");
+    std::fs::create_dir_all(&dir).unwrap();
+    let context_only = dir.join("libotel_context_only.so");
+    run_ok(
+        std::process::Command::new("cc")
+            .args(["-O1", "-Wall", "-shared", "-fPIC", "-DCONTEXT_ONLY", "-o"])
+            .arg(&context_only)
+            .arg(program_source("otel_span_lib.c")),
+    );
+    let flags = ["--context-from", context_only.to_str().unwrap()];
+    if let Some(recording) = loaded_late("python_context_late_after_context_run", &flags) {
+        check_deep_links(&recording, Some(ROUTE));
+    }
+}

@@ -9,7 +9,11 @@
  *   otel_span_publish()        publish the process context
  *   otel_span_attach(route)    attach the span (trace a0..af, span b0..b7)
  *                              with http.route = route (at most 250 bytes)
- *                              to the calling thread */
+ *                              to the calling thread
+ *
+ * Built with -DCONTEXT_ONLY: the process context's half alone (no
+ * thread-context variable, no otel_span_attach), an SDK's part that
+ * publishes before the library with the variable is loaded. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <string.h>
@@ -17,8 +21,6 @@
 #include "otel_ctx_publish.h"
 #include "otel_thread_ctx.h"
 
-__thread struct otel_thread_ctx_record *otel_thread_ctx_v1;
-static __thread struct otel_thread_ctx_record record;
 static uint8_t payload[512];
 
 void otel_span_publish(void) {
@@ -31,6 +33,10 @@ void otel_span_publish(void) {
     size_t mapping_size;
     publish(payload, len, &mapping_size);
 }
+
+#ifndef CONTEXT_ONLY
+__thread struct otel_thread_ctx_record *otel_thread_ctx_v1;
+static __thread struct otel_thread_ctx_record record;
 
 void otel_span_attach(const char *route) {
     memset(&record, 0, sizeof record);
@@ -51,3 +57,4 @@ void otel_span_attach(const char *route) {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     *(struct otel_thread_ctx_record *volatile *)&otel_thread_ctx_v1 = &record;
 }
+#endif

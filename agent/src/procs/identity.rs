@@ -5,10 +5,11 @@
 //!
 //! Looked at with the process's first `/proc` read, then again from time
 //! to time while samples of it come: a known context by its header alone
-//! (one 32-byte read; the payload only when the timestamp moved), a process
-//! without one by its maps, with backoff, since an SDK may publish after
-//! the first sample. The environment is read once per process: it cannot
-//! change after exec.
+//! (one 32-byte read; the payload only when the timestamp moved) and its
+//! maps too, with backoff (a library with the thread context's variable
+//! may come after the context), a process without one by its maps, with
+//! backoff, since an SDK may publish after the first sample. The
+//! environment is read once per process: it cannot change after exec.
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -78,6 +79,40 @@ pub(super) struct Identity {
     /// The next search's wait when records carry attributes and no
     /// context is known ([`Identity::hurry`]).
     search_wait: Duration,
+    /// Searches of the maps of a process whose context is known.
+    libraries: LibrarySearch,
+}
+
+/// When the maps of a process with a known context are searched again: its
+/// SDK may load the library holding the thread context's variable after it
+/// published the context (a Python SDK that publishes from Python, then
+/// loads a native extension at its first span), and samples may never land
+/// in that library. Every [`MIN_SEARCH_INTERVAL`] at first, the wait
+/// doubling up to [`MAX_SEARCH_INTERVAL`]: one read of `/proc/PID/maps` a
+/// minute, for the few processes that publish a context.
+#[derive(Clone, Debug)]
+struct LibrarySearch {
+    at: Instant,
+    wait: Duration,
+}
+
+impl LibrarySearch {
+    fn new() -> Self {
+        LibrarySearch {
+            at: Instant::now(),
+            wait: MIN_SEARCH_INTERVAL,
+        }
+    }
+
+    /// True when a search is due, which is then counted as done.
+    fn due(&mut self) -> bool {
+        if self.at.elapsed() < self.wait {
+            return false;
+        }
+        self.at = Instant::now();
+        self.wait = (self.wait * 2).min(MAX_SEARCH_INTERVAL);
+        true
+    }
 }
 
 impl Identity {
@@ -101,6 +136,7 @@ impl Identity {
                 checked_at: Instant::now(),
                 check_after: MIN_SEARCH_INTERVAL,
                 search_wait: FIRST_CONTEXT_SEARCH,
+                libraries: LibrarySearch::new(),
             },
         };
         identity.checked_at = Instant::now();
@@ -117,6 +153,7 @@ impl Identity {
             checked_at: Instant::now(),
             check_after: MAX_SEARCH_INTERVAL,
             search_wait: FIRST_CONTEXT_SEARCH,
+            libraries: LibrarySearch::new(),
         }
     }
 
@@ -130,6 +167,7 @@ impl Identity {
             checked_at: Instant::now(),
             check_after: MIN_SEARCH_INTERVAL,
             search_wait: FIRST_CONTEXT_SEARCH,
+            libraries: LibrarySearch::new(),
         }
     }
 
@@ -204,6 +242,9 @@ impl Identity {
                         self.context = None;
                         self.check_after = MIN_SEARCH_INTERVAL;
                     }
+                }
+                if maps_now.is_none() && self.context.is_some() && self.libraries.due() {
+                    maps_now = self.search_maps(pid, reads);
                 }
             }
             None => {

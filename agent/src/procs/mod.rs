@@ -7,8 +7,9 @@
 //! image is read from `/proc` once, at its first sample (a forked child
 //! starts as a copy of its parent and is not read at all), and again only
 //! when an address misses every mapping (a `dlopen`), with backoff, or
-//! when a search for its process context reads maps holding a library
-//! its own do not (`dlopen`ed, see [`identity::Recheck`]). Samples
+//! when a search of its maps (for its process context, or for a library
+//! loaded since it published one) finds a library its own do not hold
+//! (`dlopen`ed, see [`identity::Recheck`]). Samples
 //! go to the image that ran at their kernel time, so samples taken before an
 //! exec or a pid reuse keep their old names. What a process says it is
 //! (`service.name`, …: its OpenTelemetry process context or environment)
