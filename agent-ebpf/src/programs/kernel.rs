@@ -119,30 +119,18 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
                 let mappings = process.mappings;
                 let depth = process.depth & (MAX_USER_STACK_DEPTH as u32 - 1);
                 let hint = MAPPING_HINTS.get_ptr_mut(depth);
-                if let Some(hint) = hint {
-                    let hint = unsafe { read_volatile(hint) };
-                    if unwind::hint_holds(len, target, hint, |index| mapping_start(mappings, index))
-                    {
-                        return Some(hint);
-                    }
+                if let Some(at) = hinted(hint, len, target, |index| mapping_start(mappings, index))
+                {
+                    return Some(at);
                 }
-                let found = search_mappings(mappings, len, target);
-                if let (Some(found), Some(hint)) = (found, hint) {
-                    unsafe { write_volatile(hint, found) };
-                }
-                return found;
+                return remember(hint, search_mappings(mappings, len, target));
             }
             Sorted::Rows { start } => start,
         };
         let slot = unwind::hint_slot(start, target);
         let hint = ROW_HINTS.get_ptr_mut(slot);
-        if let Some(hint) = hint {
-            let hint = unsafe { read_volatile(hint) };
-            let key =
-                |index: u32| word(start.wrapping_add(index)).map(|word| u64::from(word as u32));
-            if unwind::hint_holds(len, target, hint, key) {
-                return Some(hint);
-            }
+        if let Some(at) = hinted(hint, len, target, row_pc(start)) {
+            return Some(at);
         }
         let mut ctx = SearchCtx {
             search: Search::new(len, target),
@@ -157,11 +145,7 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
                 0,
             )
         };
-        let found = ctx.search.result();
-        if let (Some(found), Some(hint)) = (found, hint) {
-            unsafe { write_volatile(hint, found) };
-        }
-        found
+        remember(hint, ctx.search.result())
     }
 }
 
@@ -252,16 +236,10 @@ impl Kernel for Legacy {
                     return None;
                 }
                 let hint = ROW_HINTS.get_ptr_mut(unwind::hint_slot(start, target));
-                if let Some(hint) = hint {
-                    let hint = unsafe { read_volatile(hint) };
-                    // Map lookups here (inlined by the verifier): the
-                    // check branches anyway.
-                    let pc_of = |index: u32| {
-                        word(start.wrapping_add(index)).map(|word| u64::from(word as u32))
-                    };
-                    if unwind::hint_holds(len, target, hint, pc_of) {
-                        return Some(hint);
-                    }
+                // Map lookups here (inlined by the verifier): the check
+                // branches anyway.
+                if let Some(at) = hinted(hint, len, target, row_pc(start)) {
+                    return Some(at);
                 }
                 let key = |index: u32| {
                     let at = base + u64::from(start.wrapping_add(index)) * size_of::<u64>() as u64;
@@ -278,13 +256,39 @@ impl Kernel for Legacy {
                     Some(u64::from(pc))
                 };
                 let found = unwind::search_last_le_branchless(len, target, LEGACY_ROW_PROBES, key);
-                if let (Some(found), Some(hint)) = (found, hint) {
-                    unsafe { write_volatile(hint, found) };
-                }
-                found
+                remember(hint, found)
             }
         }
     }
+}
+
+/// The index a CPU's hint (`hint`, its slot) gives for `target`, if it
+/// still holds there (`key`: the sorted keys); else the search runs, and
+/// [`remember`] keeps its answer. Both variants, mappings and rows.
+#[inline(always)]
+fn hinted(
+    hint: Option<*mut u32>,
+    len: u32,
+    target: u64,
+    key: impl FnMut(u32) -> Option<u64>,
+) -> Option<u32> {
+    let at = unsafe { read_volatile(hint?) };
+    unwind::hint_holds(len, target, at, key).then_some(at)
+}
+
+/// Makes a search's answer the CPU's next hint; the answer.
+#[inline(always)]
+fn remember(hint: Option<*mut u32>, found: Option<u32>) -> Option<u32> {
+    if let (Some(found), Some(hint)) = (found, hint) {
+        unsafe { write_volatile(hint, found) };
+    }
+    found
+}
+
+/// The pc of row `index` of the table at `start` (its low 32 bits).
+#[inline(always)]
+fn row_pc(start: u32) -> impl Fn(u32) -> Option<u64> {
+    move |index| word(start.wrapping_add(index)).map(|word| u64::from(word as u32))
 }
 
 /// The last of `mappings` starting at or below `target`: branch-free
