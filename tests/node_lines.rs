@@ -113,12 +113,47 @@ fn read_cpu_prof(profiles: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-fn read_pprof(pprof: &Path) -> Profile {
+/// A frame of a pprof sample: function, file, line, start line.
+struct PprofFrame {
+    name: String,
+    file: String,
+    line: i64,
+    start: i64,
+}
+
+/// The samples of the pprof profile at `pprof`: their frames (leaf first;
+/// in a location, the innermost line first) and counts.
+fn pprof_samples(pprof: &Path) -> Vec<(Vec<PprofFrame>, u64)> {
     let mut bytes = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(pprof).expect("open the profile"))
         .read_to_end(&mut bytes)
         .expect("gunzip");
-    Profile::decode(&bytes[..]).expect("decode pprof")
+    let profile = Profile::decode(&bytes[..]).expect("decode pprof");
+    let string = |at: i64| profile.string_table[at as usize].clone();
+    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
+    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
+    let samples_at = profile
+        .sample_type
+        .iter()
+        .position(|t| string(t.r#type) == "samples")
+        .expect("a samples value");
+    let frame = |line: &hostprof_proto::pprof::Line| {
+        let function = functions[&line.function_id];
+        PprofFrame {
+            name: string(function.name),
+            file: string(function.filename),
+            line: line.line,
+            start: function.start_line,
+        }
+    };
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let lines = sample.location_id.iter().flat_map(|id| &locations[id].line);
+            (lines.map(frame).collect(), sample.value[samples_at] as u64)
+        })
+        .collect()
 }
 
 /// Functions of node's own modules (files `node:…`), by name and file.
@@ -153,30 +188,16 @@ fn cpu_prof_internal(profiles: &Path) -> Internal {
 
 /// hostprof's frames of functions of node's own modules.
 fn hostprof_internal(pprof: &Path) -> Internal {
-    let profile = read_pprof(pprof);
-    let string = |at: i64| profile.string_table[at as usize].as_str();
-    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
-    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
-    let samples_at = profile
-        .sample_type
-        .iter()
-        .position(|t| string(t.r#type) == "samples")
-        .expect("a samples value");
     let mut internal = Internal::new();
-    for sample in &profile.sample {
-        let count = sample.value[samples_at] as u64;
-        let lines = sample.location_id.iter().flat_map(|id| &locations[id].line);
-        for line in lines {
-            let function = functions[&line.function_id];
-            let file = string(function.filename);
-            if !file.starts_with("node:") {
-                continue;
-            }
-            let key = (string(function.name).to_string(), file.to_string());
-            let seen = internal.entry(key).or_default();
-            seen.start = function.start_line;
+    for (frames, count) in pprof_samples(pprof) {
+        for frame in frames
+            .into_iter()
+            .filter(|frame| frame.file.starts_with("node:"))
+        {
+            let seen = internal.entry((frame.name, frame.file)).or_default();
+            seen.start = frame.start;
             seen.samples += count;
-            if line.line > 0 {
+            if frame.line > 0 {
                 seen.with_line += count;
             }
         }
@@ -226,31 +247,15 @@ fn internal_failures(seen: &Internal, truth: &Internal) -> Vec<String> {
 /// function with a file) is `hot`, by the frame's line; and the start
 /// lines `hot`'s functions carry.
 fn hostprof_lines(pprof: &Path) -> (HashMap<u32, u64>, Vec<i64>) {
-    let profile = read_pprof(pprof);
-    let string = |at: i64| profile.string_table[at as usize].as_str();
-    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
-    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
-    let samples_at = profile
-        .sample_type
-        .iter()
-        .position(|t| string(t.r#type) == "samples")
-        .expect("a samples value");
     let mut lines = HashMap::new();
     let mut starts = Vec::new();
-    for sample in &profile.sample {
-        // Leaf first; in a location, the innermost line first.
-        let javascript = sample
-            .location_id
-            .iter()
-            .flat_map(|id| &locations[id].line)
-            .find(|line| string(functions[&line.function_id].filename).ends_with(".js"));
-        let Some(line) = javascript else { continue };
-        let function = functions[&line.function_id];
-        if string(function.name) != FUNCTION {
+    for (frames, count) in pprof_samples(pprof) {
+        let javascript = frames.iter().find(|frame| frame.file.ends_with(".js"));
+        let Some(frame) = javascript.filter(|frame| frame.name == FUNCTION) else {
             continue;
-        }
-        *lines.entry(line.line as u32).or_insert(0) += sample.value[samples_at] as u64;
-        starts.push(function.start_line);
+        };
+        *lines.entry(frame.line as u32).or_insert(0) += count;
+        starts.push(frame.start);
     }
     (lines, starts)
 }
