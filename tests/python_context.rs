@@ -85,16 +85,23 @@ fn next_line(said: &mut Said) -> String {
     said.next().and_then(Result::ok).unwrap_or_default()
 }
 
-/// Builds the span library in `name`'s directory and starts
-/// `deep_span.py` with it (and `extra`), once it printed `first`.
-fn start_python(name: &str, extra: &[&str], first: &str) -> (running::KillOnDrop, Said, PathBuf) {
+/// Builds the span library (with `cflags`) in `name`'s directory and
+/// starts `deep_span.py` with it (and `extra`), once it printed `first`.
+fn start_python(
+    name: &str,
+    cflags: &[&str],
+    extra: &[&str],
+    first: &str,
+) -> (running::KillOnDrop, Said, PathBuf) {
     let dir = work_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let library = dir.join("libotel_span.so");
     run_ok(
         std::process::Command::new("cc")
-            .args(["-O1", "-Wall", "-shared", "-fPIC", "-o"])
+            .args(["-O1", "-Wall", "-shared", "-fPIC"])
+            .args(cflags)
+            .arg("-o")
             .arg(&library)
             .arg(program_source("otel_span_lib.c")),
     );
@@ -113,17 +120,26 @@ fn start_python(name: &str, extra: &[&str], first: &str) -> (running::KillOnDrop
     (python, said, dir)
 }
 
+/// The deep samples of `recording` and how many of them are linked.
+fn deep_samples(recording: &Path) -> (Vec<Seen>, usize) {
+    let samples = decode(recording);
+    let all = samples.len();
+    let deep: Vec<Seen> = samples
+        .into_iter()
+        .filter(|seen| seen.depth >= DEEP)
+        .collect();
+    let linked = deep.iter().filter(|seen| seen.link.is_some()).count();
+    println!(
+        "{all} samples, {} with at least {DEEP} descend frames, {linked} of them linked",
+        deep.len()
+    );
+    (deep, linked)
+}
+
 /// Checks the deep samples of `recording`: each linked one carries the
 /// span and `route`, and at least 100 are linked.
 fn check_deep_links(recording: &Path, route: Option<&str>) {
-    let samples = decode(recording);
-    let deep: Vec<&Seen> = samples.iter().filter(|seen| seen.depth >= DEEP).collect();
-    let linked = deep.iter().filter(|seen| seen.link.is_some()).count();
-    println!(
-        "{} samples, {} with at least {DEEP} descend frames, {linked} of them linked",
-        samples.len(),
-        deep.len()
-    );
+    let (deep, linked) = deep_samples(recording);
     // Before the agent has found the variable, samples are unlinked; once
     // linked, always right.
     for seen in &deep {
@@ -145,7 +161,7 @@ fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
     }
     // Profiled from when the span is attached (the late load is the next
     // test's).
-    let (python, _said, dir) = start_python("python_context", &[], "attached");
+    let (python, _said, dir) = start_python("python_context", &[], &[], "attached");
     let pid = python.0.id();
     let recording = dir.join("deep.otlp.pb");
     let (mut record, _stderr) = record_pid(pid, "499", &recording);
@@ -170,7 +186,7 @@ fn loaded_late(name: &str, flags: &[&str]) -> Option<PathBuf> {
         return None;
     }
     let flags: Vec<&str> = ["--late"].iter().chain(flags).copied().collect();
-    let (python, mut said, dir) = start_python(name, &flags, "waiting");
+    let (python, mut said, dir) = start_python(name, &[], &flags, "waiting");
     let pid = python.0.id();
     let recording = dir.join("late.otlp.pb");
     let (mut record, _stderr) = record_pid(pid, "499", &recording);
@@ -223,4 +239,43 @@ fn a_span_library_loaded_after_the_process_context_is_found() {
     if let Some(recording) = loaded_late("python_context_late_after_context_run", &flags) {
         check_deep_links(&recording, Some(ROUTE));
     }
+}
+
+/// A process context naming another `threadlocal.schema_version` than the
+/// OTEP's (here a later `tls_v2`): its threads' records are not the
+/// format hostprof reads, so no sample is linked or given attributes, and
+/// `record` says why.
+#[test]
+fn records_of_a_schema_hostprof_does_not_read_are_not_used() {
+    let Some(_serial) = require_ebpf() else {
+        return;
+    };
+    if !require_tool("python3") {
+        return;
+    }
+    let cflags = ["-DSCHEMA=\"tls_v2\""];
+    let (python, _said, dir) = start_python("python_context_schema", &cflags, &[], "attached");
+    let pid = python.0.id();
+    let recording = dir.join("schema.otlp.pb");
+    let (mut record, mut stderr) = record_pid(pid, "499", &recording);
+    let enough = wait_for_cpu(pid, 2.0, Duration::from_secs(120));
+    assert!(interrupt(&mut record).success(), "hostprof record failed");
+    assert_eq!(enough, Some(true), "python3 ran");
+    drop(python);
+    let said = stderr.finish();
+    let (deep, linked) = deep_samples(&recording);
+    assert!(deep.len() >= 100, "{} deep samples", deep.len());
+    assert_eq!(linked, 0, "records of schema tls_v2 were used");
+    assert!(deep.iter().all(|seen| seen.route.is_none()));
+    // Each record the kernel read is counted as refused.
+    let refused = said
+        .lines()
+        .find_map(|line| line.strip_prefix("hostprof: trace context refused: "))
+        .and_then(|reasons| reasons.split(", ").find_map(|r| r.strip_prefix("schema ")))
+        .and_then(|count| count.parse::<usize>().ok());
+    assert!(
+        refused.is_some_and(|refused| refused >= deep.len()),
+        "record does not count the {} records refused:\n{said}",
+        deep.len()
+    );
 }

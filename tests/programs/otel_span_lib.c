@@ -13,13 +13,19 @@
  *
  * Built with -DCONTEXT_ONLY: the process context's half alone (no
  * thread-context variable, no otel_span_attach), an SDK's part that
- * publishes before the library with the variable is loaded. */
+ * publishes before the library with the variable is loaded. With
+ * -DSCHEMA='"name"': the context names that threadlocal.schema_version
+ * instead of the OTEP's tls_v1. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <string.h>
 
 #include "otel_ctx_publish.h"
 #include "otel_thread_ctx.h"
+
+#ifndef SCHEMA
+#define SCHEMA "tls_v1"
+#endif
 
 static uint8_t payload[512];
 
@@ -28,7 +34,7 @@ void otel_span_publish(void) {
     uint8_t resource[128];
     size_t resource_len = put_attribute(resource, 1, "service.name", "deep-python");
     size_t len = put_field(payload, 1, resource, resource_len);
-    len += put_attribute(payload + len, 2, "threadlocal.schema_version", "tls_v1");
+    len += put_attribute(payload + len, 2, "threadlocal.schema_version", SCHEMA);
     len += put_key_map(payload + len, keys, 1);
     size_t mapping_size;
     publish(payload, len, &mapping_size);

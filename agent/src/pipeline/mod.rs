@@ -394,6 +394,9 @@ impl Attributor {
             self.sweeps += 1;
         }
         let attributes = self.thread_attributes(sample, &process);
+        let record_used = sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0
+            && sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS == 0
+            && !foreign_schema(&process);
         ResolvedSample {
             process,
             tid: sample.tid,
@@ -406,8 +409,7 @@ impl Attributor {
                 state: ThreadState::from_kernel(sample.thread_state),
             }),
             // Go labels come in a link with no trace: no link then.
-            trace: (sample.flags & hostprof_common::SAMPLE_FLAG_TRACE != 0
-                && sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS == 0)
+            trace: record_used
                 .then(|| TraceLink::from_kernel(&sample.trace))
                 .flatten(),
             attributes,
@@ -429,6 +431,10 @@ impl Attributor {
         let attrs = &sample.attrs[..len];
         if sample.flags & hostprof_common::SAMPLE_FLAG_GO_LABELS != 0 {
             return crate::procs::go_labels::decode(attrs);
+        }
+        if foreign_schema(process) {
+            thread_attrs::count_foreign_record();
+            return Vec::new();
         }
         thread_attrs::count_kernel_refusal(sample.trace.attrs_refused);
         if attrs.is_empty() {
@@ -473,6 +479,16 @@ impl Attributor {
             }
         }
     }
+}
+
+/// Whether `process`'s context names a thread-context schema other than
+/// the OTEP's: the kernel read its thread's record (it cannot tell), but
+/// neither the link nor the attributes are taken from it.
+fn foreign_schema(process: &ProcessInfo) -> bool {
+    process
+        .thread_keys
+        .as_deref()
+        .is_some_and(thread_attrs::KeyMap::foreign_schema)
 }
 
 /// How a runtime frame shows that no runtime could name.

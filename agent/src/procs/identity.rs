@@ -179,10 +179,11 @@ impl Identity {
         }
     }
 
-    /// The thread context's key map, when the context publishes one.
+    /// The thread context's key map (and schema), when the context
+    /// publishes either.
     pub(super) fn thread_keys(&self) -> Option<Arc<KeyMap>> {
         let context = self.context.as_ref()?;
-        (!context.keys.is_empty()).then(|| context.keys.clone())
+        (!context.keys.is_empty() || context.keys.schema().is_some()).then(|| context.keys.clone())
     }
 
     /// Looks again within [`UNKNOWN_KEY_RECHECK`]: a thread record named a

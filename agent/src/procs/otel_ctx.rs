@@ -111,11 +111,16 @@ pub enum Refusal {
          or at an offset past any TLS block: its threads' records are not read"
     )]
     TlsUnreachable,
+    #[error(
+        "the process context's threadlocal.schema_version is not one hostprof reads (tls_v1, \
+         tlsdesc_v1_dev): its threads' records are not used"
+    )]
+    Schema,
 }
 
 impl Refusal {
     /// Every reason, in the order of [`refusals`].
-    pub const ALL: [Refusal; 18] = [
+    pub const ALL: [Refusal; 19] = [
         Refusal::Signature,
         Refusal::Version,
         Refusal::TooLarge,
@@ -134,6 +139,7 @@ impl Refusal {
         Refusal::GoLabelsUtf8,
         Refusal::GoLabelsCut,
         Refusal::TlsUnreachable,
+        Refusal::Schema,
     ];
 
     /// The `reason` label of `hostprof_context_refused_total`.
@@ -157,6 +163,7 @@ impl Refusal {
             Refusal::GoLabelsUtf8 => "go_labels_utf8",
             Refusal::GoLabelsCut => "go_labels_cut",
             Refusal::TlsUnreachable => "tls_unreachable",
+            Refusal::Schema => "schema",
         }
     }
 }

@@ -29,21 +29,51 @@ use super::otel_ctx::{Refusal, count_quietly};
 /// The process context's extra attribute that names the key indexes.
 pub const KEY_MAP: &str = "threadlocal.attribute_key_map";
 
+/// The process context's extra attribute that says which format the
+/// thread context is in (OTEP 4947: "type and version of the schema").
+pub const SCHEMA_VERSION: &str = "threadlocal.schema_version";
+
+/// The schemas whose records are the OTEP's, as hostprof reads them: the
+/// OTEP's own (`tls_v1`) and its experimental name (`tlsdesc_v1_dev`).
+/// Another (a Go SDK's `go_pprof_labels_v1`, a later version) says the
+/// thread-local records are not in this format, or not there at all.
+pub const KNOWN_SCHEMAS: [&str; 2] = ["tls_v1", "tlsdesc_v1_dev"];
+
 /// Key indexes are one byte: a map has at most this many entries.
 pub const MAX_KEYS: usize = 256;
 
 /// Attribute names by key index; an index whose entry is not a string
-/// names nothing (the indexes after it keep their place).
+/// names nothing (the indexes after it keep their place). With the
+/// schema the process context names, if any.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyMap {
     keys: Vec<Option<Arc<str>>>,
+    schema: Option<Arc<str>>,
 }
 
 impl KeyMap {
     pub fn new<S: Into<Arc<str>>>(keys: impl IntoIterator<Item = S>) -> Self {
         KeyMap {
             keys: keys.into_iter().map(|key| Some(key.into())).collect(),
+            schema: None,
         }
+    }
+
+    /// The map with the schema the context names.
+    pub fn with_schema(self, schema: Option<Arc<str>>) -> Self {
+        KeyMap { schema, ..self }
+    }
+
+    /// The schema the context names, if it names one.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// Whether the context names a schema other than the OTEP's: its
+    /// threads' records are not read as the OTEP's.
+    pub fn foreign_schema(&self) -> bool {
+        self.schema()
+            .is_some_and(|schema| !KNOWN_SCHEMAS.contains(&schema))
     }
 
     pub fn len(&self) -> usize {
@@ -65,6 +95,7 @@ impl KeyMap {
 /// cannot be what the writer meant.
 pub fn key_map(extra: &[&[u8]]) -> Result<KeyMap, Refusal> {
     let mut found = None;
+    let mut schema = None;
     for bytes in extra {
         // Only the key map's entry needs decoding; another extra attribute
         // that is no `KeyValue` is not ours to refuse.
@@ -77,10 +108,16 @@ pub fn key_map(extra: &[&[u8]]) -> Result<KeyMap, Refusal> {
         if attribute.key == KEY_MAP {
             // The last one wins, as for any repeated key.
             found = Some(attribute);
+        } else if attribute.key == SCHEMA_VERSION {
+            // Anything but a string names a schema nobody knows.
+            schema = Some(match attribute.value.and_then(|value| value.value) {
+                Some(Value::StringValue(schema)) => Arc::from(schema),
+                _ => Arc::from("(not a string)"),
+            });
         }
     }
     let Some(attribute) = found else {
-        return Ok(KeyMap::default());
+        return Ok(KeyMap::default().with_schema(schema));
     };
     let Some(Value::ArrayValue(array)) = attribute.value.and_then(|value| value.value) else {
         return Err(Refusal::KeyMap);
@@ -96,7 +133,7 @@ pub fn key_map(extra: &[&[u8]]) -> Result<KeyMap, Refusal> {
             _ => None,
         })
         .collect();
-    Ok(KeyMap { keys })
+    Ok(KeyMap { keys, schema })
 }
 
 /// Whether undecodable `KeyValue` bytes start with the key map's key
@@ -161,6 +198,11 @@ pub fn names_unknown_key(mut bytes: &[u8], keys: &KeyMap) -> bool {
         bytes = rest;
     }
     false
+}
+
+/// Counts a record not used: its process's context names another schema.
+pub fn count_foreign_record() {
+    count_quietly(Refusal::Schema);
 }
 
 /// Counts a record whose attributes the kernel did not copy

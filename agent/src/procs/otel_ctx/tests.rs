@@ -286,7 +286,8 @@ fn refusals_are_counted_by_reason() {
             "go_labels_truncated",
             "go_labels_utf8",
             "go_labels_cut",
-            "tls_unreachable"
+            "tls_unreachable",
+            "schema",
         ]
     );
     assert!(after[2].1 > before[2].1);

@@ -62,8 +62,11 @@ fn reads_the_key_map_among_other_extra_attributes() {
         [("http.route", "/a"), ("user.id", "u1")]
     );
     assert!(!attributes.unknown_key);
-    // No key map published: nothing named, nothing refused.
-    assert_eq!(key_map(&[&schema]), Ok(KeyMap::default()));
+    // No key map published: nothing named, nothing refused; the schema
+    // is kept.
+    let keys = key_map(&[&schema]).expect("no key map");
+    assert!(keys.is_empty());
+    assert_eq!(keys.schema(), Some("tls_v1"));
 }
 
 #[test]
@@ -163,4 +166,33 @@ fn kernel_refusals_are_counted() {
     let before = refused("attrs_unreadable");
     count_kernel_refusal(hostprof_common::trace::attrs::UNREADABLE);
     assert!(refused("attrs_unreadable") > before);
+}
+
+#[test]
+fn a_schema_other_than_the_oteps_is_foreign() {
+    let schema = |value: AnyValue| {
+        KeyValue {
+            key: SCHEMA_VERSION.into(),
+            value: Some(value),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let map = map_of(vec![string("http.route")]);
+    let read = |extra: &[&[u8]]| key_map(extra).expect("a key map");
+    // None named: read as the OTEP's.
+    assert!(!read(&[&map]).foreign_schema());
+    for known in KNOWN_SCHEMAS {
+        let keys = read(&[&schema(string(known)), &map]);
+        assert_eq!(keys.schema(), Some(known));
+        assert!(!keys.foreign_schema(), "{known}");
+    }
+    // A Go SDK's, a later version's, one that is no string; with or
+    // without a key map.
+    assert!(read(&[&schema(string("go_pprof_labels_v1"))]).foreign_schema());
+    assert!(read(&[&map, &schema(string("tls_v2"))]).foreign_schema());
+    let number = AnyValue {
+        value: Some(Value::IntValue(1)),
+    };
+    assert!(read(&[&schema(number), &map]).foreign_schema());
 }
