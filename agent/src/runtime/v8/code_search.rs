@@ -9,7 +9,11 @@
 //! at its `Code` — which counts only if that `Code` says its instructions
 //! start there and hold the pc. What is found is kept by its instructions'
 //! range, so one search serves every sample in that code.
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use super::{
     Node,
@@ -30,6 +34,12 @@ const PAGE_BYTES: u64 = 4096;
 const CODE_ALIGNMENT: u64 = 32;
 /// Code ranges kept per process; past it the record starts over.
 const MAX_FOUND: usize = 4096;
+/// Searches per process per [`SEARCH_WINDOW`] at most: each may read 256
+/// KiB of the process's memory, and a process that fakes frames could ask
+/// for one per frame of every sample. V8 makes a few such code objects a
+/// second at most, and one search serves all of a code object's pcs.
+const MAX_SEARCHES: u32 = 64;
+const SEARCH_WINDOW: Duration = Duration::from_secs(1);
 
 /// Code found from pcs in it, by where its instructions start: where they
 /// end and the `Code` object's address.
@@ -39,6 +49,26 @@ pub struct FoundCode {
     /// The map of the objects found so far (all alike): candidates with
     /// another are passed over unread.
     header_map: Option<u64>,
+    /// Searches in the window that started at `window`.
+    searches: u32,
+    window: Option<Instant>,
+}
+
+impl FoundCode {
+    /// Whether a search may run at `now` (counted if so).
+    fn take_search(&mut self, now: Instant) -> bool {
+        let fresh = self
+            .window
+            .is_none_or(|start| now.saturating_duration_since(start) >= SEARCH_WINDOW);
+        if fresh {
+            self.window = Some(now);
+            self.searches = 0;
+        }
+        self.searches < MAX_SEARCHES && {
+            self.searches += 1;
+            true
+        }
+    }
 }
 
 impl Node {
@@ -58,6 +88,9 @@ impl Node {
                     self.found.ranges.remove(&start);
                 }
             }
+        }
+        if !self.found.take_search(Instant::now()) {
+            return None;
         }
         let code = self.search_code(memory, at)?;
         let compiled = self.code(memory, code).ok().filter(|c| c.holds(at))?;
@@ -121,5 +154,23 @@ impl Node {
             start = start.checked_sub(CODE_ALIGNMENT)?;
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn searches_are_capped_per_process_and_window() {
+        let mut found = FoundCode::default();
+        let start = Instant::now();
+        for _ in 0..MAX_SEARCHES {
+            assert!(found.take_search(start));
+        }
+        assert!(!found.take_search(start));
+        assert!(!found.take_search(start + SEARCH_WINDOW / 2));
+        // A new window, a new allowance.
+        assert!(found.take_search(start + SEARCH_WINDOW));
     }
 }
