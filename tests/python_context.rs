@@ -151,26 +151,32 @@ fn check_deep_links(recording: &Path, route: Option<&str>) {
     assert!(linked >= 100, "{linked} linked deep samples");
 }
 
-#[test]
-fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
-    let Some(_serial) = require_ebpf() else {
-        return;
-    };
+/// Records `deep_span.py` (its library built with `cflags`) from when its
+/// span is attached, for `seconds` of its CPU however long a loaded
+/// machine takes to give them: the recording and `record`'s stderr, or
+/// `None` when skipped (no eBPF or no python3, outside CI).
+fn record_attached(name: &str, cflags: &[&str], seconds: f64) -> Option<(PathBuf, String)> {
+    let _serial = require_ebpf()?;
     if !require_tool("python3") {
-        return;
+        return None;
     }
-    // Profiled from when the span is attached (the late load is the next
-    // test's).
-    let (python, _said, dir) = start_python("python_context", &[], &[], "attached");
+    let (python, _said, dir) = start_python(name, cflags, &[], "attached");
     let pid = python.0.id();
-    let recording = dir.join("deep.otlp.pb");
-    let (mut record, _stderr) = record_pid(pid, "499", &recording);
-    // 5 s of its CPU, however long a loaded machine takes to give it.
-    let enough = wait_for_cpu(pid, 5.0, Duration::from_secs(120));
+    let recording = dir.join("attached.otlp.pb");
+    let (mut record, mut stderr) = record_pid(pid, "499", &recording);
+    let enough = wait_for_cpu(pid, seconds, Duration::from_secs(120));
     assert!(interrupt(&mut record).success(), "hostprof record failed");
     assert_eq!(enough, Some(true), "python3 ran");
     drop(python);
-    check_deep_links(&recording, Some(ROUTE));
+    Some((recording, stderr.finish()))
+}
+
+#[test]
+fn a_deep_python_thread_keeps_its_span_and_long_attribute() {
+    // The late load is the next test's.
+    if let Some((recording, _)) = record_attached("python_context", &[], 5.0) {
+        check_deep_links(&recording, Some(ROUTE));
+    }
 }
 
 /// A service that loads its SDK's library after the agent first read its
@@ -247,22 +253,10 @@ fn a_span_library_loaded_after_the_process_context_is_found() {
 /// `record` says why.
 #[test]
 fn records_of_a_schema_hostprof_does_not_read_are_not_used() {
-    let Some(_serial) = require_ebpf() else {
+    let cflags = ["-DSCHEMA=\"tls_v2\""];
+    let Some((recording, said)) = record_attached("python_context_schema", &cflags, 2.0) else {
         return;
     };
-    if !require_tool("python3") {
-        return;
-    }
-    let cflags = ["-DSCHEMA=\"tls_v2\""];
-    let (python, _said, dir) = start_python("python_context_schema", &cflags, &[], "attached");
-    let pid = python.0.id();
-    let recording = dir.join("schema.otlp.pb");
-    let (mut record, mut stderr) = record_pid(pid, "499", &recording);
-    let enough = wait_for_cpu(pid, 2.0, Duration::from_secs(120));
-    assert!(interrupt(&mut record).success(), "hostprof record failed");
-    assert_eq!(enough, Some(true), "python3 ran");
-    drop(python);
-    let said = stderr.finish();
     let (deep, linked) = deep_samples(&recording);
     assert!(deep.len() >= 100, "{} deep samples", deep.len());
     assert_eq!(linked, 0, "records of schema tls_v2 were used");
