@@ -285,11 +285,25 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A port free now, and not handed out before in this test process: the
+/// kernel may give the same ephemeral port to two calls in a row (a CI
+/// run once gave both agents of one test the same metrics port, before
+/// the first had bound it).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn wait_for<T>(limit: Duration, check: impl FnMut() -> Option<T>) -> Option<T> {
