@@ -252,6 +252,10 @@ pub struct Attributor {
     early: Option<(Receiver<EarlyCopy>, EarlyStacks)>,
     /// Language runtimes (CPython, Java): their frames.
     runtimes: Vec<Box<dyn Runtime>>,
+    /// Processes whose exit the last events said: the runtimes forget them
+    /// at the next events, once the batch that holds their last samples
+    /// (taken before the exit) has been named with what they knew.
+    exited: Vec<u32>,
     /// Read processes' `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`.
     read_environment: bool,
 }
@@ -274,6 +278,7 @@ impl Attributor {
             events: None,
             early: None,
             runtimes: Vec::new(),
+            exited: Vec::new(),
             read_environment: true,
         }
     }
@@ -326,22 +331,36 @@ impl Attributor {
         let Some(events) = &mut self.events else {
             return;
         };
-        let (procs, unwind, runtimes) = (&mut self.procs, &self.unwind, &mut self.runtimes);
-        events.drain(|event| {
-            procs.apply(event);
-            if let Some(requests) = unwind {
+        let mut drained = Vec::new();
+        events.drain(|event| drained.push(*event));
+        self.apply(&drained);
+    }
+
+    /// Applies `events` (oldest first), and the runtimes' forgetting of the
+    /// processes whose exit the previous ones said.
+    fn apply(&mut self, events: &[hostprof_common::ProcessEvent]) {
+        for pid in self.exited.drain(..) {
+            for runtime in &mut self.runtimes {
+                runtime.forget(pid);
+            }
+        }
+        for event in events {
+            self.procs.apply(event);
+            if let Some(requests) = &self.unwind {
                 requests.on_event(event);
             }
-            // A new image, or none: what a runtime knew of the pid is void.
-            if matches!(
-                event.kind,
-                hostprof_common::PROCESS_EVENT_EXEC | hostprof_common::PROCESS_EVENT_EXIT
-            ) {
-                for runtime in runtimes.iter_mut() {
-                    runtime.forget(event.tgid);
+            // A new image: what a runtime knew of the pid is void now. No
+            // image: after this batch, whose samples of it came before.
+            match event.kind {
+                hostprof_common::PROCESS_EVENT_EXEC => {
+                    for runtime in &mut self.runtimes {
+                        runtime.forget(event.tgid);
+                    }
                 }
+                hostprof_common::PROCESS_EVENT_EXIT => self.exited.push(event.tgid),
+                _ => {}
             }
-        });
+        }
     }
 
     /// Processes currently cached.
@@ -539,6 +558,44 @@ mod tests {
         ];
         assert_eq!(narrowest_offset(brackets.into_iter()), Some(1_000));
         assert_eq!(narrowest_offset(std::iter::empty()), None);
+    }
+
+    /// A runtime that notes which pids it was told to forget.
+    struct Forgetful(Arc<std::sync::Mutex<Vec<u32>>>);
+
+    impl Runtime for Forgetful {
+        fn attach(&mut self, _pid: u32, _mappings: &[Arc<crate::model::Mapping>]) -> bool {
+            false
+        }
+        fn pids(&self) -> Vec<u32> {
+            Vec::new()
+        }
+        fn forget(&mut self, pid: u32) {
+            self.0.lock().unwrap().push(pid);
+        }
+    }
+
+    #[test]
+    fn runtimes_forget_an_exited_process_after_the_batch_with_its_last_samples() {
+        let forgotten = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut attributor = Attributor::new();
+        attributor.runtimes = vec![Box::new(Forgetful(forgotten.clone()))];
+        let event = |kind, tgid| hostprof_common::ProcessEvent {
+            kind,
+            tgid,
+            ..Default::default()
+        };
+        attributor.apply(&[
+            event(hostprof_common::PROCESS_EVENT_EXIT, 7),
+            event(hostprof_common::PROCESS_EVENT_EXEC, 8),
+        ]);
+        // An exec voids what was known at once; an exit, not yet: the
+        // batch these events came before holds samples taken before it.
+        assert_eq!(*forgotten.lock().unwrap(), [8]);
+        attributor.apply(&[]);
+        assert_eq!(*forgotten.lock().unwrap(), [8, 7]);
+        attributor.apply(&[]);
+        assert_eq!(*forgotten.lock().unwrap(), [8, 7]);
     }
 
     #[test]
