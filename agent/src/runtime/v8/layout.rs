@@ -22,6 +22,7 @@ pub const SYMBOLS: &[&str] = &[
     "v8dbg_class_JSFunction__shared__SharedFunctionInfo",
     "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object",
     "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_NameOrScopeInfoT_",
     "v8dbg_class_SharedFunctionInfo__script_or_debug_info__HeapObject",
     "v8dbg_class_SharedFunctionInfo__script__Tagged_HeapObject_",
     "v8dbg_class_SharedFunctionInfo__function_data__Object",
@@ -192,8 +193,10 @@ fn baseline_bytecode(
 /// A function's code and what in it maps a pc to a source position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodeLayout {
-    /// `JSFunction::code`.
-    pub function_code: u64,
+    /// `JSFunction::code` (`None`: V8 13 and later, whose functions reach
+    /// their code through a process-wide dispatch table; a compiled frame's
+    /// code is then found from its pc).
+    pub function_code: Option<u64>,
     /// `Code::flags` (`u32`), whose kind bits say the tier.
     pub flags: u64,
     pub kind_mask: u32,
@@ -238,27 +241,32 @@ pub enum CodeStart {
     Field(u64),
 }
 
-/// The `Code` layout of V8 10 to 12 (node 18 to 22): what the binary
+/// The `Code` layout of V8 10 to 13 (node 18 to 24): what the binary
 /// exports, and the few fields it does not, which these versions agree
-/// on (checked on node 18.20.4, 20.18.0 and 22.11.0's objects).
+/// on (checked on node 18.20.4, 20.18.0, 22.11.0 and 24.11.1's objects).
 fn code_layout(
     value: &dyn Fn(&'static str) -> Option<i64>,
     version: (u32, u32, u32),
 ) -> Option<CodeLayout> {
     let offset = |value: i64| (0..MAX_OFFSET).contains(&value).then_some(value as u64);
-    let function_code = value("v8dbg_class_JSFunction__code__CodeT")
+    let function_code = match value("v8dbg_class_JSFunction__code__CodeT")
         .or_else(|| value("v8dbg_class_JSFunction__code__Tagged_Code_"))
+    {
+        Some(exported) => Some(offset(exported)?),
         // Not exported by V8 11: between the feedback cell and the
         // prototype, as in V8 10.
-        .or((version.0 == 11).then_some(48))
-        .and_then(offset)?;
+        None if version.0 == 11 => Some(48),
+        // V8 13's leaptiering: a dispatch handle where the code was.
+        None if version.0 == 13 => None,
+        None => return None,
+    };
     let start = match version.0 {
         10 => CodeStart::Inline(offset(value(
             "v8dbg_class_Code__instruction_start__uintptr_t",
         )?)?),
         // V8 11's entry point: after the instruction stream.
         11 => CodeStart::Field(40),
-        12 => CodeStart::Field(offset(value(
+        12 | 13 => CodeStart::Field(offset(value(
             "v8dbg_class_Code__instruction_start__Address",
         )?)?),
         _ => return None,
@@ -286,7 +294,7 @@ fn code_layout(
         data: match version.0 {
             // Exported by V8 11; after the relocation info in V8 10; first
             // after the map in V8 12 (as baseline code's bytecode).
-            12 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
+            12 | 13 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
             _ => offset(value("v8dbg_class_Code__deoptimization_data__FixedArray").unwrap_or(16))?,
         },
         // Exported by V8 11 and 12; the same in V8 10 (its sources say).
@@ -366,6 +374,9 @@ impl Layout {
                     "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object",
                     "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
                 )
+                .or_else(|| {
+                    value("v8dbg_class_SharedFunctionInfo__name_or_scope_info__Tagged_NameOrScopeInfoT_")
+                })
                 .ok_or(V8Error::MissingConstant(
                     "SharedFunctionInfo::name_or_scope_info",
                 ))?,

@@ -153,12 +153,16 @@ pub enum LineSource {
     ScriptWithoutLines,
     /// A compiled frame at its running line, in code found from its pc:
     /// not its function's current code (on-stack replacement code, or
-    /// replaced since).
+    /// replaced since), or any in V8 13 (whose functions do not point at
+    /// their code).
     CompiledFoundByPc,
+    /// A frame of optimized code V8 kept no source positions for: V8 13's
+    /// Maglev code has them only while a profiler or debugger runs.
+    CompiledNoPositions,
 }
 
 /// How many of each [`LineSource`].
-pub const LINE_SOURCES: usize = 11;
+pub const LINE_SOURCES: usize = 12;
 static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOURCES];
 
 fn count(source: LineSource) {

@@ -201,7 +201,6 @@ impl Table {
         &self.entries
     }
 
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

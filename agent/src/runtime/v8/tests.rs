@@ -9,6 +9,7 @@ use crate::{model::Mapping, procs::memory::Image};
 use std::sync::Arc;
 
 mod code_search;
+mod constants;
 mod strings;
 
 const BASE: u64 = 0x10_0000;
@@ -51,7 +52,7 @@ fn layout() -> Layout {
         type_code: Some(245),
         code_bytecode: Some(16),
         code: Some(super::layout::CodeLayout {
-            function_code: 48,
+            function_code: Some(48),
             flags: 48,
             kind_mask: 15,
             kind_shift: 0,
