@@ -234,9 +234,10 @@ fi
 # thread gives hotLoop three parts of its work and coldLoop one, under
 # `--cpu-prof` (V8's own profiler: the share of the two it puts on hotLoop
 # is the truth hostprof's is held to), under each of node's own builds the
-# image carries (/opt/node-VERSION/bin/node: 18 on x86_64; 18, 20 and 22
-# on arm64), one line each. The main thread's samples are the node
-# process's stacks not rooted in a thread start (node's other threads run
+# image carries (/opt/node-VERSION/bin/node: 18 on x86_64; 18, 20, 22
+# and 24 on arm64), one line each. The main thread's samples are the node
+# process's stacks (all `record -p` wrote, rooted at the thread's name:
+# `node`, or node 24's `MainThread`) not rooted in a thread start (node's other threads run
 # native code only). On x86_64 only before Linux 5.17, where the legacy
 # variant's tail-called V8 walk runs: the modern variant's is
 # tests/node.rs's on the host. On arm64 always: nothing else walks
@@ -265,7 +266,10 @@ for node in $nodes; do
     # Node 20 in a pid namespace of its own: a container's node, as the
     # host's tests/node.rs also runs one.
     [ "$version" = 20.18.0 ] && contained=1 || contained=0
-    start $contained $node --no-turbo-inlining --cpu-prof --cpu-prof-interval=4000 --cpu-prof-dir=/tmp/cpuprof /bin/jsspin.js
+    # Nor Maglev's, where node has the flag (20 and later; 24's Maglev
+    # inlines both loops into their caller by default).
+    [ "${version%%.*}" -ge 20 ] && maglev=--no-maglev-inlining || maglev=
+    start $contained $node --no-turbo-inlining $maglev --cpu-prof --cpu-prof-interval=4000 --cpu-prof-dir=/tmp/cpuprof /bin/jsspin.js
     js=${run:-0}
     # Until node has run 6 s of CPU: while hostprof loads the tables of
     # its 100 MB binary, node gets little of a loaded TCG guest's time;
@@ -287,12 +291,12 @@ for node in $nodes; do
     truth=$($node /bin/cpuprof_share.js /tmp/cpuprof 2>/dev/null)
     show node-$version /tmp/js.err
     # The commonest stacks, for the log.
-    awk '/^node;/ { print $NF "\t" $0 }' /tmp/js.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/js.top
+    awk '{ print $NF "\t" $0 }' /tmp/js.folded | sort -n -r | head -n 3 | cut -f 2 >/tmp/js.top
     show js-stacks-$version /tmp/js.top
     # Samples whose walk reached code the kernel's map of node did not
     # hold yet, copied for the host to unwind (judge.rs).
     copied=$(plain /tmp/js.err | sed -n 's/.*early samples .*: \([0-9]*\) unwound on the host from stack copies.*/\1/p')
-    say check=node version=$version contained=$contained exit=$rc copied=${copied:-0} $(count /tmp/js.folded '^node;' samples) $(count /tmp/js.folded '^node;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^node;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) $(count /tmp/js.folded '^node;(.*;)?coldLoop [(][^;]*jsspin[.]js' cold) ${truth:-truth_hot=0 truth_cold=0} detail="$(detail /tmp/js.err 'samples from')"
+    say check=node version=$version contained=$contained exit=$rc copied=${copied:-0} $(count /tmp/js.folded '^[^;]*;' samples) $(count /tmp/js.folded '^[^;]*;(.*;)?(start_thread|__?clone3?)(;|$)' threads) $(count /tmp/js.folded '^[^;]*;(.*;)?hotLoop [(][^;]*jsspin[.]js' hot) $(count /tmp/js.folded '^[^;]*;(.*;)?coldLoop [(][^;]*jsspin[.]js' cold) ${truth:-truth_hot=0 truth_cold=0} detail="$(detail /tmp/js.err 'samples from')"
 done
 
 kill $spin

@@ -115,8 +115,8 @@ impl Arch {
 
     /// The hard limit on one boot and suite under TCG (they take ~25 s on
     /// x86_64 plus the Node.js check, whose `record -p` loads the unwind
-    /// tables of node's ~90 MB binary: minutes under TCG; ~180 s on arm64
-    /// with its three JVMs and three Node.js builds (tables loaded for
+    /// tables of node's ~90 MB binary: minutes under TCG; ~150 to 180 s on
+    /// arm64 with its three JVMs and four Node.js builds (tables loaded for
     /// the code that runs only) on a quiet host, ~105 s when it had one
     /// of each, and then 300 s were once not enough beside two other
     /// guests and three builds). Only what ends a hung guest: no figure
