@@ -102,7 +102,7 @@ pub(in crate::cli) fn unwind_report(
             "hostprof: JavaScript frames: {} walked in the kernel ({} frames of V8 without a \
              function kept as native); walks stopped: {}; interpreted frames at their running \
              line {}, at their function's first line: V8 had no source positions for it {}, \
-             its position table unreadable {}; compiled frames at their running line {} (and {} \
+             its position table unreadable {}, a V8 newer than those checked {}; compiled frames at their running line {} (and {} \
              more in code found from their pc: on-stack replacement, replaced since, or any in V8 13), at \
              their function's first line: Sparkplug pc unmapped {}, pc in no code found {}, in \
              inlined code not expanded {}, optimized code without positions (Maglev's, in V8 \
@@ -114,6 +114,7 @@ pub(in crate::cli) fn unwind_report(
             n(Interpreted),
             n(NoPositions),
             n(Unreadable),
+            n(NewerV8),
             n(Compiled),
             n(CompiledFoundByPc),
             n(CompiledBaseline),

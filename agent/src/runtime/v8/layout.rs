@@ -505,6 +505,12 @@ impl Layout {
         }
     }
 
+    /// Whether this V8's lines were checked against `--cpu-prof`'s (V8 10
+    /// to 13, node 18 to 24).
+    pub fn lines_checked(&self) -> bool {
+        self.version.0 <= 13
+    }
+
     /// True for V8 12.8.44 and later, whose `ScopeInfo` keeps the
     /// function's source positions at fixed slots.
     pub fn fixed_scope_positions(&self) -> bool {

@@ -159,10 +159,14 @@ pub enum LineSource {
     /// A frame of optimized code V8 kept no source positions for: V8 13's
     /// Maglev code has them only while a profiler or debugger runs.
     CompiledNoPositions,
+    /// An interpreted frame of a V8 newer than those whose lines were
+    /// checked (V8 14, node 26, maps some frames to other lines than
+    /// `--cpu-prof`).
+    NewerV8,
 }
 
 /// How many of each [`LineSource`].
-pub const LINE_SOURCES: usize = 12;
+pub const LINE_SOURCES: usize = 13;
 static LINES: [AtomicU64; LINE_SOURCES] = [const { AtomicU64::new(0) }; LINE_SOURCES];
 
 fn count(source: LineSource) {
@@ -544,6 +548,10 @@ impl Node {
         script: u64,
         slot: u64,
     ) -> Option<u32> {
+        if !self.layout.lines_checked() {
+            count(LineSource::NewerV8);
+            return None;
+        }
         let offset = (slot as i64).checked_sub(self.layout.bytecode_data as i64 - 1)?;
         let table = match self.table(memory, shared) {
             Ok(table) => table,

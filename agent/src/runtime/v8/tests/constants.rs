@@ -1,6 +1,6 @@
 //! The layout read from a binary's own constants: node 24's (V8 13, whose
-//! functions no longer point at their code) and node 22's (V8 12), as
-//! `cargo xtask setup`'s builds of them export them.
+//! functions no longer point at their code), 26's (V8 14) and 22's (V8
+//! 12), as `cargo xtask setup`'s builds of them export them.
 use std::collections::HashMap;
 
 use super::super::layout::{CodeStart, Layout, SYMBOLS};
@@ -104,6 +104,28 @@ const NODE_22_CHANGES: &[(&str, &str, i32)] = &[
     ("_ZN2v88internal7Version6patch_E", "", 21),
 ];
 
+/// Where node 26.12.1's differ (V8 14: a code kind before baseline's; the
+/// rest, instance types), as its build from the registry exports them.
+const NODE_26_CHANGES: &[(&str, &str, i32)] = &[
+    ("v8dbg_CodeKindBaseline", "", 11),
+    ("_ZN2v88internal7Version6major_E", "", 14),
+    ("_ZN2v88internal7Version6patch_E", "", 34),
+];
+
+/// Node 24's constants with `changes`: (name, its new name if renamed,
+/// value).
+fn changed(changes: &[(&'static str, &'static str, i32)]) -> Vec<(&'static str, i32)> {
+    let mut constants = NODE_24.to_vec();
+    for &(name, renamed, value) in changes {
+        let entry = constants
+            .iter_mut()
+            .find(|(known, _)| *known == name)
+            .unwrap();
+        *entry = (if renamed.is_empty() { name } else { renamed }, value);
+    }
+    constants
+}
+
 /// The layout `constants` give, each at an address of its own.
 fn read(constants: &[(&str, i32)]) -> Layout {
     const BASE: u64 = 0x1000;
@@ -142,15 +164,20 @@ fn node_24_finds_compiled_code_from_the_pc() {
 }
 
 #[test]
+fn node_26s_code_layout_is_not_claimed() {
+    // V8 14 reads as 13 but maps some bytecode offsets and pcs to other
+    // lines than `--cpu-prof` (tests/node_lines.rs' program, by hand):
+    // its frames keep their function's first line, counted.
+    let layout = read(&changed(NODE_26_CHANGES));
+    assert_eq!(layout.version, (14, 6, 34));
+    assert_eq!(layout.code, None);
+    assert!(!layout.lines_checked());
+    assert!(read(NODE_24).lines_checked());
+}
+
+#[test]
 fn node_22_follows_the_function_to_its_code() {
-    let mut constants = NODE_24.to_vec();
-    for &(name, renamed, value) in NODE_22_CHANGES {
-        let entry = constants
-            .iter_mut()
-            .find(|(known, _)| *known == name)
-            .unwrap();
-        *entry = (if renamed.is_empty() { name } else { renamed }, value);
-    }
+    let mut constants = changed(NODE_22_CHANGES);
     constants.push(("v8dbg_class_JSFunction__code__Tagged_Code_", 24));
     let layout = read(&constants);
     assert_eq!(layout.version, (12, 4, 21));
