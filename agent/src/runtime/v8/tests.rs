@@ -1,5 +1,4 @@
-//! The naming of JavaScript frames, on heaps built in memory with the
-//! layout of Node.js 20 (V8 11.3).
+//! Naming JavaScript frames on heaps built in memory (node 20's layout).
 use super::{
     Node, blob_ranges,
     layout::Layout,
