@@ -57,7 +57,7 @@ const RATE_HZ: &str = "499";
 const CPU_SECONDS: f64 = 6.0;
 const SHARE_TOLERANCE: f64 = 0.05;
 /// The builds `cargo xtask setup` unpacks in target/node-roots.
-const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0", "24.22.3"];
+const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0", "24.22.3", "26.12.1"];
 /// A Debian root `cargo xtask setup` makes for tests/java.rs, in which the
 /// container cases run node's build.
 const CONTAINER_ROOT: &str = "java-roots/trixie";
@@ -136,6 +136,24 @@ fn monotonic_micros() -> i64 {
     now.tv_sec * 1_000_000 + now.tv_nsec / 1000
 }
 
+/// Copies into `dir` each shared library `binary` loads on the host that
+/// `root` does not have at the same path: a container image brings what
+/// its node needs (node 26 loads libatomic, which the Debian root lacks).
+fn copy_missing_libraries(binary: &Path, root: &Path, dir: &Path) {
+    let ldd = Command::new("ldd").arg(binary).output().expect("run ldd");
+    let listing = String::from_utf8_lossy(&ldd.stdout);
+    let paths = listing
+        .lines()
+        .filter_map(|line| line.split("=> ").nth(1)?.split(' ').next());
+    for library in paths.map(Path::new) {
+        let inside = root.join(library.strip_prefix("/").unwrap_or(library));
+        if !inside.exists() {
+            let name = library.file_name().expect("a library's name");
+            std::fs::copy(library, dir.join(name)).expect("copy a library");
+        }
+    }
+}
+
 /// A running program, once warm.
 struct Program {
     child: Child,
@@ -162,8 +180,9 @@ impl Program {
         std::fs::create_dir_all(host_dir.join("profiles")).unwrap();
         std::fs::copy(&source, host_dir.join("hot.js")).unwrap();
         let node_binary = match &node.root {
-            Some(_) => {
+            Some(root) => {
                 std::fs::copy(&binary, host_dir.join("node")).unwrap();
+                copy_missing_libraries(&binary, root, &host_dir);
                 node_dir.join("node")
             }
             None => binary,
@@ -172,6 +191,8 @@ impl Program {
             Some(root) => {
                 let mut command = Command::new("unshare");
                 command
+                    // Libraries the root lacks, beside the binary.
+                    .env("LD_LIBRARY_PATH", &node_dir)
                     .args(["--mount", "--pid", "--fork", "--kill-child"])
                     .arg(format!("--mount-proc={}", root.join("proc").display()))
                     .arg("chroot")

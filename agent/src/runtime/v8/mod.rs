@@ -160,8 +160,8 @@ pub enum LineSource {
     /// Maglev code has them only while a profiler or debugger runs.
     CompiledNoPositions,
     /// An interpreted frame of a V8 newer than those whose lines were
-    /// checked (V8 14, node 26, maps some frames to other lines than
-    /// `--cpu-prof`).
+    /// checked against `--cpu-prof`'s (V8 15 and later: V8 14 changed how
+    /// its position tables are encoded, and a later V8 may again).
     NewerV8,
 }
 
@@ -605,7 +605,7 @@ impl Node {
             bytecode => heap.position_table(bytecode),
         };
         let table = match found {
-            Found::Table(bytes) => Ok(Arc::new(Table::decode(&bytes))),
+            Found::Table(bytes) => Ok(Arc::new(Table::decode(&bytes, self.layout.encoding()))),
             Found::Absent => Err(LineSource::NoPositions),
             Found::Unreadable => Err(LineSource::Unreadable),
         };

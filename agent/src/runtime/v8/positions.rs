@@ -165,10 +165,49 @@ pub(super) fn read_unsigned(bytes: &[u8], at: &mut usize) -> Option<u64> {
     }
 }
 
+/// How a table's entries say their code offset's delta and whether they
+/// are statements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// V8 13 and older: the delta for a statement, minus it and one for an
+    /// expression.
+    Signed,
+    /// V8 14: the delta shifted up one bit (the bit below it set in every
+    /// table read), as is for an expression, minus it and one for a
+    /// statement (read from node 26.12.1's tables beside the offsets and
+    /// positions `--print-bytecode` shows for them).
+    Shifted,
+}
+
+impl Encoding {
+    /// The encoding of V8 `major`.
+    pub fn of(major: u32) -> Encoding {
+        if major >= 14 {
+            Encoding::Shifted
+        } else {
+            Encoding::Signed
+        }
+    }
+
+    /// Whether an entry whose first integer is `value` is a statement, and
+    /// its code offset's delta.
+    fn split(self, value: i64) -> (bool, i64) {
+        let (negative, magnitude) = if value >= 0 {
+            (false, value)
+        } else {
+            (true, -(value + 1))
+        };
+        match self {
+            Encoding::Signed => (!negative, magnitude),
+            Encoding::Shifted => (negative, magnitude >> 1),
+        }
+    }
+}
+
 impl Table {
     /// Decodes `bytes` (at most [`MAX_TABLE`] of them). A malformed end
     /// (an integer cut short or too long) drops the entry it is in.
-    pub fn decode(bytes: &[u8]) -> Table {
+    pub fn decode(bytes: &[u8], encoding: Encoding) -> Table {
         let bytes = &bytes[..bytes.len().min(MAX_TABLE)];
         let mut entries = Vec::new();
         let (mut at, mut code_offset, mut position) = (0usize, -1i64, 0i64);
@@ -179,11 +218,7 @@ impl Table {
             let Some(position_delta) = read_int(bytes, &mut at) else {
                 break;
             };
-            let (is_statement, delta) = if code_delta >= 0 {
-                (true, code_delta)
-            } else {
-                (false, -(code_delta + 1))
-            };
+            let (is_statement, delta) = encoding.split(code_delta);
             code_offset = code_offset.saturating_add(delta);
             position = position.wrapping_add(position_delta);
             entries.push(Entry {
@@ -290,7 +325,7 @@ pub(super) mod tests {
             (9, true, packed(300, -1)),
             (200, true, packed(20_000, -1)),
         ]);
-        let decoded = Table::decode(&bytes);
+        let decoded = Table::decode(&bytes, Encoding::Signed);
         assert_eq!(decoded.entries().len(), 5);
         assert!(decoded.entries()[1].is_statement);
         assert!(!decoded.entries()[2].is_statement);
@@ -314,7 +349,7 @@ pub(super) mod tests {
             (40, true, packed(90_000, 2)),
             (41, true, packed(7, -1)),
         ]);
-        let decoded = Table::decode(&bytes);
+        let decoded = Table::decode(&bytes, Encoding::Signed);
         let offsets: Vec<_> = decoded.entries().iter().map(|e| e.script_offset).collect();
         assert_eq!(offsets, [Some(500), Some(120), Some(90_000), Some(7)]);
         let inlined: Vec<_> = decoded.entries().iter().map(|e| e.inlining_id).collect();
@@ -325,7 +360,7 @@ pub(super) mod tests {
     fn external_and_unknown_positions_have_no_script_offset() {
         let external = (123 << 1) | 1;
         let bytes = table(&[(0, true, external), (4, true, 0), (8, true, packed(0, -1))]);
-        let decoded = Table::decode(&bytes);
+        let decoded = Table::decode(&bytes, Encoding::Signed);
         assert_eq!(decoded.script_offset_at(0), None);
         assert_eq!(decoded.script_offset_at(4), None);
         assert_eq!(decoded.script_offset_at(8), Some(0));
@@ -338,13 +373,13 @@ pub(super) mod tests {
         // several bytes) drops it and keeps the first.
         let first = table(&[(0, true, packed(40, -1))]).len();
         for cut in first..bytes.len() {
-            let decoded = Table::decode(&bytes[..cut]);
+            let decoded = Table::decode(&bytes[..cut], Encoding::Signed);
             assert_eq!(decoded.entries().len(), 1, "cut at {cut}");
             assert_eq!(decoded.script_offset_at(100), Some(40));
         }
-        assert!(Table::decode(&[]).is_empty());
+        assert!(Table::decode(&[], Encoding::Signed).is_empty());
         // A lone continuation byte.
-        assert!(Table::decode(&[0x80]).is_empty());
+        assert!(Table::decode(&[0x80], Encoding::Signed).is_empty());
     }
 
     #[test]
@@ -352,7 +387,7 @@ pub(super) mod tests {
         // An integer whose continuation bits never stop: past 64 bits it
         // is refused.
         let endless = vec![0xffu8; 4096];
-        assert!(Table::decode(&endless).is_empty());
+        assert!(Table::decode(&endless, Encoding::Signed).is_empty());
         // Largest deltas, again and again: offsets saturate, positions
         // wrap, nothing panics.
         let mut bytes = Vec::new();
@@ -360,20 +395,58 @@ pub(super) mod tests {
             write_int(&mut bytes, i64::MAX);
             write_int(&mut bytes, i64::MIN);
         }
-        let decoded = Table::decode(&bytes);
+        let decoded = Table::decode(&bytes, Encoding::Signed);
         assert_eq!(decoded.entries().len(), 1000);
         assert_eq!(decoded.entries()[999].code_offset, i64::MAX);
         let _ = decoded.script_offset_at(0);
         let _ = decoded.script_offset_at(i64::MAX);
         // Descending offsets (never V8's): some answer, no fault.
         let bytes = table(&[(50, true, packed(1, -1)), (10, false, packed(2, -1))]);
-        let _ = Table::decode(&bytes).script_offset_at(20);
+        let _ = Table::decode(&bytes, Encoding::Signed).script_offset_at(20);
         // Longer than the cap: only the first MAX_TABLE bytes are read.
         let mut long = Vec::new();
         while long.len() <= MAX_TABLE {
             long.extend(table(&[(0, true, packed(1, -1))]));
         }
-        let decoded = Table::decode(&long);
+        let decoded = Table::decode(&long, Encoding::Signed);
         assert!(decoded.entries().len() <= MAX_TABLE / 2);
+    }
+
+    /// The statements of `hex`'s table: (code offset, script offset).
+    fn statements(hex: &str, encoding: Encoding) -> Vec<(i64, Option<u32>)> {
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).unwrap())
+            .collect();
+        let table = Table::decode(&bytes, encoding);
+        let entries = table.entries().iter();
+        let statements = entries.filter(|entry| entry.is_statement);
+        statements
+            .map(|entry| (entry.code_offset, entry.script_offset))
+            .collect()
+    }
+
+    #[test]
+    fn node_26s_tables_shift_the_code_offset_and_flip_the_statement_sign() {
+        // One function's bytecode position table, read from node 24.22.3
+        // and 26.12.1 (`hot` of two loops, --jitless); the statements
+        // are where `--print-bytecode` shows them (26's comparisons are a
+        // byte longer).
+        const NODE_24: &str = "01340240044804140510070f0a40052c070f072416570b6f08b80204140510\
+                               070f0a40052c070f072416570b6f0884020424";
+        const NODE_26: &str = "023407400b480b140a100e0f1b400a2c0e0f0e242f57166f13b8020b140a10\
+                               0e0f1b400a2c0e0f0e242f57166f1384020b24";
+        let at = |offsets: [i64; 11]| {
+            let script = [28, 46, 51, 67, 61, 111, 116, 132, 126, 163, 172];
+            offsets
+                .into_iter()
+                .zip(script.map(Some))
+                .collect::<Vec<_>>()
+        };
+        let node_24 = at([0, 2, 4, 14, 33, 42, 44, 54, 73, 82, 84]);
+        let node_26 = at([0, 2, 4, 15, 34, 43, 45, 56, 75, 84, 86]);
+        assert_eq!(statements(NODE_24, Encoding::of(13)), node_24);
+        assert_eq!(statements(NODE_26, Encoding::of(14)), node_26);
+        assert_ne!(statements(NODE_26, Encoding::of(13)), node_26);
     }
 }

@@ -164,15 +164,16 @@ fn node_24_finds_compiled_code_from_the_pc() {
 }
 
 #[test]
-fn node_26s_code_layout_is_not_claimed() {
-    // V8 14 reads as 13 but maps some bytecode offsets and pcs to other
-    // lines than `--cpu-prof` (tests/node_lines.rs' program, by hand):
-    // its frames keep their function's first line, counted.
+fn node_26_reads_as_node_24() {
     let layout = read(&changed(NODE_26_CHANGES));
     assert_eq!(layout.version, (14, 6, 34));
-    assert_eq!(layout.code, None);
-    assert!(!layout.lines_checked());
-    assert!(read(NODE_24).lines_checked());
+    assert!(layout.lines_checked());
+    assert_ne!(layout.encoding(), read(NODE_24).encoding());
+    let code = layout.code.expect("V8 14's code layout");
+    assert_eq!(code.function_code, None);
+    assert_eq!(code.kind_baseline, 11);
+    assert_eq!(code.start, CodeStart::Field(40));
+    assert_eq!((code.positions, code.inlining.data), (16, 8));
 }
 
 #[test]
