@@ -156,14 +156,14 @@ fn install_python(tree: &Path, arch: Arch) -> Result<()> {
 /// The Node.js builds each guest runs, of those `cargo xtask setup`
 /// unpacks (x86_64's in target/node-roots, arm64's in
 /// target/node-roots/arm64): x86_64's only check the legacy variant's
-/// walk (the host's tests/node.rs runs 18, 20, 22 and 24 on the modern
-/// one), so the smallest does; arm64's walk is checked only here, on each
-/// release line hostprof supports (22.10.0: the registry has no arm64
-/// 22.11.0). ~90 to 125 MB each in the guest's RAM.
+/// walk (the host's tests/node.rs runs 18 to 26 on the modern one), so
+/// the smallest does; arm64's walk is checked only here, on each release
+/// line hostprof supports (22.10.0: the registry has no arm64 22.11.0).
+/// ~90 to 150 MB each in the guest's RAM.
 pub fn node_versions(arch: Arch) -> &'static [&'static str] {
     match arch {
         Arch::X86_64 => &["18.20.4"],
-        Arch::Aarch64 => &["18.20.4", "20.18.0", "22.10.0", "24.22.3"],
+        Arch::Aarch64 => &["18.20.4", "20.18.0", "22.10.0", "24.22.3", "26.12.1"],
     }
 }
 

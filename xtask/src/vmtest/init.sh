@@ -234,10 +234,10 @@ fi
 # thread gives hotLoop three parts of its work and coldLoop one, under
 # `--cpu-prof` (V8's own profiler: the share of the two it puts on hotLoop
 # is the truth hostprof's is held to), under each of node's own builds the
-# image carries (/opt/node-VERSION/bin/node: 18 on x86_64; 18, 20, 22
-# and 24 on arm64), one line each. The main thread's samples are the node
+# image carries (/opt/node-VERSION/bin/node: 18 on x86_64; 18, 20, 22,
+# 24 and 26 on arm64), one line each. The main thread's samples are the node
 # process's stacks (all `record -p` wrote, rooted at the thread's name:
-# `node`, or node 24's `MainThread`) not rooted in a thread start (node's other threads run
+# `node`, or node 24's and 26's `MainThread`) not rooted in a thread start (node's other threads run
 # native code only). On x86_64 only before Linux 5.17, where the legacy
 # variant's tail-called V8 walk runs: the modern variant's is
 # tests/node.rs's on the host. On arm64 always: nothing else walks
@@ -266,8 +266,8 @@ for node in $nodes; do
     # Node 20 in a pid namespace of its own: a container's node, as the
     # host's tests/node.rs also runs one.
     [ "$version" = 20.18.0 ] && contained=1 || contained=0
-    # Nor Maglev's, where node has the flag (20 and later; 24's Maglev
-    # inlines both loops into their caller by default).
+    # Nor Maglev's, where node has the flag (20 and later; 24's and 26's
+    # Maglev inline both loops into their caller by default).
     [ "${version%%.*}" -ge 20 ] && maglev=--no-maglev-inlining || maglev=
     start $contained $node --no-turbo-inlining $maglev --cpu-prof --cpu-prof-interval=4000 --cpu-prof-dir=/tmp/cpuprof /bin/jsspin.js
     js=${run:-0}

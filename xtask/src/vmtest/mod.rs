@@ -101,22 +101,22 @@ impl Arch {
     }
 
     /// The guest's RAM: the arm64 image carries three JREs (~155 to 175
-    /// MB each) and three Node.js builds (~95 to 115 MB each), ~850 MB in
+    /// MB each) and five Node.js builds (~95 to 150 MB each), ~1.1 GB in
     /// all, twice while the kernel unpacks it (the cpio and the files),
     /// and then runs a JVM or node beside hostprof. 2 GiB left ~200 MB at
-    /// the unpacking's peak; uncompressed, the image costs TCG no
-    /// decompression, and RAM is cheaper than that time.
+    /// the unpacking's peak with three builds; uncompressed, the image
+    /// costs TCG no decompression, and RAM is cheaper than that time.
     fn memory(self) -> &'static str {
         match self {
             Arch::X86_64 => "1G",
-            Arch::Aarch64 => "3G",
+            Arch::Aarch64 => "4G",
         }
     }
 
     /// The hard limit on one boot and suite under TCG (they take ~25 s on
     /// x86_64 plus the Node.js check, whose `record -p` loads the unwind
     /// tables of node's ~90 MB binary: minutes under TCG; ~150 to 180 s on
-    /// arm64 with its three JVMs and four Node.js builds (tables loaded for
+    /// arm64 with its three JVMs and four or five Node.js builds (tables loaded for
     /// the code that runs only) on a quiet host, ~105 s when it had one
     /// of each, and then 300 s were once not enough beside two other
     /// guests and three builds). Only what ends a hung guest: no figure
