@@ -88,6 +88,10 @@ pub const SYMBOLS: &[&str] = &[
     "v8_Default_embedded_blob_code_size_",
 ];
 
+/// The newest V8 major whose code layout and lines were checked against
+/// `--cpu-prof` (node 26's): a later one keeps its frames' first lines.
+const NEWEST_CHECKED: u32 = 14;
+
 /// Largest field offset believed (V8's objects are a few hundred bytes).
 const MAX_OFFSET: i64 = 4096;
 
@@ -258,7 +262,7 @@ fn code_layout(
         // prototype, as in V8 10.
         None if version.0 == 11 => Some(48),
         // Leaptiering (V8 13 and 14): a dispatch handle where the code was.
-        None if (13..=14).contains(&version.0) => None,
+        None if (13..=NEWEST_CHECKED).contains(&version.0) => None,
         None => return None,
     };
     let start = match version.0 {
@@ -267,7 +271,7 @@ fn code_layout(
         )?)?),
         // V8 11's entry point: after the instruction stream.
         11 => CodeStart::Field(40),
-        12..=14 => CodeStart::Field(offset(value(
+        12..=NEWEST_CHECKED => CodeStart::Field(offset(value(
             "v8dbg_class_Code__instruction_start__Address",
         )?)?),
         _ => return None,
@@ -295,7 +299,9 @@ fn code_layout(
         data: match version.0 {
             // Exported by V8 11; after the relocation info in V8 10; first
             // after the map in V8 12 (as baseline code's bytecode).
-            12..=14 => offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?,
+            12..=NEWEST_CHECKED => {
+                offset(value("v8dbg_class_Code__wrapper__Tagged_CodeWrapper_")? - 16)?
+            }
             _ => offset(value("v8dbg_class_Code__deoptimization_data__FixedArray").unwrap_or(16))?,
         },
         // Exported by V8 11 and 12; the same in V8 10 (its sources say).
@@ -506,10 +512,9 @@ impl Layout {
         }
     }
 
-    /// Whether this V8's lines were checked against `--cpu-prof`'s (V8 10
-    /// to 14, node 18 to 26).
+    /// Whether this V8's lines were checked against `--cpu-prof`'s.
     pub fn lines_checked(&self) -> bool {
-        self.version.0 <= 14
+        self.version.0 <= NEWEST_CHECKED
     }
 
     /// How its source position tables are encoded.
