@@ -272,7 +272,9 @@ pub struct UnwindState {
     pub tail_calls: u32,
     /// Valid entries of `runtime`.
     pub runtime_len: u32,
-    pub _pad: u32,
+    /// The marks of the frames walked so far, or'ed
+    /// (`unwind::TABLE_MARK_SHIFT`).
+    pub marks: u32,
     pub frames: [u64; MAX_USER_STACK_DEPTH],
     /// Runtime frames found in place of native ones (JIT code), which
     /// `frames` refers to by `runtime::FRAME_MARK` entries.
@@ -431,6 +433,9 @@ pub const SAMPLE_FLAG_TRACE: u32 = 1 << 5;
 /// ids are zero), only `attrs_len` bytes of the goroutine's pprof labels
 /// in [`golang`]'s encoding, in place of OTEP attributes.
 pub const SAMPLE_FLAG_GO_LABELS: u32 = 1 << 6;
+/// A frame of the user stack carries its mapping's mark: an
+/// interpreter's loop ran (`runtime::mark`).
+pub const SAMPLE_FLAG_MARKED: u32 = 1 << 7;
 /// Bits 8..16 of the flags: why the table-driven unwind of the user stack
 /// stopped (an `unwind::reason`).
 pub const SAMPLE_UNWIND_SHIFT: u32 = 8;

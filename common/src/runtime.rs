@@ -16,7 +16,7 @@
 /// [`crate::v8::event`]). A new runtime adds a variant here and its names,
 /// not counters.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Runtime {
     Cpython = 0,
     Hotspot = 1,
@@ -94,6 +94,20 @@ const _: () = assert!(MAX_FRAMES.is_power_of_two());
 pub const FRAME_MARK: u64 = 0xfff0_0000_0000_0000;
 /// The index bits of a [`FRAME_MARK`] entry.
 pub const FRAME_INDEX_MASK: u64 = 0xffff;
+
+/// Marks of native frames that stand for a runtime's (`unwind`'s mapping
+/// marks, `hostprof_unwind::TABLE_MARK_SHIFT`): the agent marks the
+/// mappings of an interpreter's loop, and the unwinder copies the mark
+/// into each such frame's stack entry (`hostprof_unwind::stack_mark`).
+pub mod mark {
+    /// CPython's evaluation loop (`_PyEval_EvalFrameDefault` and the
+    /// parts the compiler split off it): each call of it ran the
+    /// interpreter frames of one group of the sample's [`super::Stack`]
+    /// (up to a `crate::python::FRAME_ENTRY` frame).
+    pub const CPYTHON: u32 = 1;
+    /// The largest mark a mapping can carry.
+    pub const MAX: u32 = 7;
+}
 
 /// The tag byte of a runtime frame's `code`.
 pub mod tag {

@@ -23,9 +23,68 @@ pub struct ExecMapping {
     /// First word of the table in the rows map (a multiple of
     /// [`ROW_CHUNK`]; see [`packed`](crate::packed)).
     pub table_start: u32,
-    /// Rows in the table; 0 when there is none (`table_start` is then
-    /// [`FRAME_POINTER_TABLE`] for code known to keep frame pointers).
+    /// Rows in the table ([`TABLE_LEN_MASK`]); 0 when there is none
+    /// (`table_start` is then [`FRAME_POINTER_TABLE`] for code known to
+    /// keep frame pointers). Above them, the mapping's mark
+    /// ([`ExecMapping::mark`]).
     pub table_len: u32,
+}
+
+/// Where a mapping's mark sits in [`ExecMapping::table_len`]: 0 for none,
+/// else a language runtime's number for code with a table whose frames
+/// stand for that runtime's (an interpreter's loop, each of whose calls
+/// ran some interpreted frames). The unwinder steps such a frame as any
+/// other and copies the mark into its stack entry ([`STACK_MARK_SHIFT`]),
+/// so the host knows where the runtime's frames go without knowing its
+/// symbols.
+pub const TABLE_MARK_SHIFT: u32 = 29;
+/// The row count's bits of [`ExecMapping::table_len`]: a table fits the
+/// rows map (at most 2^29 words), so its rows do too.
+pub const TABLE_LEN_MASK: u32 = (1 << TABLE_MARK_SHIFT) - 1;
+/// Where a marked frame's mark sits in its user stack entry: above every
+/// bit a user address has (56 with 5-level page tables), below the top
+/// nibble, which `hostprof_common::runtime::FRAME_MARK` sets.
+pub const STACK_MARK_SHIFT: u32 = 57;
+/// The mark's bits of a user stack entry ([`STACK_MARK_SHIFT`]).
+pub const STACK_MARK_MASK: u64 = 7 << STACK_MARK_SHIFT;
+
+impl ExecMapping {
+    /// Rows in its table.
+    #[inline(always)]
+    pub const fn rows(&self) -> u32 {
+        self.table_len & TABLE_LEN_MASK
+    }
+
+    /// Its mark ([`TABLE_MARK_SHIFT`]); 0 for none.
+    #[inline(always)]
+    pub const fn mark(&self) -> u32 {
+        self.table_len >> TABLE_MARK_SHIFT
+    }
+
+    /// Gives it `mark` (at most 7), its rows unchanged.
+    pub const fn set_mark(&mut self, mark: u32) {
+        self.table_len = self.rows() | (mark << TABLE_MARK_SHIFT);
+    }
+}
+
+/// The mark of a user stack entry ([`STACK_MARK_SHIFT`]); 0 for an
+/// unmarked address (and for an entry with its top nibble set, which is
+/// no address).
+#[inline(always)]
+pub const fn stack_mark(entry: u64) -> u32 {
+    if entry >> 60 != 0 {
+        return 0;
+    }
+    ((entry & STACK_MARK_MASK) >> STACK_MARK_SHIFT) as u32
+}
+
+/// A user stack entry without its mark.
+#[inline(always)]
+pub const fn without_mark(entry: u64) -> u64 {
+    if entry >> 60 != 0 {
+        return entry;
+    }
+    entry & !STACK_MARK_MASK
 }
 
 /// `ExecMapping::table_start` of a table-less mapping whose code keeps frame
@@ -53,7 +112,7 @@ const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub len: u32,
-    /// [`COPY_UNMAPPED`], or 0.
+    /// [`COPY_UNMAPPED`] and [`MARKED`], or 0.
     pub flags: u32,
     pub mappings: [ExecMapping; MAX_PROCESS_MAPPINGS],
 }
@@ -68,6 +127,11 @@ pub struct ProcessMappings {
 /// first seconds only, and never for the agent's own process, whose
 /// executable is left out on purpose.
 pub const COPY_UNMAPPED: u32 = 1;
+/// [`ProcessMappings::flags`]: some mapping carries a mark
+/// ([`TABLE_MARK_SHIFT`]), so a walk that reached the end of the stack
+/// and marked no frame never ran that runtime's loop (its interpreter
+/// frames need no walk).
+pub const MARKED: u32 = 2;
 
 impl Default for ProcessMappings {
     fn default() -> Self {
@@ -103,9 +167,23 @@ pub fn lookup_in_memory(mappings: &ProcessMappings, rows: &[UnwindRow], pc: u64)
 pub fn lookup_in(
     mappings: &ProcessMappings,
     pc: u64,
-    mut search: impl FnMut(Sorted, u32, u64) -> Option<u32>,
+    search: impl FnMut(Sorted, u32, u64) -> Option<u32>,
     row: impl FnOnce(u32, u32, u32) -> Option<UnwindRow>,
 ) -> Lookup {
+    lookup_marked(mappings, pc, search, row, &mut 0)
+}
+
+/// [`lookup_in`], and the mark of `pc`'s mapping into `mark` (0 when it
+/// has none, or no mapping holds `pc`).
+#[inline(always)]
+pub fn lookup_marked(
+    mappings: &ProcessMappings,
+    pc: u64,
+    mut search: impl FnMut(Sorted, u32, u64) -> Option<u32>,
+    row: impl FnOnce(u32, u32, u32) -> Option<UnwindRow>,
+    mark: &mut u32,
+) -> Lookup {
+    *mark = 0;
     let len = if (mappings.len as usize) < MAX_PROCESS_MAPPINGS {
         mappings.len
     } else {
@@ -124,7 +202,8 @@ pub fn lookup_in(
     if pc >= mapping.end {
         return Lookup::NoMapping;
     }
-    if mapping.table_len == 0 {
+    let rows = mapping.rows();
+    if rows == 0 {
         if mapping.table_start == FRAME_POINTER_TABLE {
             return Lookup::FramePointers;
         }
@@ -134,12 +213,13 @@ pub fn lookup_in(
         }
         return Lookup::NoTable;
     }
+    *mark = mapping.mark();
     let vaddr = pc.wrapping_sub(mapping.bias);
     let start = mapping.table_start;
-    let Some(found) = search(Sorted::Rows { start }, mapping.table_len, vaddr) else {
+    let Some(found) = search(Sorted::Rows { start }, rows, vaddr) else {
         return Lookup::NotCovered;
     };
-    match row(start, mapping.table_len, found) {
+    match row(start, rows, found) {
         Some(row) if row.cfa_rule == cfa::NOT_COVERED => Lookup::NotCovered,
         Some(row) => Lookup::Row(row),
         None => Lookup::NotCovered,

@@ -37,6 +37,8 @@ struct Fake {
     words: Vec<u64>,
     /// Every pc [`Process::lookup`] was asked about.
     lookups: Vec<u64>,
+    /// The mark of each lookup's mapping.
+    marks: Vec<u32>,
 }
 
 impl Fake {
@@ -70,6 +72,7 @@ impl Fake {
             mappings,
             words: pack(&rows),
             lookups: Vec::new(),
+            marks: Vec::new(),
         }
     }
 
@@ -102,7 +105,8 @@ impl Process for Fake {
         self.lookups.push(pc);
         let (mappings, words) = (&self.mappings, &self.words);
         let word = |at: u32| words.get(at as usize).copied();
-        lookup_in(
+        let mut mark = u32::MAX;
+        let found = lookup_marked(
             mappings,
             pc,
             |what, len, target| {
@@ -117,7 +121,10 @@ impl Process for Fake {
                     Some([word(at)?, word(at + 1)?])
                 })
             },
-        )
+            &mut mark,
+        );
+        self.marks.push(mark);
+        found
     }
 }
 
@@ -526,4 +533,36 @@ fn a_not_covered_row_falls_back_to_frame_pointers() {
         step(Arch::X86_64, &mut regs, &mut process),
         Step::Stop(reason::PC_NOT_COVERED)
     );
+}
+
+#[test]
+fn a_marked_mappings_frames_step_as_before_and_carry_its_mark() {
+    // The same frame as `x86_64_cfa_from_sp_with_the_return_address_below_it`,
+    // in a mapping marked 5: the mark bits are no rows to search.
+    let mut process = Fake::new(vec![row(0x1100, cfa::SP, 16, -8), end_row(0x1200)]);
+    process.mappings.mappings[0].set_mark(5);
+    assert_eq!(process.mappings.mappings[0].rows(), 2);
+    assert_eq!(process.mappings.mappings[0].mark(), 5);
+    let sp = STACK;
+    process.write(sp + 8, at(0x1180));
+    let mut regs = Regs::interrupted(at(0x1120), sp, 0, 0);
+    assert_eq!(step(Arch::X86_64, &mut regs, &mut process), Step::Caller);
+    assert_eq!((regs.pc, regs.sp), (at(0x1180), sp + 16));
+    // A pc in no mapping, and one in a mapping without a table: no mark.
+    let _ = process.lookup(0x10);
+    let _ = process.lookup(NO_TABLE_START + 4);
+    assert_eq!(process.marks, [5, 0, 0]);
+}
+
+#[test]
+fn a_stack_entrys_mark_comes_off_whole() {
+    // The highest user address with 5-level page tables, marked.
+    let address = (1u64 << 56) - 16;
+    let entry = address | (5 << STACK_MARK_SHIFT);
+    assert_eq!((stack_mark(entry), without_mark(entry)), (5, address));
+    assert_eq!((stack_mark(address), without_mark(address)), (0, address));
+    // Entries with the top nibble set are no addresses: left alone.
+    let runtime_frame = 0xfff0_0000_0000_0003;
+    assert_eq!(stack_mark(runtime_frame), 0);
+    assert_eq!(without_mark(runtime_frame), runtime_frame);
 }

@@ -16,6 +16,9 @@ pub(super) struct KernelProcess<'a, K> {
     pub(super) depth: u32,
     /// The unwind's copy of the user stack.
     pub(super) window: *mut unwind::StackWindow,
+    /// The mark of the mapping the last lookup found (see
+    /// `unwind::TABLE_MARK_SHIFT`): copied into the frame's entry.
+    pub(super) mark: u32,
     pub(super) kernel: core::marker::PhantomData<K>,
 }
 
@@ -66,7 +69,10 @@ impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
         let row =
             #[inline(always)]
             |start: u32, len: u32, found: u32| unwind::packed_row(start, len, found, word, rule);
-        unwind::lookup_in(self.mappings, pc, search, row)
+        let mut mark = 0;
+        let found = unwind::lookup_marked(self.mappings, pc, search, row, &mut mark);
+        self.mark = mark;
+        found
     }
 }
 
@@ -179,6 +185,7 @@ pub(super) fn frame<K: Kernel>(
         rows_base,
         depth: unsafe { read_volatile(&state.len) },
         window: &raw mut state.window,
+        mark: 0,
         kernel: core::marker::PhantomData,
     };
     // Through memory, not registers, from one frame to the next: what
@@ -196,7 +203,13 @@ pub(super) fn frame<K: Kernel>(
                 state.reason = unwind::reason::DEPTH_LIMIT;
                 return true;
             }
-            // Masked for the verifier (the depth is a power of two).
+            // Masked for the verifier (the depth is a power of two). The
+            // frame just left takes its mapping's mark, without a branch
+            // (0 for most): an interpreter loop's frame says so to the host.
+            let mark = process.mark & 7;
+            state.frames[len.wrapping_sub(1) & (MAX_USER_STACK_DEPTH - 1)] |=
+                u64::from(mark) << unwind::STACK_MARK_SHIFT;
+            state.marks |= mark;
             state.frames[len & (MAX_USER_STACK_DEPTH - 1)] = regs.pc;
             unsafe { write_volatile(&mut state.len, len as u32 + 1) };
             false
@@ -284,6 +297,7 @@ pub(super) fn start_unwind<K: Kernel>(state: &mut UnwindState, tgid: u32) -> Opt
     state.frames[0] = pc;
     state.len = 1;
     state.runtime_len = 0;
+    state.marks = 0;
     state.window.len = 0;
     state.reason = RUNNING;
     Some(())
@@ -335,6 +349,9 @@ pub(super) fn finish_unwind(
     if reason == unwind::reason::DEPTH_LIMIT {
         bump(Counter::Truncated);
         flags |= SAMPLE_FLAG_USER_TRUNCATED;
+    }
+    if state.marks != 0 {
+        flags |= SAMPLE_FLAG_MARKED;
     }
     (state.len, flags)
 }

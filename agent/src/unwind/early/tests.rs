@@ -379,3 +379,33 @@ fn hostile_stack_copies_are_walked_to_a_bounded_end() {
     assert_eq!((walked, why), (frames.len(), reason::DEPTH_LIMIT));
     assert!(asked <= frames.len(), "{asked} asks for {walked} frames");
 }
+
+#[test]
+fn frames_of_a_marked_mapping_are_marked_as_the_kernel_marks_them() {
+    let mirror = SharedMirror::default();
+    let mut early = EarlyStacks::new(mirror.clone());
+    let sample = early_sample(1);
+    early.add_copy(copy(&sample, deep_stack()));
+    assert!(early.hold(&sample));
+    load_tables(&mirror);
+    {
+        // The mapping marks its frames (an interpreter's loop, say).
+        let mut mirror = mirror.write().unwrap();
+        let mut mappings = mirror.processes[&42];
+        mappings.mappings[0].set_mark(3);
+        mirror.set(42, &mappings);
+    }
+    let out = early.ready(false);
+    assert_eq!(out.len(), 1);
+    let frames = &out[0].user_stack[..out[0].user_stack_len as usize];
+    assert_eq!(frames.len() as u64, DEPTH + 1);
+    // Each frame walked from carries the mark; the last, never left, none.
+    let (last, walked) = frames.split_last().unwrap();
+    assert!(
+        walked
+            .iter()
+            .all(|&entry| hostprof_unwind::stack_mark(entry) == 3)
+    );
+    assert_eq!(hostprof_unwind::without_mark(walked[0]), BIAS + 0x1004);
+    assert_eq!(*last, BIAS + 0x3010);
+}

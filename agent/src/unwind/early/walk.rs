@@ -60,6 +60,7 @@ pub fn walk_copy(
         mappings,
         stack: &copy.stack,
         fill,
+        mark: 0,
     };
     let Some(first) = frames.first_mut() else {
         return (0, unwind::reason::DEPTH_LIMIT);
@@ -70,6 +71,8 @@ pub fn walk_copy(
         match unwind::step(HOST_ARCH, &mut regs, &mut process) {
             Step::Caller if len >= frames.len() => break unwind::reason::DEPTH_LIMIT,
             Step::Caller => {
+                // The frame left takes its mapping's mark, as in the kernel.
+                frames[len - 1] |= u64::from(process.mark & 7) << unwind::STACK_MARK_SHIFT;
                 frames[len] = regs.pc;
                 len += 1;
             }
@@ -88,6 +91,8 @@ struct CopyProcess<'a, 'f> {
     mappings: &'a ProcessMappings,
     stack: &'a PackedStack,
     fill: &'f mut dyn FnMut(u64) -> Option<Lookup>,
+    /// The mark of the mapping the last lookup found.
+    mark: u32,
 }
 
 /// The rows chunks one unwind read, each read once (a map lookup of 4 KiB;
@@ -136,9 +141,15 @@ impl unwind::Process for CopyProcess<'_, '_> {
                     .map(|word| u64::from(PackedRow::from_word(word).pc)),
             })
         };
-        let found = unwind::lookup_in(mappings, pc, search, |start, len, found| {
-            rows.borrow_mut().row(start, len, found)
-        });
+        let mut mark = 0;
+        let found = unwind::lookup_marked(
+            mappings,
+            pc,
+            search,
+            |start, len, found| rows.borrow_mut().row(start, len, found),
+            &mut mark,
+        );
+        self.mark = mark;
         match found {
             Lookup::Row(row) if row.cfa_rule == cfa::NOT_LOADED => (self.fill)(pc).unwrap_or(found),
             found => found,
