@@ -36,18 +36,30 @@ pub struct Mapping {
 }
 
 /// A range of a language runtime's code in a process, which the kernel
-/// hands to that runtime's walker: every anonymous mapping it overlaps
+/// treats as that runtime's (`by`): every anonymous mapping it overlaps
 /// (a JIT's code space), or with `in_files` the part of file mappings it
-/// covers (code a runtime ships in its binary, such as V8's builtins).
+/// covers (code a runtime ships in its binary, such as V8's builtins or
+/// CPython's evaluation loop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CodeRange {
     pub low: u64,
     pub high: u64,
     pub in_files: bool,
-    /// Whose code it is: a `hostprof_common::runtime::tag` runtime
-    /// (`HOTSPOT`, `V8`), which the kernel reads from the mapping to pick
-    /// the walker without looking the process up in each runtime's map.
-    pub runtime: u8,
+    pub by: CodeUse,
+}
+
+/// What the kernel's unwinder does with a [`CodeRange`]'s code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CodeUse {
+    /// The runtime's walker steps it (no table): a
+    /// `hostprof_common::runtime::tag` runtime (`HOTSPOT`, `V8`), which the
+    /// kernel reads from the mapping to pick the walker without looking
+    /// the process up in each runtime's map.
+    Walked(u8),
+    /// Native code, unwound with its table as any other, whose frames
+    /// stand for the runtime's (an interpreter's loop): each is marked
+    /// with this `hostprof_common::runtime::mark` in the stack.
+    Marked(u32),
 }
 
 impl CodeRange {
@@ -57,7 +69,27 @@ impl CodeRange {
             low,
             high,
             in_files: false,
-            runtime,
+            by: CodeUse::Walked(runtime),
+        }
+    }
+
+    /// `runtime`'s code in a file at `[low, high)`, which its walker steps.
+    pub const fn in_files(low: u64, high: u64, runtime: u8) -> CodeRange {
+        CodeRange {
+            low,
+            high,
+            in_files: true,
+            by: CodeUse::Walked(runtime),
+        }
+    }
+
+    /// Native code in a file at `[low, high)` whose frames carry `mark`.
+    pub const fn marked(low: u64, high: u64, mark: u32) -> CodeRange {
+        CodeRange {
+            low,
+            high,
+            in_files: true,
+            by: CodeUse::Marked(mark),
         }
     }
 }

@@ -103,6 +103,7 @@ impl Runtime for Java {
         let code = jvm.code_ranges().into_iter();
         self.code.set(
             pid,
+            runtime::Runtime::Hotspot,
             code.map(|(low, high)| CodeRange::anonymous(low, high, tag::HOTSPOT))
                 .collect(),
         );
@@ -138,7 +139,7 @@ impl Runtime for Java {
 
     fn forget(&mut self, pid: u32) {
         self.processes.forget(pid);
-        self.code.set(pid, Vec::new());
+        self.code.set(pid, runtime::Runtime::Hotspot, Vec::new());
     }
 }
 

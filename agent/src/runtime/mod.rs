@@ -43,31 +43,43 @@ pub use registry::Registry;
 
 use crate::model::{CodeRange, Frame, Mapping};
 
-/// Per process, the address ranges of a runtime's code that the kernel's
-/// walker steps (a JVM's code heaps, V8's code space and builtins): written by the attribution thread
-/// when it finds the runtime, read by the unwind service at each load of
-/// the process, which marks the mappings there for the kernel.
+/// Per process, the address ranges of each runtime's code that the
+/// kernel's unwinder treats as that runtime's (a JVM's code heaps, V8's
+/// code space and builtins, which their walkers step; CPython's
+/// evaluation loop, whose frames it marks): written by the attribution
+/// thread when it finds the runtime, read by the unwind service at each
+/// load of the process, which marks the mappings there for the kernel.
 #[derive(Clone, Debug, Default)]
 pub struct RuntimeCode(Arc<Mutex<CodeRanges>>);
 
-/// pid -> each range of its runtime code.
-type CodeRanges = HashMap<u32, Vec<CodeRange>>;
+/// (pid, runtime) -> each range of that runtime's code in the process.
+type CodeRanges = HashMap<(u32, hostprof_common::runtime::Runtime), Vec<CodeRange>>;
 
 impl RuntimeCode {
-    /// Says where `pid`'s runtime code is (none: `ranges` empty).
-    pub fn set(&self, pid: u32, ranges: Vec<CodeRange>) {
+    /// Says where `runtime`'s code is in `pid` (none: `ranges` empty).
+    pub fn set(
+        &self,
+        pid: u32,
+        runtime: hostprof_common::runtime::Runtime,
+        ranges: Vec<CodeRange>,
+    ) {
         let mut code = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if ranges.is_empty() {
-            code.remove(&pid);
+            code.remove(&(pid, runtime));
         } else {
-            code.insert(pid, ranges);
+            code.insert((pid, runtime), ranges);
         }
     }
 
-    /// Where `pid`'s runtime code is; empty when it has none.
+    /// Where `pid`'s runtimes' code is; empty when it has none.
     pub fn get(&self, pid: u32) -> Vec<CodeRange> {
         let code = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        code.get(&pid).cloned().unwrap_or_default()
+        hostprof_common::runtime::Runtime::ALL
+            .iter()
+            .filter_map(|&runtime| code.get(&(pid, runtime)))
+            .flatten()
+            .copied()
+            .collect()
     }
 }
 

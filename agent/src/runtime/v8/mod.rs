@@ -304,7 +304,7 @@ impl V8 {
     fn register(&mut self, pid: u32, node: &Node) {
         self.processes
             .register(pid, node.layout.kernel_process(&node.blobs));
-        self.code.set(pid, code_ranges(node));
+        self.code.set(pid, runtime::Runtime::V8, code_ranges(node));
     }
 }
 
@@ -312,12 +312,11 @@ impl V8 {
 /// JIT code) and its builtins' copies in files.
 fn code_ranges(node: &Node) -> Vec<CodeRange> {
     let mut code = vec![CodeRange::anonymous(0, u64::MAX, tag::V8)];
-    code.extend(node.blobs.iter().map(|&(low, high)| CodeRange {
-        low,
-        high,
-        in_files: true,
-        runtime: tag::V8,
-    }));
+    code.extend(
+        node.blobs
+            .iter()
+            .map(|&(low, high)| CodeRange::in_files(low, high, tag::V8)),
+    );
     code
 }
 
@@ -369,7 +368,7 @@ impl Runtime for V8 {
                 let record = node.layout.kernel_process(&node.blobs);
                 let code = code_ranges(node);
                 self.processes.register(pid, record);
-                self.code.set(pid, code);
+                self.code.set(pid, runtime::Runtime::V8, code);
                 return true;
             }
             _ => {}
@@ -417,7 +416,7 @@ impl Runtime for V8 {
 
     fn forget(&mut self, pid: u32) {
         self.processes.forget(pid);
-        self.code.set(pid, Vec::new());
+        self.code.set(pid, runtime::Runtime::V8, Vec::new());
     }
 }
 

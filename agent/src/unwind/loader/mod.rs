@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::model::{CodeRange, Mapping};
+use crate::model::{CodeRange, CodeUse, Mapping};
 mod pieces;
 mod source;
 mod space;
@@ -29,8 +29,8 @@ mod stats;
 use hostprof_common::{
     MAX_UNWIND_PROCESSES, RowChunk,
     unwind::{
-        COPY_UNMAPPED, ExecMapping, FRAME_POINTER_TABLE, MAX_PROCESS_MAPPINGS, ProcessMappings,
-        ROW_CHUNK, RUNTIME_TABLE,
+        COPY_UNMAPPED, ExecMapping, FRAME_POINTER_TABLE, MARKED, MAX_PROCESS_MAPPINGS,
+        ProcessMappings, ROW_CHUNK, RUNTIME_TABLE,
     },
 };
 use pieces::{fitting, runtime_pieces};
@@ -315,8 +315,14 @@ impl<M: TableMaps> TableLoader<M> {
         let (sorted, dropped) = fitting(&pieces, MAX_PROCESS_MAPPINGS);
         let truncated = dropped > 0;
         self.stats.mappings_dropped += dropped as u64;
-        for (slot, (mapping, runtime)) in sorted.into_iter().enumerate() {
-            let runtime = *runtime;
+        for (slot, piece) in sorted.into_iter().enumerate() {
+            // Where the piece is, and the whole mapping its file is read by.
+            let (mapping, whole) = (&piece.mapping, &mappings[piece.whole]);
+            let (runtime, mark) = match piece.by {
+                Some(CodeUse::Walked(runtime)) => (Some(runtime), 0),
+                Some(CodeUse::Marked(mark)) => (None, mark),
+                None => (None, 0),
+            };
             let mut entry = ExecMapping {
                 start: mapping.start,
                 end: mapping.end,
@@ -325,7 +331,7 @@ impl<M: TableMaps> TableLoader<M> {
             let known = if runtime.is_some() {
                 None
             } else {
-                files.identify(pid, mapping)
+                files.identify(pid, whole)
             };
             if let Some(runtime) = runtime {
                 entry.table_start = RUNTIME_TABLE;
@@ -346,7 +352,7 @@ impl<M: TableMaps> TableLoader<M> {
                 entry.table_len = loaded.1;
                 keys.push(key.clone());
             } else if runtime.is_none()
-                && let Some((key, data)) = self.read_file(files, pid, mapping)
+                && let Some((key, data)) = self.read_file(files, pid, whole)
                 && let Some(segments) = table::load_segments((*data).as_ref())
                 && let Some(vaddr) = table::vaddr_in(&segments, mapping.file_offset)
                 && let built = files.take_built(&key)
@@ -357,6 +363,12 @@ impl<M: TableMaps> TableLoader<M> {
                 entry.table_len = loaded.1;
                 keys.push(key);
             }
+            if entry.table_len != 0 && mark != 0 {
+                // A runtime's native code (an interpreter's loop): unwound
+                // by its rows, its frames marked for the host.
+                entry.set_mark(mark);
+                entries.flags |= MARKED;
+            }
             if entry.table_len != 0
                 && let Some(key) = keys.last()
                 && self.is_sparse(key)
@@ -366,7 +378,7 @@ impl<M: TableMaps> TableLoader<M> {
                     end: entry.end,
                     bias: entry.bias,
                     key: key.clone(),
-                    mapping: mapping.clone(),
+                    mapping: whole.clone(),
                 });
             }
             entries.mappings[slot] = entry;
@@ -382,7 +394,7 @@ impl<M: TableMaps> TableLoader<M> {
             .get(&pid)
             .map_or_else(Instant::now, |(_, _, _, first)| *first);
         if first.elapsed() < YOUNG && !truncated && pid != std::process::id() {
-            entries.flags = COPY_UNMAPPED;
+            entries.flags |= COPY_UNMAPPED;
         }
         if !files.still_mapped(pid, mappings) {
             // It exec'd while its tables were built: the old image's

@@ -1,17 +1,28 @@
 //! A process's mappings as the kernel sees them: cut where a language
 //! runtime's code lies (see [`CodeRange`]), and those its map has room for.
-use crate::model::{CodeRange, Mapping};
+use crate::model::{CodeRange, CodeUse, Mapping};
+
+/// A process's mapping as the kernel keeps it: the whole mapping, or the
+/// part of it that some runtime's code is in, or is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Piece {
+    /// Where the piece is (its file offset too).
+    pub mapping: Mapping,
+    /// What the runtime whose code it is has the kernel do with it.
+    pub by: Option<CodeUse>,
+    /// The mapping it is part of, by its index in those given: its file
+    /// is opened through it (`/proc/PID/map_files` names whole mappings).
+    pub whole: usize,
+}
 
 /// `mappings` cut where `code` says (each piece: the mapping, or part of
-/// it, and the runtime whose code it is, if any): an anonymous mapping is
-/// a runtime's whole when a range overlaps it; a file mapping is cut at
-/// the edges of the ranges `in_files` (a runtime's code inside a binary).
-pub(super) fn runtime_pieces(
-    mappings: &[Mapping],
-    code: &[CodeRange],
-) -> Vec<(Mapping, Option<u8>)> {
+/// it, and what the runtime whose code it is has done with it, if any): an
+/// anonymous mapping is a runtime's whole when a range overlaps it; a file
+/// mapping is cut at the edges of the ranges `in_files` (a runtime's code
+/// inside a binary).
+pub(super) fn runtime_pieces(mappings: &[Mapping], code: &[CodeRange]) -> Vec<Piece> {
     let mut pieces = Vec::with_capacity(mappings.len());
-    for mapping in mappings {
+    for (whole, mapping) in mappings.iter().enumerate() {
         if mapping.inode == 0 {
             let runtime = code
                 .iter()
@@ -19,8 +30,12 @@ pub(super) fn runtime_pieces(
                     !range.in_files && mapping.start < range.high && range.low < mapping.end
                 })
                 .filter(|_| &*mapping.path != "[vdso]")
-                .map(|range| range.runtime);
-            pieces.push((mapping.clone(), runtime));
+                .map(|range| range.by);
+            pieces.push(Piece {
+                mapping: mapping.clone(),
+                by: runtime,
+                whole,
+            });
             continue;
         }
         let mut cuts = vec![mapping.start, mapping.end];
@@ -38,12 +53,16 @@ pub(super) fn runtime_pieces(
             let runtime = code
                 .iter()
                 .find(|range| range.in_files && range.low <= start && end <= range.high)
-                .map(|range| range.runtime);
+                .map(|range| range.by);
             let mut piece = mapping.clone();
             piece.start = start;
             piece.end = end;
             piece.file_offset = mapping.file_offset + (start - mapping.start);
-            pieces.push((piece, runtime));
+            pieces.push(Piece {
+                mapping: piece,
+                by: runtime,
+                whole,
+            });
         }
     }
     pieces
@@ -54,21 +73,19 @@ pub(super) fn runtime_pieces(
 /// runtime's code first, since other anonymous code (JIT without a walker)
 /// has no table anyway. The rest's addresses read as "no mapping"; their
 /// samples asking again wait out a backoff.
-pub(super) fn fitting(
-    pieces: &[(Mapping, Option<u8>)],
-    max: usize,
-) -> (Vec<&(Mapping, Option<u8>)>, usize) {
-    let mut sorted: Vec<&(Mapping, Option<u8>)> = pieces.iter().collect();
+pub(super) fn fitting(pieces: &[Piece], max: usize) -> (Vec<&Piece>, usize) {
+    let mut sorted: Vec<&Piece> = pieces.iter().collect();
     let dropped = sorted.len().saturating_sub(max);
     if dropped > 0 {
-        sorted.sort_by_key(|(mapping, runtime)| {
+        sorted.sort_by_key(|piece| {
+            let mapping = &piece.mapping;
             (
-                mapping.inode == 0 && &*mapping.path != "[vdso]" && runtime.is_none(),
+                mapping.inode == 0 && &*mapping.path != "[vdso]" && piece.by.is_none(),
                 mapping.start,
             )
         });
         sorted.truncate(max);
     }
-    sorted.sort_by_key(|(mapping, _)| mapping.start);
+    sorted.sort_by_key(|piece| piece.mapping.start);
     (sorted, dropped)
 }

@@ -265,8 +265,11 @@ impl<M: TableMaps> TableLoader<M> {
             };
             let len = (entries.len as usize).min(MAX_PROCESS_MAPPINGS);
             for entry in &mut entries.mappings[..len] {
-                if (entry.table_start, entry.table_len) == from {
+                // A marked piece of the file keeps its mark.
+                if (entry.table_start, entry.rows()) == from {
+                    let mark = entry.mark();
                     (entry.table_start, entry.table_len) = to;
+                    entry.set_mark(mark);
                 }
             }
             if let Err(err) = self.maps.set_process(pid, &entries) {

@@ -264,3 +264,37 @@ fn kept_files_make_room_oldest_first() {
     assert_eq!(growing.len(), KEPT_FILES - 1, "and for count");
     assert_eq!(inodes(&growing)[0], 2);
 }
+
+#[test]
+fn a_marked_piece_keeps_its_mark_when_its_table_grows() {
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let wanted = functions((*exe).as_ref());
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(exe.clone(), 0);
+    let mut loader = TableLoader::new(&mut maps, 4096).with_sparse(true);
+    let pc = START + u64::from(wanted[0]);
+    let mark = hostprof_common::runtime::mark::CPYTHON;
+    loader.set_runtime_code(
+        1,
+        vec![crate::model::CodeRange::marked(pc - 16, pc + 16, mark)],
+    );
+    loader.load_process(1, &[whole_file()], &mut files).unwrap();
+    loader.add_functions(1, &[pc], &[], &mut files);
+    assert_eq!(loader.stats().sparse_growths, 1);
+    drop(loader);
+    let entries = &maps.processes[&1];
+    let pieces = &entries.mappings[..entries.len as usize];
+    let marked: Vec<_> = pieces.iter().filter(|piece| piece.mark() == mark).collect();
+    assert_eq!(marked.len(), 1);
+    assert_eq!((marked[0].start, marked[0].end), (pc - 16, pc + 16));
+    // Every piece points at the grown table, which has the function.
+    assert!(
+        pieces
+            .iter()
+            .all(|piece| piece.table_start == marked[0].table_start)
+    );
+    let Lookup::Row(row) = lookup(&maps, 1, pc) else {
+        panic!("no row at all");
+    };
+    assert_ne!(row.cfa_rule, cfa::NOT_LOADED, "the grown rows are found");
+}

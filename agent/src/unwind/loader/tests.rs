@@ -289,33 +289,46 @@ fn runtime_code_inside_a_file_is_cut_out_of_its_mapping() {
     let mut text = mapping(10, 0x40_0000);
     text.end = 0x40_0000 + 0x10_0000;
     text.file_offset = 0x1000;
-    let blob = CodeRange {
-        low: 0x44_0000,
-        high: 0x46_0000,
-        in_files: true,
-        runtime: tag::V8,
-    };
+    let blob = CodeRange::in_files(0x44_0000, 0x46_0000, tag::V8);
     let jit = CodeRange::anonymous(0, u64::MAX, tag::V8);
     let mut anonymous = mapping(0, 0x7000_0000);
     anonymous.path = "".into();
     let mut vdso = mapping(0, 0x7100_0000);
     vdso.path = "[vdso]".into();
     let pieces = runtime_pieces(&[text.clone(), anonymous.clone(), vdso], &[blob, jit]);
-    let cut: Vec<(u64, u64, u64, Option<u8>)> = pieces
+    let cut: Vec<(u64, u64, u64, Option<CodeUse>)> = pieces
         .iter()
-        .map(|(piece, runtime)| (piece.start, piece.end, piece.file_offset, *runtime))
+        .map(|piece| {
+            let mapping = &piece.mapping;
+            (mapping.start, mapping.end, mapping.file_offset, piece.by)
+        })
         .collect();
     assert_eq!(
         cut[..4],
         [
             (0x40_0000, 0x44_0000, 0x1000, None),
-            (0x44_0000, 0x46_0000, 0x4_1000, Some(tag::V8)),
+            (
+                0x44_0000,
+                0x46_0000,
+                0x4_1000,
+                Some(CodeUse::Walked(tag::V8))
+            ),
             (0x46_0000, 0x50_0000, 0x6_1000, None),
-            (anonymous.start, anonymous.end, 0, Some(tag::V8)),
+            (
+                anonymous.start,
+                anonymous.end,
+                0,
+                Some(CodeUse::Walked(tag::V8))
+            ),
         ]
     );
     assert_eq!(pieces.len(), 5);
-    assert_eq!(pieces[4].1, None, "the vdso is never a runtime's code");
+    assert_eq!(pieces[4].by, None, "the vdso is never a runtime's code");
+    assert_eq!(
+        pieces.iter().map(|piece| piece.whole).collect::<Vec<_>>(),
+        [0, 0, 0, 1, 2],
+        "each piece knows the mapping its file is opened by"
+    );
 }
 
 /// Our own executable under a content id: what the cache keeps.
@@ -602,4 +615,37 @@ fn a_young_process_but_not_our_own_copies_samples_that_reach_unmapped_code() {
     drop(loader);
     assert_eq!(maps.processes[&1].flags, COPY_UNMAPPED);
     assert_eq!(maps.processes[&ours].flags, 0, "our executable is left out");
+}
+
+#[test]
+fn a_runtimes_marked_code_keeps_its_files_table_and_carries_the_mark() {
+    let exe: FileData = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+    let mut maps = FakeMaps::default();
+    let mut files = OwnExe(exe, 0);
+    let mut loader = TableLoader::new(&mut maps, 4096);
+    let text = mapping(10, 0x10000);
+    let mark = hostprof_common::runtime::mark::CPYTHON;
+    loader.set_runtime_code(1, vec![CodeRange::marked(0x10400, 0x10800, mark)]);
+    loader.load_process(1, &[text], &mut files).unwrap();
+    drop(loader);
+    assert_eq!(
+        files.1, 1,
+        "the file is read once, through its whole mapping"
+    );
+    let entries = &maps.processes[&1];
+    let pieces = &entries.mappings[..entries.len as usize];
+    let cuts: Vec<(u64, u64, u32)> = pieces.iter().map(|p| (p.start, p.end, p.mark())).collect();
+    assert_eq!(
+        cuts,
+        [
+            (0x10000, 0x10400, 0),
+            (0x10400, 0x10800, mark),
+            (0x10800, 0x11000, 0)
+        ]
+    );
+    // One table, one bias: the pieces differ only by the mark.
+    assert!(pieces[0].rows() > 0);
+    assert!(pieces.iter().all(|p| (p.table_start, p.rows(), p.bias)
+        == (pieces[0].table_start, pieces[0].rows(), pieces[0].bias)));
+    assert_eq!(entries.flags & MARKED, MARKED, "the process says it marks");
 }
