@@ -385,8 +385,30 @@ fn samples_with_a_stack_copy_keep_their_python_frames() {
 /// [`BUSY_CPU_SECONDS`]: the samples, the share of them under
 /// `busy;spin`, and hostprof's stderr.
 fn busy_share(program: Program, args: &[&str], variant: Option<&str>) -> (u64, f64, String) {
+    let (stacks, log) = record_cpu(program, args, variant);
+    // Only the busy thread runs: every CPU sample is its.
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    let in_spin: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            let python: Vec<&str> = frames.iter().filter_map(|l| python_function(l)).collect();
+            python.ends_with(&["busy", "spin"])
+        })
+        .map(|(_, count)| count)
+        .sum();
+    (total, in_spin as f64 / total.max(1) as f64, log)
+}
+
+/// Records `program` with `args` (and the eBPF `variant` forced, if any)
+/// until it ran [`BUSY_CPU_SECONDS`]: its folded stacks, and hostprof's
+/// stderr.
+fn record_cpu(
+    program: Program,
+    args: &[&str],
+    variant: Option<&str>,
+) -> (Vec<(Vec<String>, u64)>, String) {
     let pid = program.pid;
-    let folded = work_dir().join(format!("python-threads-{pid}.folded"));
+    let folded = work_dir().join(format!("python-busy-{pid}.folded"));
     let mut record = hostprof();
     record
         .args(["record", "--frequency", "199", "--pid"])
@@ -406,17 +428,67 @@ fn busy_share(program: Program, args: &[&str], variant: Option<&str>) -> (u64, f
     assert_eq!(enough, Some(true), "the program did not run");
     assert!(status.success(), "hostprof failed:\n{log}");
     let stacks = parse_folded(&std::fs::read_to_string(&folded).expect("read folded"));
-    // Only the busy thread runs: every CPU sample is its.
-    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
-    let in_spin: u64 = stacks
+    (stacks, log)
+}
+
+/// Interpreter frames stand where their call of the evaluation loop ran,
+/// which the kernel marks (the loop's parts the compiler split off it
+/// too: Debian's 3.14 runs its loop outside the symbol): in
+/// python_callback.py, C's sorted() stands between `stage` and the
+/// `by_key` it calls back, and the outermost Python frame above the
+/// native frames that start the interpreter; on both eBPF variants.
+#[test]
+fn python_frames_stand_where_their_loop_ran() {
+    let Some(_guard) = require_ebpf() else { return };
+    let mut failures = Vec::new();
+    for interpreter in interpreters("python_callback.py") {
+        for variant in [None, Some("legacy")] {
+            let name = format!("{}{}", interpreter.name, variant.map_or("", |_| ", legacy"));
+            let (stacks, log) = record_cpu(Program::start(&interpreter), &[], variant);
+            let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+            let placed: u64 = stacks
+                .iter()
+                .filter(|(frames, _)| in_place(frames))
+                .map(|(_, count)| count)
+                .sum();
+            let share = placed as f64 / total.max(1) as f64;
+            eprintln!("{name}: {share:.3} of {total} samples with their Python frames in place");
+            if total < 100 || share < 0.95 {
+                let worst = stacks
+                    .iter()
+                    .filter(|(frames, _)| !in_place(frames))
+                    .max_by_key(|s| s.1);
+                failures.push(format!(
+                    "{name}: {share:.3} of {total} samples in place (want >= 0.95 of >= 100); \
+                     the most common other: {worst:?}\n{log}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Whether a python_callback.py stack (root first, after the thread's
+/// name) has its Python frames where their calls ran: `<module> → run →
+/// stage`, native frames (sorted), then `by_key` (and `work`), the
+/// outermost below a native frame, and no evaluation loop's frame left.
+fn in_place(frames: &[String]) -> bool {
+    let python: Vec<(usize, &str)> = frames
         .iter()
-        .filter(|(frames, _)| {
-            let python: Vec<&str> = frames.iter().filter_map(|l| python_function(l)).collect();
-            python.ends_with(&["busy", "spin"])
-        })
-        .map(|(_, count)| count)
-        .sum();
-    (total, in_spin as f64 / total.max(1) as f64, log)
+        .enumerate()
+        .filter_map(|(at, label)| python_function(label).map(|name| (at, name)))
+        .collect();
+    let names: Vec<&str> = python.iter().map(|&(_, name)| name).collect();
+    let chain = ["<module>", "run", "stage", "by_key", "work"];
+    if names != chain && names != chain[..4] {
+        return false;
+    }
+    let (module, stage, by_key) = (python[0].0, python[2].0, python[3].0);
+    module > 1
+        && by_key > stage + 1
+        && !frames
+            .iter()
+            .any(|label| label.starts_with("_PyEval_EvalFrameDefault"))
 }
 
 /// Off-CPU stacks carry Python frames too: a thread sleeping in
@@ -478,3 +550,4 @@ fn off_cpu_stacks_show_the_python_function_that_waits() {
         );
     }
 }
+

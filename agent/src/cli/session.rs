@@ -139,6 +139,7 @@ impl<T: Send + 'static> Session<T> {
             Box::new(crate::runtime::python::Python::new(
                 Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_PROCESSES)?),
                 Some(sampler.take_hash_map(hostprof_common::MAP_PYTHON_THREADS)?),
+                runtime_code.clone(),
             )),
             Box::new(crate::runtime::java::Java::new(
                 Some(sampler.take_hash_map(hostprof_common::MAP_HOTSPOT_PROCESSES)?),

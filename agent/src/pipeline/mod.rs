@@ -488,8 +488,12 @@ impl Attributor {
             }
             runtime.add_frames(sample.tgid, &sample.runtime, frames);
         }
-        // A runtime frame none of them could name (its runtime forgotten).
+        // A runtime frame none of them could name (its runtime forgotten),
+        // and the marks of native frames no runtime took the place of.
         for frame in frames.iter_mut() {
+            if frame.kind == FrameKind::Native {
+                frame.address = hostprof_unwind::without_mark(frame.address);
+            }
             if frame.kind == FrameKind::Native && frame.address & FRAME_MARK == FRAME_MARK {
                 frame.lines = Arc::new([Line::named(
                     UNNAMED_RUNTIME_FRAME.into(),

@@ -335,7 +335,13 @@ impl ProcessTable {
             if !wanted(frame) {
                 continue;
             }
-            match process.maps.find(frame.address) {
+            // A frame the kernel marked as a runtime's (see
+            // `hostprof_unwind::STACK_MARK_SHIFT`) keeps its mark for the
+            // runtime, its mapping found by its address.
+            match process
+                .maps
+                .find(hostprof_unwind::without_mark(frame.address))
+            {
                 Some((mapping, offset)) => {
                     frame.mapping = Some(mapping);
                     frame.file_offset = offset;
@@ -345,7 +351,8 @@ impl ProcessTable {
         }
         for at in missed {
             let frame = &mut frames[at];
-            if let Some((mapping, offset)) = self.mapping_of(pid, comm, ktime_ns, frame.address) {
+            let address = hostprof_unwind::without_mark(frame.address);
+            if let Some((mapping, offset)) = self.mapping_of(pid, comm, ktime_ns, address) {
                 frame.mapping = Some(mapping);
                 frame.file_offset = offset;
             }

@@ -16,6 +16,36 @@ pub fn read(pid: u32, mapping: &Mapping) -> Result<files::FileData, files::FileE
     })
 }
 
+/// Opens the file `mapping` maps, for reads of a few of its bytes (what
+/// [`read`] leaves out of a large file, such as code: [`code_at`]).
+pub fn open(pid: u32, mapping: &Mapping) -> Result<files::OpenFile, files::FileError> {
+    files::open_mapping(pid, &MappedRange::from(mapping), Kind::Binary)
+}
+
+/// Code bytes read at a time: more than any function a runtime decodes.
+const MAX_CODE: u64 = 1 << 20;
+
+/// The bytes of `file`'s code at link-time addresses `[start, end)`, read
+/// from `opened` (the same file: its image from [`read`] holds no code);
+/// `None` when no section holds them whole, or past [`MAX_CODE`].
+pub fn code_at(
+    file: &object::File,
+    opened: &files::OpenFile,
+    start: u64,
+    end: u64,
+) -> Option<Vec<u8>> {
+    use object::{Object, ObjectSection};
+    let size = end.checked_sub(start).filter(|&size| size <= MAX_CODE)?;
+    let offset = file.sections().find_map(|section| {
+        let (offset, len) = section.file_range()?;
+        let within = start.checked_sub(section.address())?;
+        (within.checked_add(size)? <= len).then_some(offset + within)
+    })?;
+    let mut bytes = vec![0; size as usize];
+    opened.read_at(&mut bytes, offset).ok()?;
+    Some(bytes)
+}
+
 /// Reads the headers, dynamic symbols and dynamic relocations of the file
 /// `mapping` maps, and nothing else (see [`files::DynamicImage`]).
 pub fn read_dynamic(pid: u32, mapping: &Mapping) -> Result<files::DynamicImage, files::FileError> {

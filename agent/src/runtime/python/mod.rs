@@ -15,6 +15,7 @@
 //! from `Py_Version` in its memory (3.11+), else from the file's name.
 mod cache;
 pub mod code;
+pub mod eval;
 pub mod layout;
 mod legacy;
 pub mod limits;
@@ -37,11 +38,13 @@ pub use lines::{Lines, line_at};
 pub use threads::ThreadMap;
 
 use crate::{
-    model::{Frame, FrameKind, Line, Mapping},
+    model::{CodeRange, Frame, FrameKind, Line, Mapping},
     procs::memory,
-    runtime::{Registry, elf},
+    runtime::{Registry, RuntimeCode, elf},
 };
 use cache::CodeCache;
+use hostprof_common::runtime::{Runtime, mark};
+use hostprof_unwind::stack_mark as marked_as;
 use layout::DebugOffsetsError;
 use limits::Refusal;
 
@@ -54,30 +57,20 @@ pub struct Interpreter {
     /// `3.X`.
     pub minor: u8,
     pub layout: Layout,
-    /// Where `_PyEval_EvalFrameDefault` is in the process: its native
-    /// frames stand for the interpreter frames they ran.
+    /// Where the evaluation loop is in the process (`eval`): the kernel
+    /// marks its native frames, which stand for the interpreter frames
+    /// they ran.
     pub eval: Vec<(u64, u64)>,
     /// Address of `PyCode_Type`: code objects are checked by their type.
     pub code_type: u64,
-    /// Function ranges of the binary (link-time addresses) and its load bias.
-    functions: Arc<Vec<(u64, u64)>>,
-    bias: u64,
-}
-
-impl Interpreter {
-    fn is_eval(&self, address: u64) -> bool {
-        self.eval
-            .iter()
-            .any(|&(start, end)| (start..end).contains(&address))
-    }
 }
 
 impl crate::runtime::Runtime for Python {
-    /// Registers a Python process; its mappings need no reload (the walk
-    /// starts from `_PyRuntime`, not from code the unwinder meets).
+    /// Registers a Python process; found just now, its mappings load
+    /// again, with its evaluation loop marked.
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
-        self.interpreter(pid, mappings.iter());
-        false
+        let known = matches!(self.processes.get(pid), Some(Ok(_)));
+        self.interpreter(pid, mappings.iter()).is_some() && !known
     }
 
     /// Puts each call of the evaluation loop's interpreter frames in place
@@ -92,7 +85,7 @@ impl crate::runtime::Runtime for Python {
             self.threads.refresh(pid, &interpreter.layout.kernel);
         }
         let groups = self.frames(pid, &interpreter, stack);
-        self.merge(pid, &interpreter, frames, groups);
+        merge(frames, groups);
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -117,19 +110,14 @@ struct PythonElf {
     /// The `X` of the file's name (`python3.X`, `libpython3.X.so`).
     named_minor: Option<u8>,
     code_type: u64,
+    /// The evaluation loop's ranges: its symbols' and its parts'.
     eval: Vec<(u64, u64)>,
     /// (file offset, size, address) of each loadable segment.
     segments: Vec<(u64, u64, u64)>,
-    /// Every function's range by `.eh_frame`, sorted: a frame found to be the
-    /// loop's by its call gives the range of the part it is in.
-    functions: Arc<Vec<(u64, u64)>>,
 }
 
 /// How often a process found without Python is looked at again.
 const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
-
-/// Return addresses whose call is known before starting over.
-const MAX_CALLS: usize = 1 << 16;
 
 /// Python processes and their code objects (the pipeline's attribution
 /// thread owns one).
@@ -142,16 +130,14 @@ pub struct Python {
     /// Processes whose `_Py_DebugOffsets` were refused: not looked at again.
     refused: HashSet<u32>,
     codes: CodeCache,
-    /// (pid, return address) -> whether the call before it is to the loop.
-    calls: HashMap<(u32, u64), bool>,
-    /// pid -> parts of the loop found outside its symbol's range.
-    learned: HashMap<u32, Vec<(u64, u64)>>,
+    /// Where each process's evaluation loop is, for the unwind service.
+    code: RuntimeCode,
 }
 
 impl Python {
     /// With the kernel's maps: processes found are registered for walking,
-    /// with their threads.
-    pub fn new(map: Option<ProcessMap>, threads: Option<ThreadMap>) -> Self {
+    /// with their threads, and their evaluation loops published in `code`.
+    pub fn new(map: Option<ProcessMap>, threads: Option<ThreadMap>, code: RuntimeCode) -> Self {
         Python {
             processes: Registry::new(map, "its Python interpreter", Result::is_ok)
                 .marks_present(hostprof_common::present::PYTHON),
@@ -159,8 +145,7 @@ impl Python {
             files: HashMap::new(),
             refused: HashSet::new(),
             codes: CodeCache::default(),
-            calls: HashMap::new(),
-            learned: HashMap::new(),
+            code,
         }
     }
 
@@ -194,6 +179,13 @@ impl Python {
         {
             crate::runtime::want_python_walk();
             self.threads.refresh(pid, &interpreter.layout.kernel);
+            let eval = interpreter.eval.iter();
+            self.code.set(
+                pid,
+                Runtime::Cpython,
+                eval.map(|&(low, high)| CodeRange::marked(low, high, mark::CPYTHON))
+                    .collect(),
+            );
         }
         found
     }
@@ -209,10 +201,8 @@ impl Python {
             self.threads.forget(pid);
             self.refused.remove(&pid);
             self.codes.forget(pid);
-            self.learned.remove(&pid);
+            self.code.set(pid, Runtime::Cpython, Vec::new());
         }
-        // One pass for all of them: the memo holds up to `MAX_CALLS`.
-        self.calls.retain(|(owner, _), _| !gone.contains(owner));
     }
 
     /// The interpreter in the first Python binary among `mappings`; `Err`
@@ -282,106 +272,6 @@ impl Python {
         groups
     }
 
-    /// Replaces each native frame of the evaluation loop in `frames` (leaf
-    /// first) by the interpreter frames that call ran; groups left over
-    /// (the native unwind ended early) go below the last frame.
-    ///
-    /// A frame is the loop's when its address is in `_PyEval_EvalFrameDefault`
-    /// or its caller's return address follows a call to it: compilers split
-    /// the loop's body out of the symbol's range (Debian's 3.14).
-    pub fn merge(
-        &mut self,
-        pid: u32,
-        interpreter: &Interpreter,
-        frames: &mut Vec<Frame>,
-        groups: Vec<Vec<Frame>>,
-    ) {
-        if groups.is_empty() {
-            return;
-        }
-        let eval: Vec<bool> = (0..frames.len())
-            .map(|index| {
-                let frame = &frames[index];
-                frame.kind == FrameKind::Native
-                    && (self.is_eval(pid, interpreter, frame.address)
-                        || frames.get(index + 1).is_some_and(|caller| {
-                            caller.kind == FrameKind::Native
-                                && self.calls_eval(pid, interpreter, caller.address)
-                        }))
-            })
-            .collect();
-        self.learn_eval(pid, interpreter, frames, &eval);
-        let mut groups = groups.into_iter().peekable();
-        let mut merged = Vec::with_capacity(frames.len() + 16);
-        for (frame, eval) in frames.drain(..).zip(eval) {
-            match (eval, groups.next_if(|_| eval)) {
-                (true, Some(group)) => merged.extend(group),
-                _ => merged.push(frame),
-            }
-        }
-        merged.extend(groups.flatten());
-        *frames = merged;
-    }
-
-    /// Remembers the function part of each loop frame found by its call
-    /// (outside the symbol's range), so the next samples know it by address:
-    /// a loop frame called by a tail call has no call before it to see.
-    fn learn_eval(&mut self, pid: u32, interpreter: &Interpreter, frames: &[Frame], eval: &[bool]) {
-        for (frame, _) in frames
-            .iter()
-            .zip(eval)
-            .filter(|(frame, eval)| **eval && !interpreter.is_eval(frame.address))
-        {
-            let address = frame.address.wrapping_sub(interpreter.bias);
-            let functions = &interpreter.functions;
-            let index = functions.partition_point(|&(start, _)| start <= address);
-            let Some(&(start, end)) = index.checked_sub(1).and_then(|i| functions.get(i)) else {
-                continue;
-            };
-            if address < end {
-                let range = (
-                    start.wrapping_add(interpreter.bias),
-                    end.wrapping_add(interpreter.bias),
-                );
-                let learned = self.learned.entry(pid).or_default();
-                if !learned.contains(&range) && learned.len() < 16 {
-                    learned.push(range);
-                }
-            }
-        }
-    }
-
-    fn is_eval(&self, pid: u32, interpreter: &Interpreter, address: u64) -> bool {
-        interpreter.is_eval(address)
-            || self.learned.get(&pid).is_some_and(|ranges| {
-                ranges
-                    .iter()
-                    .any(|&(start, end)| (start..end).contains(&address))
-            })
-    }
-
-    /// True when the instruction before return address `address` is a
-    /// direct call to the evaluation loop (x86_64 `call rel32`; cached).
-    fn calls_eval(&mut self, pid: u32, interpreter: &Interpreter, address: u64) -> bool {
-        if !cfg!(target_arch = "x86_64") {
-            return false;
-        }
-        if let Some(&known) = self.calls.get(&(pid, address)) {
-            return known;
-        }
-        let mut call = [0u8; 5];
-        let calls = memory::read(pid, address.wrapping_sub(5), &mut call) && call[0] == 0xe8 && {
-            let relative = i32::from_le_bytes([call[1], call[2], call[3], call[4]]);
-            let target = address.wrapping_add_signed(i64::from(relative));
-            interpreter.eval.iter().any(|&(start, _)| start == target)
-        };
-        if self.calls.len() >= MAX_CALLS {
-            self.calls.clear();
-        }
-        self.calls.insert((pid, address), calls);
-        calls
-    }
-
     /// The code object at `address`, read once per process and address
     /// while its type, name and file pointers stay the same.
     fn code(&mut self, pid: u32, interpreter: &Interpreter, address: u64) -> Option<Arc<Code>> {
@@ -401,6 +291,28 @@ impl Python {
         self.codes.insert(pid, address, fingerprint, code.clone());
         code
     }
+}
+
+/// Replaces each native frame of the evaluation loop in `frames` (leaf
+/// first), which the kernel marked ([`mark::CPYTHON`]), by the interpreter
+/// frames that call ran (`groups`, innermost call first); groups left over
+/// (the native unwind ended before their call, or the process's mappings
+/// were loaded before its interpreter was found) go below the last frame.
+pub fn merge(frames: &mut Vec<Frame>, groups: Vec<Vec<Frame>>) {
+    if groups.is_empty() {
+        return;
+    }
+    let mut groups = groups.into_iter().peekable();
+    let mut merged = Vec::with_capacity(frames.len() + 16);
+    for frame in frames.drain(..) {
+        let marked = frame.kind == FrameKind::Native && marked_as(frame.address) == mark::CPYTHON;
+        match groups.next_if(|_| marked) {
+            Some(group) => merged.extend(group),
+            None => merged.push(frame),
+        }
+    }
+    merged.extend(groups.flatten());
+    *frames = merged;
 }
 
 /// The line of the instruction `instr` (as the kernel read it) of the code
@@ -447,6 +359,19 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
             _ => {}
         }
     }
+    let functions = function_ranges(&file);
+    let isa = match file.architecture() {
+        object::Architecture::X86_64 => Some(eval::Isa::X86_64),
+        object::Architecture::Aarch64 => Some(eval::Isa::Aarch64),
+        _ => None,
+    };
+    if let Some(isa) = isa
+        && let Ok(opened) = elf::open(pid, mapping)
+    {
+        eval = eval::loop_ranges(isa, &eval, &functions, |start, end| {
+            elf::code_at(&file, &opened, start, end)
+        });
+    }
     let segments = elf::segments(&file);
     let named_minor = mapping
         .file_name()
@@ -458,7 +383,6 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
             rest[..digits].parse().ok()
         });
     Some(PythonElf {
-        functions: Arc::new(function_ranges(&file)),
         runtime: runtime?,
         version,
         named_minor,
@@ -553,7 +477,10 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
     }
     layout.kernel.pidns_dev = dev;
     layout.kernel.pidns_ino = ino;
-    tracing::debug!("pid {pid}: Python 3.{minor}, _PyRuntime at {runtime:#x}");
+    tracing::debug!(
+        "pid {pid}: Python 3.{minor}, _PyRuntime at {runtime:#x}, its evaluation loop in {:#x?}",
+        elf.eval
+    );
     Ok(Some(Interpreter {
         minor,
         layout,
@@ -563,8 +490,6 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
             .map(|&(start, end)| (start.wrapping_add(bias), end.wrapping_add(bias)))
             .collect(),
         code_type: elf.code_type.wrapping_add(bias),
-        functions: elf.functions.clone(),
-        bias,
     }))
 }
 
@@ -613,33 +538,27 @@ mod tests {
             .collect()
     }
 
+    /// A native frame the kernel marked as the evaluation loop's.
+    fn marked(address: u64) -> Frame {
+        native(address | (u64::from(mark::CPYTHON) << hostprof_unwind::STACK_MARK_SHIFT))
+    }
+
     #[test]
-    fn each_loop_frame_gives_way_to_its_calls_frames() {
-        let interpreter = Interpreter {
-            minor: 12,
-            layout: layout::fixed(12).unwrap(),
-            eval: vec![(0x1000, 0x2000)],
-            code_type: 0,
-            functions: Arc::new(Vec::new()),
-            bias: 0,
-        };
+    fn each_marked_loop_frame_gives_way_to_its_calls_frames() {
         // Leaf first: a C function called from Python, the loop, sorted()
         // (C), the loop again (the key callback's caller), main.
         let mut frames = vec![
             native(0x5000),
-            native(0x1100),
+            marked(0x1100),
             native(0x6000),
-            native(0x1200),
+            marked(0x1200),
             native(0x7000),
         ];
         let groups = vec![
             vec![python("hot_path"), python("by_key")],
             vec![python("stage"), python("run"), python("<module>")],
         ];
-        // Our own pid: the addresses are not readable, so no call is seen.
-        let pid = std::process::id();
-        let mut state = Python::new(None, None);
-        state.merge(pid, &interpreter, &mut frames, groups);
+        merge(&mut frames, groups);
         assert_eq!(
             names(&frames),
             [
@@ -648,9 +567,17 @@ mod tests {
         );
 
         // A native stack cut short: what is left goes below it.
-        let mut frames = vec![native(0x1100), native(0x6000)];
+        let mut frames = vec![marked(0x1100), native(0x6000)];
         let groups = vec![vec![python("hot_path")], vec![python("<module>")]];
-        state.merge(pid, &interpreter, &mut frames, groups);
+        merge(&mut frames, groups);
         assert_eq!(names(&frames), ["hot_path", "0x6000", "<module>"]);
+
+        // A mark of another runtime, or none: frames stay, groups go below.
+        let other = native(0x1100 | (2 << hostprof_unwind::STACK_MARK_SHIFT));
+        let mut frames = vec![other.clone(), native(0x1200)];
+        merge(&mut frames, vec![vec![python("<module>")]]);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(frames[0].address, other.address);
+        assert_eq!(names(&frames[2..]), ["<module>"]);
     }
 }
