@@ -116,10 +116,16 @@ struct Program {
 
 impl Program {
     fn start(interpreter: &Interpreter) -> Program {
+        Program::start_with(interpreter, &[])
+    }
+
+    /// The program, with `args` after its run time.
+    fn start_with(interpreter: &Interpreter, args: &[&Path]) -> Program {
         let mut child = Command::new(&interpreter.command[0])
             .args(&interpreter.command[1..])
             .arg(&interpreter.program)
             .arg("20")
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the Python program");
@@ -551,3 +557,75 @@ fn off_cpu_stacks_show_the_python_function_that_waits() {
     }
 }
 
+/// A Python process's thread that never enters the interpreter (a C
+/// library's worker: native_spinner.c's "spinner") is not walked for
+/// interpreter frames: its native stack, walked whole, has no frame of the
+/// evaluation loop, which the kernel marks. The Python thread beside it
+/// still is, on a static and a shared CPython.
+#[test]
+fn native_threads_of_python_processes_are_not_walked() {
+    let Some(_guard) = require_ebpf() else { return };
+    let library = build_c(
+        "native_spinner.c",
+        "libnative_spinner.so",
+        &["-O1", "-shared", "-fPIC", "-pthread"],
+    );
+    let pyenv = std::env::var("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/root/.pyenv"));
+    for (name, python) in [
+        ("debian static 3.11", PathBuf::from("/usr/bin/python3.11")),
+        ("pyenv 3.12", pyenv.join("versions/3.12.1/bin/python3.12")),
+    ] {
+        assert!(
+            python.exists(),
+            "{name}: no {}; run `cargo xtask setup`",
+            python.display()
+        );
+        let interpreter = Interpreter {
+            name,
+            command: vec![python.display().to_string()],
+            program: program_source("python_native_thread.py"),
+        };
+        let (stacks, log) = record_cpu(Program::start_with(&interpreter, &[&library]), &[], None);
+        // (samples, those with Python frames) of the spinner, or not.
+        let thread = |spinner: bool| -> (u64, u64) {
+            let of = stacks
+                .iter()
+                .filter(|(frames, _)| (frames[0] == "spinner") == spinner);
+            of.fold((0, 0), |(all, python), (frames, count)| {
+                let has = frames.iter().any(|label| python_function(label).is_some());
+                (all + count, python + if has { *count } else { 0 })
+            })
+        };
+        let ((spinner, spinner_python), (main, main_python)) = (thread(true), thread(false));
+        // "Python stacks: … map), N not (their native stacks never …"
+        let not_walked = log
+            .lines()
+            .find_map(|line| line.strip_prefix("hostprof: Python stacks: "))
+            .and_then(|line| line.split_once("map), "))
+            .and_then(|(_, rest)| rest.split_once(" not ("))
+            .and_then(|(count, _)| count.parse::<u64>().ok())
+            .unwrap_or(0);
+        eprintln!(
+            "{name}: spinner {spinner} samples ({spinner_python} with Python frames), \
+             main {main} ({main_python}); {not_walked} not walked"
+        );
+        assert!(
+            spinner >= 100 && main >= 100,
+            "{name}: too few samples\n{log}"
+        );
+        assert_eq!(
+            spinner_python, 0,
+            "{name}: the spinner has no Python frames"
+        );
+        assert!(
+            main_python as f64 >= 0.95 * main as f64,
+            "{name}: {main_python} of {main} main-thread samples with Python frames\n{log}"
+        );
+        assert!(
+            not_walked as f64 >= 0.9 * spinner as f64 && not_walked <= spinner + 10,
+            "{name}: {not_walked} samples not walked, the spinner had {spinner}\n{log}"
+        );
+    }
+}

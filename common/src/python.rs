@@ -71,8 +71,11 @@ pub mod event {
     pub const WALKED: u32 = 7;
     /// A walk's thread state came from the thread map.
     pub const THREAD_CACHED: u32 = 8;
+    /// No walk: the sample's native stack, walked whole, ran no call of
+    /// the evaluation loop (none of its frames was marked).
+    pub const OUTSIDE_LOOP: u32 = 9;
     /// Names by number.
-    pub const NAMES: [&str; 9] = [
+    pub const NAMES: [&str; 10] = [
         "",
         "complete",
         "no_thread",
@@ -82,6 +85,7 @@ pub mod event {
         "no_namespace",
         "walked",
         "thread_cached",
+        "outside_loop",
     ];
 }
 

@@ -190,7 +190,13 @@ pub(super) fn off_cpu_record<K: Kernel>(ctx: &RawTracePointContext, now: u64, st
         )
     };
     // A Python process's record is kept by CPython's walk.
-    python::jump(ctx, &OFF_CPU_TAILS, SLOT_OFF_CPU, (pid_tgid >> 32) as u32);
+    python::jump(
+        ctx,
+        &OFF_CPU_TAILS,
+        SLOT_OFF_CPU,
+        (pid_tgid >> 32) as u32,
+        unsafe { (*scratch).flags },
+    );
     keep_off_cpu(scratch, tid);
 }
 

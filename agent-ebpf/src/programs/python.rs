@@ -58,16 +58,27 @@ pub(super) const LEGACY_STEPS_PER_CALL: u32 = 8;
 const STEPPING: u32 = u32::MAX - 1;
 
 /// Jumps to CPython's walk (the `TAIL_PYTHON` program of `tails`) when the
-/// walk is on and `tgid` is a registered Python process. Returns when it
+/// walk is on, `tgid` is a registered Python process and the sample
+/// (filled, its `flags`) may have run the evaluation loop. Returns when it
 /// is not, or the jump failed (no program there, or no tail calls left):
 /// the caller then writes the record without interpreter frames, as it
 /// filled it.
 #[inline(always)]
-pub(super) fn jump<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgid: u32) {
+pub(super) fn jump<C: EbpfContext>(
+    ctx: &C,
+    tails: &ProgramArray,
+    slot: u32,
+    tgid: u32,
+    flags: u32,
+) {
     if unsafe { read_volatile(&PYTHON_WALK) } == 0
         || !present(hostprof_common::present::PYTHON)
         || unsafe { PYTHON_PROCS.get(&tgid) }.is_none()
     {
+        return;
+    }
+    if outside_the_loop(tgid, flags) {
+        bump_runtime(Runtime::Cpython, py::event::OUTSIDE_LOOP);
         return;
     }
     if let Some(walk) = PYTHON_LEGACY_WALK.get_ptr_mut(slot) {
@@ -75,6 +86,22 @@ pub(super) fn jump<C: EbpfContext>(ctx: &C, tails: &ProgramArray, slot: u32, tgi
         unsafe { (*walk).stage = START };
     }
     unsafe { tails.tail_call(ctx, TAIL_PYTHON) };
+}
+
+/// Whether a sample of `tgid` whose record has `flags` ran no call of the
+/// evaluation loop: its tables' walk reached the end of the stack and
+/// marked no frame, in a process whose mappings mark the loop (the agent
+/// marks them once it found the interpreter). Such a thread (a C library's
+/// worker, the main thread before `Py_Main` runs code) has no interpreter
+/// frames to walk, and its thread-state search would end in none.
+#[inline(always)]
+fn outside_the_loop(tgid: u32, flags: u32) -> bool {
+    let complete = (flags >> SAMPLE_UNWIND_SHIFT) & 0xff == unwind::reason::COMPLETE;
+    flags & SAMPLE_FLAG_USER_TABLES != 0
+        && flags & SAMPLE_FLAG_MARKED == 0
+        && complete
+        && unsafe { PROCESS_MAPPINGS.get(&tgid) }
+            .is_some_and(|process| process.flags & unwind::MARKED != 0)
 }
 
 /// The walk's program's work, before it writes the record: the current

@@ -142,7 +142,13 @@ pub(super) fn emit_cpu_sample<K: Kernel>(ctx: &PerfEventContext, pid_tgid: u64) 
     // writes it as below: its interpreter frames are in before the stack
     // copy is decided, so a sample taken before its process's unwind
     // tables load (copied, unwound later on the host) keeps them too.
-    python::jump(ctx, &SAMPLE_TAILS, SLOT_CPU, (pid_tgid >> 32) as u32);
+    python::jump(
+        ctx,
+        &SAMPLE_TAILS,
+        SLOT_CPU,
+        (pid_tgid >> 32) as u32,
+        unsafe { (*scratch).flags },
+    );
     send_cpu_sample::<K>(scratch, pid_tgid);
 }
 

@@ -128,10 +128,12 @@ pub(in crate::cli) fn unwind_report(
     } else {
         String::new()
     };
-    let python = if event(Cpython, python::event::WALKED) > 0 {
+    let outside = event(Cpython, python::event::OUTSIDE_LOOP);
+    let python = if event(Cpython, python::event::WALKED) + outside > 0 {
         format!(
             "hostprof: Python stacks: {} walked in the kernel ({} complete, {} threads found \
-             in the agent's thread map); walks stopped: {}\n",
+             in the agent's thread map), {outside} not (their native stacks never entered \
+             the evaluation loop); walks stopped: {}\n",
             event(Cpython, python::event::WALKED),
             event(Cpython, python::reason::COMPLETE),
             event(Cpython, python::event::THREAD_CACHED),
