@@ -403,7 +403,7 @@ impl Attributor {
         );
         // CPU and off-CPU samples alike: a thread waiting in `time.sleep`
         // or on a lock shows the Python function that waits.
-        self.add_runtime_frames(sample, &comm, &mut frames);
+        self.add_runtime_frames(sample, &comm, &process, &mut frames);
         if self.last_sweep.elapsed() >= self.sweep_interval {
             self.procs.forget_exited();
             for runtime in &mut self.runtimes {
@@ -476,11 +476,18 @@ impl Attributor {
     /// Lets each runtime find itself in the sample's process and put its
     /// frames, named, among the native ones; a runtime found just now has
     /// the process's unwind mappings loaded again, for the kernel's walk.
-    fn add_runtime_frames(&mut self, sample: &Sample, comm: &str, frames: &mut Vec<Frame>) {
+    fn add_runtime_frames(
+        &mut self,
+        sample: &Sample,
+        comm: &str,
+        process: &ProcessInfo,
+        frames: &mut Vec<Frame>,
+    ) {
         let maps = self
             .procs
             .executable_maps(sample.tgid, comm, sample.ktime_ns);
         for runtime in &mut self.runtimes {
+            runtime.identity(sample.tgid, process);
             if runtime.attach(sample.tgid, maps.as_slice())
                 && let Some(requests) = &self.unwind
             {
@@ -505,8 +512,9 @@ impl Attributor {
 }
 
 /// Whether `process`'s context names a thread-context schema other than
-/// the OTEP's: the kernel read its thread's record (it cannot tell), but
-/// neither the link nor the attributes are taken from it.
+/// the OTEP's: the kernel read its thread's record (before the thread
+/// context runtime heard of the schema and stopped it, or it cannot tell),
+/// but neither the link nor the attributes are taken from it.
 fn foreign_schema(process: &ProcessInfo) -> bool {
     process
         .thread_keys

@@ -145,6 +145,11 @@ pub trait Runtime: Send {
     /// found just now and the process's unwind mappings must be loaded
     /// again (the kernel hands the runtime's code to its walker).
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool;
+    /// Told, before `attach`, what attribution knows of the sample's
+    /// process (its service identity, its context's key map). Nothing by
+    /// default: the thread context stops the kernel reading records of a
+    /// schema the process context says are not the OTEP's.
+    fn identity(&mut self, _pid: u32, _process: &crate::model::ProcessInfo) {}
     /// Puts the sample's runtime frames, named, among its native `frames`
     /// (leaf first). None by default: a runtime that only tells the
     /// kernel where to read (a thread context, Go labels) has no frames.

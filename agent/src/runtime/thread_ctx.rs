@@ -218,6 +218,9 @@ enum State {
     /// Its executable was not among the mappings given, or a library's
     /// slots were not filled yet, when last looked.
     NotYet(Instant),
+    /// Its process context names another schema than the OTEP's for its
+    /// threads' records: not read (looked at again once it names none).
+    Foreign,
 }
 
 /// Which list of mappings a process was looked at with: its address and
@@ -368,9 +371,30 @@ fn read_library(pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
 }
 
 impl Runtime for ThreadContext {
+    /// A process whose context names a foreign schema leaves the kernel's
+    /// map (its records are not the OTEP's: reading them costs every
+    /// sample for nothing), and comes back when its context stops saying so.
+    fn identity(&mut self, pid: u32, process: &crate::model::ProcessInfo) {
+        let foreign = process
+            .thread_keys
+            .as_deref()
+            .is_some_and(crate::procs::thread_attrs::KeyMap::foreign_schema);
+        match self.processes.get(pid) {
+            Some(State::Registered) if foreign => {
+                tracing::debug!(
+                    "pid {pid}: its threads' records are of a foreign schema: not read"
+                );
+                self.processes.forget(pid);
+                self.processes.set(pid, State::Foreign);
+            }
+            Some(State::Foreign) if !foreign => self.processes.forget(pid),
+            _ => {}
+        }
+    }
+
     fn attach(&mut self, pid: u32, mappings: &[Arc<Mapping>]) -> bool {
         match self.processes.get(pid) {
-            Some(State::Registered) => return false,
+            Some(State::Registered | State::Foreign) => return false,
             Some(State::Absent(seen)) if *seen == maps_seen(mappings) => return false,
             Some(State::NotYet(at)) if at.elapsed() < RECHECK_INTERVAL => return false,
             _ if mappings.is_empty() => return false,
@@ -405,6 +429,36 @@ impl Runtime for ThreadContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_whose_context_names_a_foreign_schema_is_not_read() {
+        let process = |schema: Option<&str>| crate::model::ProcessInfo {
+            pid: 7,
+            comm: "app".into(),
+            exe_path: "/bin/app".into(),
+            container_id: None,
+            pod_uid: None,
+            service: None,
+            thread_keys: Some(Arc::new(
+                crate::procs::thread_attrs::KeyMap::new(["http.route"])
+                    .with_schema(schema.map(Arc::from)),
+            )),
+        };
+        let mut context = ThreadContext::new(None);
+        context.processes.set(7, State::Registered);
+        // The OTEP's schema, named or not: still read.
+        context.identity(7, &process(Some("tls_v1")));
+        context.identity(7, &process(None));
+        assert_eq!(context.processes.get(7), Some(&State::Registered));
+        // Another: out of the kernel's map, and not found again.
+        context.identity(7, &process(Some("tls_v2")));
+        assert_eq!(context.processes.get(7), Some(&State::Foreign));
+        assert!(!context.attach(7, &[]));
+        assert_eq!(context.processes.get(7), Some(&State::Foreign));
+        // Republished without it: looked for again.
+        context.identity(7, &process(None));
+        assert_eq!(context.processes.get(7), None);
+    }
 
     #[test]
     fn places_the_executable_block_below_the_thread_pointer() {
