@@ -219,6 +219,12 @@ impl Snapshot {
             "Times a large file's unwind table, built for the code that runs, grew by the functions stack walks stopped at (unwind_not_loaded).",
             &[("", crate::unwind::sparse_growths())],
         );
+        metric(
+            "hostprof_unwind_function_asks_deferred_total",
+            "counter",
+            "Addresses and stack copies a request for a table's functions left out past its caps (64 addresses, 4 copies): asked again by the next walk that stops there.",
+            &[("", crate::unwind::functions_deferred())],
+        );
         let cache = crate::unwind::cache::totals();
         metric(
             "hostprof_unwind_table_cache_total",

@@ -37,7 +37,7 @@ use hostprof_unwind::table::{TableError, UnwindTable};
 use crate::{files, model::Mapping};
 pub use loader::{
     FileKey, FileSource, LoaderStats, TableLoader, TableMaps, capacity_totals, file_totals,
-    sparse_growths,
+    functions_deferred, sparse_growths,
 };
 pub use queue::Requests;
 use queue::{Closer, Job, MAX_PENDING, Shared};
@@ -550,6 +550,26 @@ mod tests {
         assert!(order[..2].contains(&three));
         assert!(order[..2].contains(&Job::Functions(4, vec![0x20], vec![])));
         assert_eq!(order[2..], [Job::Load(1), Job::Load(2)]);
+    }
+
+    #[test]
+    fn functions_asked_for_past_a_requests_caps_are_counted() {
+        let mut queue = Queue::default();
+        let before = super::functions_deferred();
+        let stack = |pc: u64| super::early::StackCopy::new([pc, 0x7000, 0, 0], &[1; 16]);
+        // 70 addresses, the first 6 with a copy each: 6 addresses and 2
+        // copies past the caps (64 and 4); the same address again, none.
+        for pc in 0..70u64 {
+            let copy = (pc < 6).then(|| stack(pc));
+            assert!(queue.ask_function(5, 0x1000 + pc, copy.as_ref()));
+        }
+        assert!(queue.ask_function(5, 0x1000, None));
+        let deferred = super::functions_deferred() - before;
+        assert!(deferred >= 8, "{deferred} counted");
+        let Some(Job::Functions(5, pcs, stacks)) = queue.next() else {
+            panic!("no job");
+        };
+        assert_eq!((pcs.len(), stacks.len()), (64, 4));
     }
 
     #[test]

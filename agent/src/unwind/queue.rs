@@ -85,17 +85,23 @@ impl Queue {
             return false;
         }
         let wanted = self.functions.entry(pid).or_default();
-        if !wanted.pcs.contains(&pc) && wanted.pcs.len() < super::loader::MAX_PCS_PER_REQUEST {
-            wanted.pcs.push(pc);
+        if !wanted.pcs.contains(&pc) {
+            if wanted.pcs.len() < super::loader::MAX_PCS_PER_REQUEST {
+                wanted.pcs.push(pc);
+            } else {
+                super::loader::defer_functions(1);
+            }
         }
         // One copy per function asked for: the other samples that stopped
         // there most likely share its callers.
         if let Some(stack) = stack {
             let stacks = &mut wanted.stacks;
-            if stacks.len() < super::loader::MAX_STACKS_PER_REQUEST
-                && !stacks.iter().any(|(asked, _)| *asked == pc)
-            {
-                stacks.push((pc, stack.clone()));
+            if !stacks.iter().any(|(asked, _)| *asked == pc) {
+                if stacks.len() < super::loader::MAX_STACKS_PER_REQUEST {
+                    stacks.push((pc, stack.clone()));
+                } else {
+                    super::loader::defer_functions(1);
+                }
             }
         }
         true

@@ -235,7 +235,8 @@ pub(in crate::cli) fn unwind_report(
         + &format!(
             "hostprof: user stacks: {} unwound with tables ({} complete; stopped: {}), \
          {} with frame pointers before their tables were loaded\n\
-         hostprof: unwind tables: {} files ({} idle; {} for the code that runs, grown {} times), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
+         hostprof: unwind tables: {} files ({} idle; {} for the code that runs, grown {} times, \
+         {} functions asked for past a request's caps, deferred), {} rows, {:.1} of {:.0} MiB (for {:.1} MiB of code); \
          {} did not fit, {} without CFI\n\
          hostprof: unwind capacity: {} processes left to frame pointers (kernel maps full), \
          {} mappings past the per-process limit, {} process loads\n",
@@ -247,6 +248,7 @@ pub(in crate::cli) fn unwind_report(
             tables.idle_tables,
             tables.sparse_tables,
             tables.sparse_growths,
+            crate::unwind::functions_deferred(),
             tables.rows,
             mib(tables.bytes_used),
             mib(tables.bytes_capacity),

@@ -37,7 +37,9 @@ use pieces::{fitting, runtime_pieces};
 pub use source::{FileKey, FileSource};
 pub use sparse::{MAX_PCS_PER_REQUEST, MAX_STACKS_PER_REQUEST};
 use stats::{CACHED_UNREAD, FILES_READ, PROCESS_LOADS, PROCESSES_DEGRADED, READ_FOR_CACHED};
-pub use stats::{LoaderStats, capacity_totals, file_totals, sparse_growths};
+pub use stats::{
+    LoaderStats, capacity_totals, defer_functions, file_totals, functions_deferred, sparse_growths,
+};
 
 use hostprof_unwind::table::{self, LoadSegment, TableError, TableKind, UnwindTable};
 

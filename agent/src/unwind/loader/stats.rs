@@ -74,6 +74,22 @@ pub fn sparse_growths() -> u64 {
     SPARSE_GROWTHS.load(Ordering::Relaxed)
 }
 
+/// Addresses and stack copies a request for functions left out, past its
+/// caps (`MAX_PCS_PER_REQUEST`, `MAX_STACKS_PER_REQUEST`): deferred, not
+/// lost (the next sample that stops there asks again), but each is a
+/// walk that stopped short meanwhile.
+static FUNCTIONS_DEFERRED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `count` addresses or copies left out of a request for functions.
+pub fn defer_functions(count: u64) {
+    FUNCTIONS_DEFERRED.fetch_add(count, Ordering::Relaxed);
+}
+
+/// Process-wide count of [`defer_functions`], for reports and metrics.
+pub fn functions_deferred() -> u64 {
+    FUNCTIONS_DEFERRED.load(Ordering::Relaxed)
+}
+
 /// Process-wide [`LoaderStats::files_read`], [`LoaderStats::read_for_cached`]
 /// and [`LoaderStats::cached_unread`], for the agent's metrics.
 pub fn file_totals() -> (u64, u64, u64) {
