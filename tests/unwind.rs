@@ -488,10 +488,14 @@ fn the_table_unwinder_loads_without_a_long_verifier_walk() {
     // steps and the thread context, whose reads' branches each double the
     // states of the rest of the record's fill); 45,103 with the Go labels'
     // read (its branch doubles them again; the CI run that first met it
-    // had a bound of 40,000). The bound still catches the growth above.
+    // had a bound of 40,000). Linux 6.18.44's verifier walks a `bpf_loop`
+    // callback until its state converges: the row search's probes, their
+    // search on the stack, made it 184,000 (0.39 s of every start), 92,000
+    // once the search lived in map memory, about 115,000 with the frames'
+    // marks. The bound still catches the growth above.
     println!("the verifier walked {walked} instructions to load sample_cpu");
     assert!(
-        (1_000..60_000).contains(&walked),
+        (1_000..160_000).contains(&walked),
         "the verifier walked {walked} instructions to load sample_cpu"
     );
 }
@@ -545,9 +549,11 @@ fn the_lean_program_verifies_in_a_fraction_and_gives_way_to_the_whole_one() {
         // Both carry the native unwinder, whose share of the lean one's
         // walk is most of it: 9,653 of the lean program's instructions
         // against 18,187 for the whole one on Linux 6.18, once the
-        // unwinder read the stack through its window (8,706 before).
+        // unwinder read the stack through its window (8,706 before); on
+        // 6.18.44, whose verifier walks its callback until it converges,
+        // about 70,000 against 115,000.
         assert!(
-            lean >= 1_000 && lean * 5 < whole * 3,
+            lean >= 1_000 && lean * 4 < whole * 3,
             "lean {lean}, whole {whole}"
         );
     }

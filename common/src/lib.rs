@@ -275,6 +275,17 @@ pub struct UnwindState {
     /// The marks of the frames walked so far, or'ed
     /// (`unwind::TABLE_MARK_SHIFT`).
     pub marks: u32,
+    /// The mark of the mapping of the frame being walked (written where
+    /// the lookup reads it: in map memory, its value is the same unknown
+    /// to the verifier on every path).
+    pub mark: u32,
+    pub _pad: u32,
+    /// The row search of the frame being walked (modern variant): in map
+    /// memory, not on the stack, so that the verifier finds the state at
+    /// each `bpf_loop` probe the same whatever the probes before it read
+    /// (Linux 6.18.44's verifier walks a callback until its state
+    /// converges, and a search kept on the stack never did).
+    pub search: unwind::Search,
     pub frames: [u64; MAX_USER_STACK_DEPTH],
     /// Runtime frames found in place of native ones (JIT code), which
     /// `frames` refers to by `runtime::FRAME_MARK` entries.

@@ -105,7 +105,7 @@ impl Process for Fake {
         self.lookups.push(pc);
         let (mappings, words) = (&self.mappings, &self.words);
         let word = |at: u32| words.get(at as usize).copied();
-        let mut mark = u32::MAX;
+        let mut mark = 0;
         let found = lookup_marked(
             mappings,
             pc,
@@ -121,7 +121,7 @@ impl Process for Fake {
                     Some([word(at)?, word(at + 1)?])
                 })
             },
-            &mut mark,
+            |found| mark = found,
         );
         self.marks.push(mark);
         found

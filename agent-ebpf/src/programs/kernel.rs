@@ -132,8 +132,11 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
         if let Some(at) = hinted(hint, len, target, row_pc(start)) {
             return Some(at);
         }
+        let search = process.search;
+        // SAFETY: the UNWIND_STATE value the walk runs in.
+        unsafe { write_volatile(search, Search::new(len, target)) };
         let mut ctx = SearchCtx {
-            search: Search::new(len, target),
+            search,
             table_start: start,
             _pad: 0,
         };
@@ -145,7 +148,7 @@ impl<const FULL: bool> Kernel for Modern<FULL> {
                 0,
             )
         };
-        remember(hint, ctx.search.result())
+        remember(hint, unsafe { (*search).result() })
     }
 }
 

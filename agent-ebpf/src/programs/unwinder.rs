@@ -16,9 +16,12 @@ pub(super) struct KernelProcess<'a, K> {
     pub(super) depth: u32,
     /// The unwind's copy of the user stack.
     pub(super) window: *mut unwind::StackWindow,
-    /// The mark of the mapping the last lookup found (see
-    /// `unwind::TABLE_MARK_SHIFT`): copied into the frame's entry.
-    pub(super) mark: u32,
+    /// Where the mark of the mapping the last lookup found goes (see
+    /// `unwind::TABLE_MARK_SHIFT`; the unwind state's `mark`): copied
+    /// into the frame's entry.
+    pub(super) mark: *mut u32,
+    /// The unwind state's row search (see `UnwindState::search`).
+    pub(super) search: *mut Search,
     pub(super) kernel: core::marker::PhantomData<K>,
 }
 
@@ -69,10 +72,12 @@ impl<K: Kernel> unwind::Process for KernelProcess<'_, K> {
         let row =
             #[inline(always)]
             |start: u32, len: u32, found: u32| unwind::packed_row(start, len, found, word, rule);
-        let mut mark = 0;
-        let found = unwind::lookup_marked(self.mappings, pc, search, row, &mut mark);
-        self.mark = mark;
-        found
+        let mark = self.mark;
+        // SAFETY: the UNWIND_STATE value this walk runs in.
+        unsafe { write_volatile(mark, 0) };
+        unwind::lookup_marked(self.mappings, pc, search, row, |found| unsafe {
+            write_volatile(mark, found)
+        })
     }
 }
 
@@ -126,7 +131,9 @@ pub(super) fn rule(index: u32) -> Option<[u64; 2]> {
 /// computation, no hash lookup).
 #[repr(C)]
 pub(super) struct SearchCtx {
-    pub(super) search: Search,
+    /// The search, in the unwind state (map memory: see
+    /// `UnwindState::search`).
+    pub(super) search: *mut Search,
     /// First row of the table searched.
     pub(super) table_start: u32,
     pub(super) _pad: u32,
@@ -134,11 +141,14 @@ pub(super) struct SearchCtx {
 
 pub(super) extern "C" fn search_probe(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the SearchCtx on the caller's stack.
-    let ctx = unsafe { &mut *(ctx as *mut SearchCtx) };
+    let ctx = unsafe { &*(ctx as *const SearchCtx) };
+    // SAFETY: the UNWIND_STATE value the walk runs in.
+    let Some(search) = (unsafe { ctx.search.as_mut() }) else {
+        return 1;
+    };
     let start = ctx.table_start;
-    let more = ctx
-        .search
-        .probe(|index| word(start.wrapping_add(index)).map(|word| u64::from(word as u32)));
+    let more =
+        search.probe(|index| word(start.wrapping_add(index)).map(|word| u64::from(word as u32)));
     if more { 0 } else { 1 }
 }
 
@@ -185,7 +195,8 @@ pub(super) fn frame<K: Kernel>(
         rows_base,
         depth: unsafe { read_volatile(&state.len) },
         window: &raw mut state.window,
-        mark: 0,
+        mark: &raw mut state.mark,
+        search: &raw mut state.search,
         kernel: core::marker::PhantomData,
     };
     // Through memory, not registers, from one frame to the next: what
@@ -206,7 +217,7 @@ pub(super) fn frame<K: Kernel>(
             // Masked for the verifier (the depth is a power of two). The
             // frame just left takes its mapping's mark, without a branch
             // (0 for most): an interpreter loop's frame says so to the host.
-            let mark = process.mark & 7;
+            let mark = unsafe { read_volatile(&state.mark) } & 7;
             state.frames[len.wrapping_sub(1) & (MAX_USER_STACK_DEPTH - 1)] |=
                 u64::from(mark) << unwind::STACK_MARK_SHIFT;
             state.marks |= mark;
@@ -350,8 +361,8 @@ pub(super) fn finish_unwind(
         bump(Counter::Truncated);
         flags |= SAMPLE_FLAG_USER_TRUNCATED;
     }
-    if state.marks != 0 {
-        flags |= SAMPLE_FLAG_MARKED;
-    }
+    // Without a branch: 1 for any mark (at most 7), 0 for none.
+    let marked = ((unwind::opaque(u64::from(state.marks & 7)) + 7) >> 3) as u32;
+    flags |= marked * SAMPLE_FLAG_MARKED;
     (state.len, flags)
 }

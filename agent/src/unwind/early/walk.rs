@@ -147,7 +147,7 @@ impl unwind::Process for CopyProcess<'_, '_> {
             pc,
             search,
             |start, len, found| rows.borrow_mut().row(start, len, found),
-            &mut mark,
+            |found| mark = found,
         );
         self.mark = mark;
         match found {
