@@ -20,6 +20,9 @@
  *     "offset REALTIME-MONOTONIC_ns".
  *   otel_thread_ctx --hostile SECONDS
  *     points the variable at unmapped memory and burns CPU.
+ *   otel_thread_ctx --no-tls STOP
+ *     a thread burns CPU with its thread pointer 0 (as a process's
+ *     threads run before its loader sets their TLS up) until STOP exists.
  *   otel_thread_ctx --churn STOP SECONDS
  *     starts short-lived threads, two at a time, each exiting with a span
  *     attached, until STOP exists (at most SECONDS).
@@ -282,6 +285,60 @@ static int churn(const char *stop, double seconds) {
     return 0;
 }
 
+/* The thread pointer, read and set without libc (which reaches its own
+ * data through it). */
+static uintptr_t thread_pointer(void) {
+    uintptr_t tp = 0;
+#if defined(__x86_64__)
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(158 /* arch_prctl */), "D"(0x1003 /* ARCH_GET_FS */), "S"(&tp)
+                     : "rcx", "r11", "memory");
+    (void)ret;
+#elif defined(__aarch64__)
+    __asm__ volatile("mrs %0, tpidr_el0" : "=r"(tp));
+#endif
+    return tp;
+}
+
+static void set_thread_pointer(uintptr_t tp) {
+#if defined(__x86_64__)
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(158 /* arch_prctl */), "D"(0x1002 /* ARCH_SET_FS */), "S"(tp)
+                     : "rcx", "r11", "memory");
+    (void)ret;
+#elif defined(__aarch64__)
+    __asm__ volatile("msr tpidr_el0, %0" ::"r"(tp));
+#endif
+}
+
+/* Spins with no thread pointer until `stopping`: no libc call and no
+ * stack protector (its canary lives in the TLS) while it is 0. */
+__attribute__((noinline, no_stack_protector)) static void *tls_less(void *unused) {
+    (void)unused;
+    uintptr_t saved = thread_pointer();
+    set_thread_pointer(0);
+    while (!stopping)
+        for (int i = 0; i < 2000; i++)
+            sink += (uint64_t)i * 2654435761u;
+    set_thread_pointer(saved);
+    return NULL;
+}
+
+static int no_tls(const char *stop) {
+    pthread_t id;
+    if (pthread_create(&id, NULL, tls_less, NULL) != 0)
+        return 1;
+    while (access(stop, F_OK) != 0)
+        usleep(10000);
+    stopping = 1;
+    pthread_join(id, NULL);
+    return 0;
+}
+
 #ifdef OTEL_WRITER_LIBRARY
 #define main otel_writer_main
 int otel_writer_main(int argc, char **argv);
@@ -298,12 +355,14 @@ int main(int argc, char **argv) {
     }
     if (argc >= 3 && strcmp(argv[1], "--hostile-attrs") == 0)
         return hostile_attrs(atof(argv[2]));
+    if (argc >= 3 && strcmp(argv[1], "--no-tls") == 0)
+        return no_tls(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "--churn") == 0)
         return churn(argv[2], atof(argv[3]));
     if (argc < 4) {
         fprintf(stderr,
                 "usage: %s LOG STOP SECONDS [THREADS] | --hostile[-attrs] SECONDS | --churn STOP "
-                "SECONDS\n",
+                "SECONDS | --no-tls STOP\n",
                 argv[0]);
         return 2;
     }

@@ -60,6 +60,14 @@ pub(super) fn read_context<K: Kernel>(tgid: u32, sample: *mut Sample) -> u32 {
         bump(Counter::TraceReadFault);
         return 0;
     };
+    // A process just executed runs its loader before the loader sets the
+    // thread pointer up, and the agent may register it by then (seen
+    // under load in `record -- CMD`): its thread has no TLS, so no
+    // context attached, and no read that should have worked.
+    if thread_pointer == 0 {
+        bump(Counter::TraceDetached);
+        return 0;
+    }
     let (module, tls_offset) = (process.module, process.tls_offset as u64);
     let variable = if module == 0 {
         thread_pointer.wrapping_add(tls_offset)
