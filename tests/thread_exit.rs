@@ -50,22 +50,23 @@ fn trace_counts(log: &str) -> Option<Counts> {
     })
 }
 
-/// Records the writer with `mode` (and its STOP file) until it has used
-/// `cpu_seconds`, then stops it; returns the trace context figures and
-/// record's log.
-fn record_writer(mode: &[&str], cpu_seconds: f64) -> (Counts, String) {
+/// Records the writer in `mode` (with its STOP file, then `args`) until
+/// it has used `cpu_seconds`, then stops it; returns the trace context
+/// figures and record's log.
+fn record_writer(mode: &str, args: &[&str], cpu_seconds: f64) -> (Counts, String) {
     let writer = common::build_otel_writer();
-    let stop = common::work_dir().join(format!("{}.stop", mode[0].trim_start_matches('-')));
+    let name = mode.trim_start_matches('-');
+    let stop = common::work_dir().join(format!("{name}.stop"));
     let _ = std::fs::remove_file(&stop);
-    let out = common::work_dir().join(format!("{}.folded", mode[0].trim_start_matches('-')));
+    let out = common::work_dir().join(format!("{name}.folded"));
     let recording = common::hostprof()
         .args(["record", "-F", "999", "-o"])
         .arg(&out)
         .arg("--")
         .arg(&writer)
-        .arg(mode[0])
+        .arg(mode)
         .arg(&stop)
-        .args(&mode[1..])
+        .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start hostprof record");
@@ -73,16 +74,8 @@ fn record_writer(mode: &[&str], cpu_seconds: f64) -> (Counts, String) {
     // is still a copy of hostprof).
     let started = std::time::Instant::now();
     let pid = loop {
-        let child = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", recording.id()))
-            .ok()
-            .and_then(|children| children.split_whitespace().next()?.parse::<u32>().ok());
-        let exe = child.and_then(|child| std::fs::read_link(format!("/proc/{child}/exe")).ok());
-        if let (Some(child), Some(exe)) = (child, exe)
-            && exe
-                .file_name()
-                .is_some_and(|name| name == "otel_thread_ctx")
-        {
-            break child;
+        if let Some(pid) = common::try_descendant_running(recording.id(), "otel_thread_ctx") {
+            break pid;
         }
         assert!(
             started.elapsed() < Duration::from_secs(120),
@@ -109,7 +102,7 @@ fn reads_of_exiting_threads_are_counted_apart() {
     let Some(_guard) = common::require_ebpf() else {
         return;
     };
-    let (counts, log) = record_writer(&["--churn", "600"], CPU_SECONDS);
+    let (counts, log) = record_writer("--churn", &["600"], CPU_SECONDS);
     assert!(counts.linked >= MIN_LINKED, "{counts:?}:\n{log}");
     assert_eq!(counts.failed, 0, "reads failed in live threads:\n{log}");
     assert!(
@@ -124,7 +117,7 @@ fn threads_without_a_thread_pointer_have_no_context() {
         return;
     };
     // About 1,000 samples of the thread at 999 Hz.
-    let (counts, log) = record_writer(&["--no-tls"], 1.0);
+    let (counts, log) = record_writer("--no-tls", &[], 1.0);
     assert!(
         counts.none >= MIN_LINKED,
         "the thread's samples were not counted as having no context: {counts:?}:\n{log}"

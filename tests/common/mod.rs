@@ -269,23 +269,23 @@ pub fn split_debug_by_build_id(binary: &Path, debug_root: &Path) {
 /// itself, or its first descendant (unshare → chroot'd program).
 #[allow(dead_code)]
 pub fn descendant_running(pid: u32, program: &str) -> u32 {
+    try_descendant_running(pid, program)
+        .unwrap_or_else(|| panic!("no {program} process under pid {pid}"))
+}
+
+/// [`descendant_running`], or None while there is none (yet).
+#[allow(dead_code)]
+pub fn try_descendant_running(pid: u32, program: &str) -> Option<u32> {
     let mut current = pid;
     for _ in 0..4 {
         let exe = std::fs::read_link(format!("/proc/{current}/exe")).unwrap_or_default();
         let name = exe.file_name().unwrap_or_default().to_string_lossy();
         if name.starts_with(program) {
-            return current;
+            return Some(current);
         }
         let children = std::fs::read_to_string(format!("/proc/{current}/task/{current}/children"))
             .unwrap_or_default();
-        match children
-            .split_whitespace()
-            .next()
-            .and_then(|c| c.parse().ok())
-        {
-            Some(child) => current = child,
-            None => break,
-        }
+        current = children.split_whitespace().next()?.parse().ok()?;
     }
-    panic!("no {program} process under pid {pid}");
+    None
 }
