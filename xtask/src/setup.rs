@@ -94,38 +94,11 @@ const PYPI_TEST_TOOLS: &[(&str, &str)] = &[
 ];
 
 pub fn run(build_only: bool) -> Result<()> {
-    warn_if_disk_short();
     build_tools()?;
     if build_only {
         return Ok(());
     }
     test_tools()
-}
-
-/// A full `cargo xtask test` from a clean clone writes about 15 GiB under
-/// `target/` (the runtimes setup unpacks ~4, the builds ~9, the kernel
-/// matrix ~3): says so up front when the disk has less, rather than
-/// leaving a "No space left on device" deep in some tool's output.
-fn warn_if_disk_short() {
-    const NEEDED_GIB: u64 = 16;
-    let target = crate::root().join("target");
-    let _ = std::fs::create_dir_all(&target);
-    let Ok(path) = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()) else {
-        return;
-    };
-    // SAFETY: a zeroed statvfs is a valid out-parameter; `path` is a C string.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
-        return;
-    }
-    let free_gib = (stats.f_bavail as u64 * stats.f_frsize as u64) >> 30;
-    if free_gib < NEEDED_GIB {
-        eprintln!(
-            "xtask: only {free_gib} GiB free under {}: a full `cargo xtask test` writes about \
-             {NEEDED_GIB} GiB there; free some space or it may stop with \"No space left on device\"",
-            target.display()
-        );
-    }
 }
 
 /// What building needs (the agent's build script builds the eBPF object):
