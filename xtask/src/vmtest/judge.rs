@@ -480,7 +480,7 @@ fn judge_check(name: &str, short: &str, check: &Check, kernel: &(u32, u32), arch
                 );
             }
             let samples = check.number("samples");
-            let main = samples.saturating_sub(check.number("threads"));
+            let main = check.number("main").min(samples);
             let copied = check.number("copied").min(main);
             let walked = main - copied;
             let (hot, cold) = (check.number("hot"), check.number("cold"));

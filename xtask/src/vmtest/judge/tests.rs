@@ -19,7 +19,7 @@ const PASSING: &[&str] = &[
     "check=agent exit=0 requests=2 with_samples=2 detail=x",
     "check=error-line exit=1 lines=1 detail=hostprof: error: permission denied: run as root",
     "check=python exit=0 walk_off=0 samples=790 hot=781 detail=x",
-    "check=node exit=0 copied=50 samples=700 threads=12 hot=473 cold=157 truth_hot=1500 \
+    "check=node exit=0 copied=50 samples=700 main=688 hot=473 cold=157 truth_hot=1500 \
      truth_cold=500 detail=x",
     "check=java exit=0 compiled=1 inlined=1 worker=590 java=585 hot_leaf=480 rooted=588 hot=480 jni=95 \
      truth_worker=400 truth_hot=330 detail=x",
@@ -110,34 +110,34 @@ fn each_bad_figure_fails_its_check() {
         ),
         (
             7,
-            "check=node exit=0 samples=700 threads=12 hot=225 cold=75 truth_hot=1500 truth_cold=500 detail=x",
+            "check=node exit=0 samples=700 main=688 hot=225 cold=75 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 samples=700 threads=650 hot=38 cold=12 truth_hot=1500 truth_cold=500 detail=x",
+            "check=node exit=0 samples=700 main=50 hot=38 cold=12 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=1 samples=700 threads=12 hot=510 cold=170 truth_hot=1500 truth_cold=500 detail=x",
+            "check=node exit=1 samples=700 main=688 hot=510 cold=170 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 copied=60 samples=700 threads=12 hot=375 cold=125 truth_hot=1500 truth_cold=500 detail=x",
+            "check=node exit=0 copied=60 samples=700 main=688 hot=375 cold=125 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
-            "check=node exit=0 copied=200 samples=700 threads=12 hot=360 cold=120 truth_hot=1500 truth_cold=500 detail=x",
+            "check=node exit=0 copied=200 samples=700 main=688 hot=360 cold=120 truth_hot=1500 truth_cold=500 detail=x",
         ),
         (
             7,
             // hotLoop's share of the work off --cpu-prof's: 0.889 for 0.75.
-            "check=node exit=0 copied=50 samples=700 threads=12 hot=560 cold=70 truth_hot=1500 \
+            "check=node exit=0 copied=50 samples=700 main=688 hot=560 cold=70 truth_hot=1500 \
              truth_cold=500 detail=x",
         ),
         (
             7,
             // No --cpu-prof profile to judge by.
-            "check=node exit=0 copied=50 samples=700 threads=12 hot=473 cold=157 truth_hot=0 \
+            "check=node exit=0 copied=50 samples=700 main=688 hot=473 cold=157 truth_hot=0 \
              truth_cold=0 detail=x",
         ),
         (
@@ -382,7 +382,7 @@ const ARM64: &str = "boot kernel=6.1.0-56-arm64 arch=aarch64 cpus=2 btf=1";
 /// --cpu-prof's do, 3 to 1.
 fn node_line(version: &str, work: u32) -> String {
     format!(
-        "check=node version={version} contained=1 exit=0 copied=50 samples=700 threads=12 hot={} \
+        "check=node version={version} contained=1 exit=0 copied=50 samples=700 main=688 hot={} \
          cold={} truth_hot=1500 truth_cold=500 detail=x",
         work - work / 4,
         work / 4
