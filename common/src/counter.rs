@@ -82,11 +82,22 @@ pub enum Counter {
     /// Unwinds stopped at an address whose rows a table built for the code
     /// that runs does not have yet (the agent adds them).
     UnwindNotLoaded = 30,
+    /// Nanoseconds spent in the thread-context code (its read, Go's labels'
+    /// read, the copy to the ring), only while it is timed
+    /// ([`GLOBAL_TIME_CONTEXT`](crate::GLOBAL_TIME_CONTEXT)).
+    TraceContextNs = 31,
+    /// Samples whose thread-context code was timed.
+    TraceContextTimed = 32,
+    /// Of [`Counter::TraceContextNs`], the samples' that left with a link
+    /// (an OpenTelemetry record or Go labels).
+    TraceLinkedNs = 33,
+    /// Of [`Counter::TraceContextTimed`], the samples that left with a link.
+    TraceLinkedTimed = 34,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 31] = [
+    pub const ALL: [Counter; 35] = [
         Counter::Fired,
         Counter::Idle,
         Counter::Filtered,
@@ -118,6 +129,10 @@ impl Counter {
         Counter::GoLabelsCut,
         Counter::TraceExited,
         Counter::UnwindNotLoaded,
+        Counter::TraceContextNs,
+        Counter::TraceContextTimed,
+        Counter::TraceLinkedNs,
+        Counter::TraceLinkedTimed,
     ];
     /// Every reason a table-driven user-stack walk stops before the end of
     /// the stack (one is counted per truncated stack).
@@ -169,6 +184,10 @@ impl Counter {
             Counter::GoLabelsCut => "go_labels_cut",
             Counter::TraceExited => "trace_exited",
             Counter::UnwindNotLoaded => "unwind_not_loaded",
+            Counter::TraceContextNs => "trace_context_ns",
+            Counter::TraceContextTimed => "trace_context_timed",
+            Counter::TraceLinkedNs => "trace_linked_ns",
+            Counter::TraceLinkedTimed => "trace_linked_timed",
         }
     }
 

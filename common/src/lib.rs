@@ -332,6 +332,13 @@ pub const GLOBAL_RUNTIME_WALK: &str = "RUNTIME_WALK";
 /// Global: 1 reads Go goroutines' pprof labels; 0 leaves the read out of
 /// the program (pruned by the verifier) on kernels it was not checked on.
 pub const GLOBAL_GO_LABELS: &str = "GO_LABELS";
+/// Global (u32, set at load): 1 times the thread-context code of every
+/// sample (its read and its copy to the ring) into
+/// [`Counter::TraceContextNs`](crate::Counter::TraceContextNs); 0 leaves
+/// the clock out (pruned by the verifier). Set with `--bpf-stats`, for
+/// `cargo xtask bench`: the program's whole run time varies by more than
+/// the context costs from one run to the next.
+pub const GLOBAL_TIME_CONTEXT: &str = "TIME_CONTEXT";
 /// Largest `--stack-copy`: the stack bytes a [`StackSample`] holds.
 pub const MAX_STACK_COPY: usize = 16384;
 const _: () = assert!(MAX_STACK_COPY.is_power_of_two());

@@ -257,10 +257,15 @@ fn bump_runtime(runtime: hostprof_common::runtime::Runtime, event: u32) {
 
 #[inline(always)]
 fn bump_slot(index: u32) {
+    add_slot(index, 1);
+}
+
+#[inline(always)]
+fn add_slot(index: u32, value: u64) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // Per-CPU slot and perf_event programs do not nest on one CPU: a
         // plain increment is race-free.
-        unsafe { *slot += 1 };
+        unsafe { *slot += value };
     }
 }
 
@@ -405,6 +410,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         (*sample).user_stack_len = user_len;
         // The thread's trace context: CPU, off-CPU and early-copy records
         // alike are filled here.
+        let started = trace::clock();
         let trace = trace::read_context::<K>(tgid, sample);
         // A Go goroutine's pprof labels, in the same room, when the
         // thread has no OpenTelemetry context (a cgo program's C library
@@ -419,6 +425,7 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         } else {
             trace
         };
+        trace::timed(started, trace != 0, true);
         (*sample).flags = kernel_flags | user_flags | trace;
     }
 }
@@ -479,7 +486,9 @@ fn output(sample: *mut Sample) {
         len = SAMPLE_TRACE_AT;
     }
     // The thread's trace context, only in the records that have one.
+    let started = trace::clock();
     let len = trace::append_link(sample, len, flags);
+    trace::timed(started, flags & SAMPLE_FLAG_TRACE != 0, false);
     if len > size_of::<Sample>() {
         return;
     }

@@ -22,6 +22,40 @@ static TASK_TP_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_MM_OFFSET: u32 = 0;
 
+/// Set by the agent at load time (`hostprof_common::GLOBAL_TIME_CONTEXT`).
+#[unsafe(no_mangle)]
+static TIME_CONTEXT: u32 = 0;
+
+/// The clock, when the context code is timed; else 0 (no helper call).
+#[inline(always)]
+pub(super) fn clock() -> u64 {
+    if unsafe { read_volatile(&TIME_CONTEXT) } == 0 {
+        return 0;
+    }
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Adds the time since `started` (a [`clock`]) to the context code's (and
+/// to the linked samples' when the sample has a link); counts the sample
+/// at the first of its two timed parts (`first`).
+#[inline(always)]
+pub(super) fn timed(started: u64, linked: bool, first: bool) {
+    if started == 0 {
+        return;
+    }
+    let spent = unsafe { bpf_ktime_get_ns() }.wrapping_sub(started);
+    add_slot(Counter::TraceContextNs as u32, spent);
+    if first {
+        bump(Counter::TraceContextTimed);
+    }
+    if linked {
+        add_slot(Counter::TraceLinkedNs as u32, spent);
+        if first {
+            bump(Counter::TraceLinkedTimed);
+        }
+    }
+}
+
 /// `TASK_TP_OFFSET` as the loader set it (0: no thread pointer to read).
 #[inline(always)]
 pub(super) fn task_tp_offset() -> usize {
@@ -131,13 +165,14 @@ const EAGER_ATTRS: usize = 100;
 const RECORD: u64 = tc::RECORD_BYTES as u64;
 const PAGE: u64 = 4096;
 
-/// Reads the record at `pointer` to the end of `link`, so that the
+/// Reads the record at `pointer` to the end of `link`, so that up to
 /// [`EAGER_ATTRS`] bytes after it land where a sample keeps its
 /// attributes (`Sample::attrs` follows `Sample::trace`), then moves its
 /// ids to their place in `link`; returns the record's fixed part and how
-/// many attribute bytes came with it. Reads only the record when the
-/// eager bytes would cross into the next page, which may be unmapped
-/// where the record's own is not.
+/// many attribute bytes came with it. The eager bytes stop at the end of
+/// the record's page: the next one may be unmapped where the record's
+/// own is not, and a record that ends its page (its attributes with it)
+/// is still read in one go.
 #[inline(always)]
 fn read_record(link: *mut tc::Link, pointer: u64) -> Option<(tc::Record, usize)> {
     const HEAD: usize = tc::LINK_BYTES - tc::RECORD_BYTES;
@@ -145,6 +180,10 @@ fn read_record(link: *mut tc::Link, pointer: u64) -> Option<(tc::Record, usize)>
     let room = PAGE - (pointer & (PAGE - 1));
     let size = if room >= RECORD + EAGER_ATTRS as u64 {
         tc::RECORD_BYTES + EAGER_ATTRS
+    } else if room > RECORD {
+        // Masked so the verifier sees the bound (LLVM may drop a
+        // compare it proved redundant).
+        (unwind::opaque(room) as usize & 0x7f).max(tc::RECORD_BYTES)
     } else {
         tc::RECORD_BYTES
     };

@@ -310,6 +310,8 @@ impl Sampler {
             .ok()
             .and_then(|btf| btf::member_offset(btf, "task_struct", "mm"))
             .unwrap_or(0);
+        // Only for `--bpf-stats`: the context code's own clock.
+        let time_context = u32::from(options.bpf_stats);
         // Freed before aya parses its own copy below (about 25 MB while
         // parsing): both at once were the peak of a quiet `record`.
         drop(kernel_btf);
@@ -333,6 +335,7 @@ impl Sampler {
             .override_global(hostprof_common::GLOBAL_PYTHON_WALK, &python_walk, true)
             .override_global(hostprof_common::GLOBAL_RUNTIME_WALK, &runtime_walk, true)
             .override_global(hostprof_common::GLOBAL_GO_LABELS, &go_labels, true)
+            .override_global(hostprof_common::GLOBAL_TIME_CONTEXT, &time_context, true)
             .override_global(
                 hostprof_common::GLOBAL_FILTER_BY_TGID,
                 &filter_by_tgid,

@@ -29,7 +29,7 @@ use crate::{
     sampler::{Sampler, SamplerOptions},
 };
 use launch::spawn_profiled;
-use report::{memory_report, report, runtimes_report};
+use report::{context_cost, memory_report, report, runtimes_report};
 use stack_copies::keep_stack_copies;
 
 /// Wall-clock time in Unix nanoseconds.
@@ -212,6 +212,7 @@ pub async fn run(args: RecordArgs, settings: SharedSettings) -> anyhow::Result<(
                 None => String::new(),
             }
         );
+        eprint!("{}", context_cost(&finished.counters));
     }
     if let (Some(before), Some(after)) = (&before, &after)
         && let Some(note) = idle::idle_note(

@@ -274,6 +274,28 @@ pub(super) fn memory_report(map_bytes: u64) -> String {
     )
 }
 
+/// With `--bpf-stats`: the thread-context code on its own clock, per
+/// sample and per sample that left with a link. Issue 30's cost is judged
+/// by these (`cargo xtask bench --only thread-context`): the program's
+/// whole run time varies by more than the context costs from one run to
+/// the next. Empty when nothing was timed.
+pub(super) fn context_cost(counters: &Counters) -> String {
+    use hostprof_common::Counter::{
+        TraceContextNs, TraceContextTimed, TraceLinkedNs, TraceLinkedTimed,
+    };
+    let per = |ns, runs| counters.get(ns) as f64 / counters.get(runs).max(1) as f64;
+    match counters.get(TraceContextTimed) {
+        0 => String::new(),
+        timed => format!(
+            "hostprof: thread-context code: {timed} samples, {:.0} ns per sample; {} linked, \
+             {:.0} ns per linked sample\n",
+            per(TraceContextNs, TraceContextTimed),
+            counters.get(TraceLinkedTimed),
+            per(TraceLinkedNs, TraceLinkedTimed),
+        ),
+    }
+}
+
 /// What language runtimes' processes were sampled without: their frames,
 /// because the kernel's map of them (sized at load) was full; a Go
 /// executable's goroutine labels, because its layout could not be read.
