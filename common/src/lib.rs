@@ -191,17 +191,34 @@ pub const MAP_V8_PROCESSES: &str = "V8_PROCS";
 /// tgid -> [`trace::Process`]: the processes that publish an OpenTelemetry
 /// thread context, and where its thread-local is.
 pub const MAP_TRACE_PROCESSES: &str = "TRACE_PROCS";
-/// One `u32` of [`present`] bits: the kinds of process registered so far
-/// (sticky), so that a sample of a host without any skips their maps'
-/// lookups.
+/// `u64`s of [`present`] bytes, one byte per tgid slot: the kinds of
+/// process registered among the tgids of each slot, so that a sample of a
+/// process registered as none of them skips those maps' hash lookups
+/// (an array's is a few instructions; a hash map's miss costs ~40 ns).
 pub const MAP_PRESENT: &str = "PRESENT";
 
-/// Bits of [`MAP_PRESENT`].
+/// The kinds of [`MAP_PRESENT`] and where a tgid's are.
 pub mod present {
     /// A process in [`super::MAP_TRACE_PROCESSES`].
-    pub const TRACE: u32 = 1;
+    pub const TRACE: u8 = 1;
     /// A process in [`super::MAP_PYTHON_PROCESSES`].
-    pub const PYTHON: u32 = 2;
+    pub const PYTHON: u8 = 2;
+    /// A process in [`super::MAP_GO_PROCESSES`].
+    pub const GO: u8 = 4;
+    /// Every kind.
+    pub const ALL: [u8; 3] = [TRACE, PYTHON, GO];
+
+    /// Entries of [`super::MAP_PRESENT`]: 65,536 slots in 64 KiB; tgids
+    /// below 65,536 (every one under Linux's default `pid_max` on hosts
+    /// of up to 64 CPUs) have a slot each.
+    pub const ENTRIES: u32 = 8192;
+    const SLOTS: u32 = ENTRIES * 8;
+
+    /// Where `tgid`'s kinds are: the entry, and the shift of its byte in it.
+    pub const fn slot(tgid: u32) -> (u32, u32) {
+        let slot = tgid & (SLOTS - 1);
+        (slot >> 3, (slot & 7) * 8)
+    }
 }
 /// Global `u32`: byte offset, in `task_struct`, of the saved user thread
 /// pointer (`thread.fsbase` on x86_64, `thread.uw.tp_value` on aarch64),

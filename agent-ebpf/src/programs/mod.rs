@@ -157,18 +157,21 @@ static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_UNWIND_CHU
 static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
-/// Which kinds of process the agent registered so far
+/// Which kinds of process the agent registered, per tgid slot
 /// (`hostprof_common::present`): a sample skips the hash lookups of the
-/// kinds not seen, a tenth of its fixed cost on a host without them.
+/// kinds its process is not (a tenth of its fixed cost on a host without
+/// them; a miss of each on every other process's samples beside them).
 #[map(name = "PRESENT")]
-static PRESENT: Array<u32> = Array::with_max_entries(1, 0);
+static PRESENT: Array<u64> = Array::with_max_entries(hostprof_common::present::ENTRIES, 0);
 
-/// Whether a process of kind `bit` was registered (see [`PRESENT`]).
+/// Whether a process of kind `bit` was registered among `tgid`'s slot
+/// (see [`PRESENT`]): false means `tgid` is not in that kind's map.
 #[inline(always)]
-fn present(bit: u32) -> bool {
+fn present(tgid: u32, bit: u8) -> bool {
+    let (entry, shift) = hostprof_common::present::slot(tgid);
     PRESENT
-        .get_ptr(0)
-        .is_some_and(|bits| unsafe { read_volatile(bits) } & bit != 0)
+        .get_ptr(entry)
+        .is_some_and(|kinds| (unsafe { read_volatile(kinds) } >> shift) & u64::from(bit) != 0)
 }
 
 /// The row each recent search of a table found, per CPU (see
@@ -415,7 +418,11 @@ unsafe fn fill<K: Kernel, C: EbpfContext>(
         // A Go goroutine's pprof labels, in the same room, when the
         // thread has no OpenTelemetry context (a cgo program's C library
         // publishing one wins: its record is the richer).
-        let trace = if trace == 0 && K::RUNTIMES && read_volatile(&GO_LABELS) != 0 {
+        let trace = if trace == 0
+            && K::RUNTIMES
+            && read_volatile(&GO_LABELS) != 0
+            && present(tgid, hostprof_common::present::GO)
+        {
             golang::read_labels::<K>(
                 slot,
                 tgid,

@@ -72,7 +72,7 @@ pub(super) fn jump<C: EbpfContext>(
     flags: u32,
 ) {
     if unsafe { read_volatile(&PYTHON_WALK) } == 0
-        || !present(hostprof_common::present::PYTHON)
+        || !present(tgid, hostprof_common::present::PYTHON)
         || unsafe { PYTHON_PROCS.get(&tgid) }.is_none()
     {
         return;

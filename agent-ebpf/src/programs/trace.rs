@@ -84,7 +84,7 @@ pub(super) struct Tail {
 #[inline(always)]
 pub(super) fn read_context<K: Kernel>(tgid: u32, sample: *mut Sample) -> u32 {
     let offset = unsafe { read_volatile(&TASK_TP_OFFSET) } as usize;
-    if offset == 0 || !present(hostprof_common::present::TRACE) {
+    if offset == 0 || !present(tgid, hostprof_common::present::TRACE) {
         return 0;
     }
     let Some(process) = (unsafe { TRACE_PROCS.get(&tgid) }) else {

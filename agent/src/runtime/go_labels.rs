@@ -234,7 +234,8 @@ impl GoLabels {
     pub fn new(map: Option<ProcessMap>) -> Self {
         GoLabels {
             processes: Registry::new(map, "its Go labels", |state| *state == Ok(true))
-                .read_by_the_whole_program(),
+                .read_by_the_whole_program()
+                .marks_present(hostprof_common::present::GO),
             files: HashMap::new(),
         }
     }

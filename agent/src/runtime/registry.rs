@@ -22,7 +22,7 @@ pub struct Registry<S, V: Pod> {
     /// lean one: registering one asks for it (`super::want_walks`).
     whole_program: bool,
     /// The `hostprof_common::present` bit a record here sets, or 0.
-    present: u32,
+    present: u8,
 }
 
 impl<S, V: Pod> Registry<S, V> {
@@ -41,9 +41,10 @@ impl<S, V: Pod> Registry<S, V> {
         }
     }
 
-    /// The kernel looks records here up only once one was registered:
-    /// registering one sets `bit` (`super::present`).
-    pub fn marks_present(mut self, bit: u32) -> Self {
+    /// The kernel looks a process's record here up only when one was
+    /// registered in its tgid's slot: registering one sets `bit` there
+    /// (`super::present`), forgetting it clears it.
+    pub fn marks_present(mut self, bit: u8) -> Self {
         self.present = bit;
         self
     }
@@ -80,7 +81,7 @@ impl<S, V: Pod> Registry<S, V> {
             return false;
         };
         if self.present != 0 {
-            super::present::mark(self.present);
+            super::present::mark(self.present, pid);
         }
         match map.insert(pid, record, 0) {
             Ok(()) => {
@@ -90,6 +91,9 @@ impl<S, V: Pod> Registry<S, V> {
                 true
             }
             Err(err) => {
+                if self.present != 0 {
+                    super::present::unmark(self.present, pid);
+                }
                 super::count_if_full(&err);
                 tracing::info!(
                     "pid {pid}: cannot register {} with the kernel: {err}",
@@ -107,6 +111,9 @@ impl<S, V: Pod> Registry<S, V> {
             && let Some(map) = &mut self.map
         {
             let _ = map.remove(&pid);
+            if self.present != 0 {
+                super::present::unmark(self.present, pid);
+            }
         }
     }
 
