@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let targets = jump_targets(isa, code, start);
     assert!(targets.len() <= code.len());
     // Every range reads as the same bytes: parts of parts are decoded too.
-    let ranges = loop_ranges(isa, &named, &functions, |_, _| Some(code.to_vec()));
+    let ranges = loop_ranges(isa, &named, &functions, |_, _| Some(code.to_vec())).ranges;
     assert!(ranges.len() <= 1 + MAX_PARTS);
     assert!(ranges.windows(2).all(|pair| pair[0] < pair[1]));
     for range in ranges.iter().filter(|range| **range != named[0]) {

@@ -297,11 +297,12 @@ impl Snapshot {
         metric(
             "hostprof_python_refused_total",
             "counter",
-            "Values read from Python processes past a cap: offsets (the process is not walked), over-long strings or location tables, pointers that overflow (the frame is left out).",
+            "Values read from Python processes past a cap: offsets (the process is not walked), over-long strings or location tables, pointers that overflow (the frame is left out), interpreters whose evaluation loop was searched only up to a cap (frames in a part not found go unplaced).",
             &[
                 ("{reason=\"offsets\"}", python.offsets),
                 ("{reason=\"too_long\"}", python.too_long),
                 ("{reason=\"overflow\"}", python.overflow),
+                ("{reason=\"loop_capped\"}", python.loop_capped),
             ],
         );
         let refused: Vec<(String, u64)> = crate::procs::otel_ctx::refusals()

@@ -187,11 +187,13 @@ pub(in crate::cli) fn unwind_report(
     let python_refused = if refused != crate::runtime::python::Refusals::default() {
         format!(
             "hostprof: Python values past hostprof's caps: {} processes not walked (offsets), \
-             {} code objects left out (too long {}, overflowing pointers {})\n",
+             {} code objects left out (too long {}, overflowing pointers {}), {} interpreters' \
+             loop searched only up to a cap\n",
             refused.offsets,
             refused.too_long + refused.overflow,
             refused.too_long,
-            refused.overflow
+            refused.overflow,
+            refused.loop_capped
         )
     } else {
         String::new()

@@ -27,21 +27,34 @@ pub enum Isa {
     Aarch64,
 }
 
-/// The loop's ranges (link-time addresses, sorted): `named`, the symbols'
-/// ranges, and every part found from their code's jumps, and from the
-/// parts' own. `code(start, end)` gives the bytes of a range (`None`:
-/// not in the file); `functions` are the binary's functions by
-/// `.eh_frame`, sorted.
+/// The loop's ranges (see [`loop_ranges`]), and whether the search
+/// stopped at a cap before it had read every part it found.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LoopRanges {
+    /// Link-time addresses, sorted.
+    pub ranges: Vec<(u64, u64)>,
+    /// Parts past [`MAX_PARTS`] were left out, or parts found were not
+    /// read past the bytes decoded cap (their own parts with them).
+    pub capped: bool,
+    /// Bytes decoded.
+    pub decoded: usize,
+}
+
+/// The loop's ranges: `named`, the symbols' ranges, and every part found
+/// from their code's jumps, and from the parts' own. `code(start, end)`
+/// gives the bytes of a range (`None`: not in the file); `functions` are
+/// the binary's functions by `.eh_frame`, sorted.
 pub fn loop_ranges(
     isa: Isa,
     named: &[(u64, u64)],
     functions: &[(u64, u64)],
     code: impl Fn(u64, u64) -> Option<Vec<u8>>,
-) -> Vec<(u64, u64)> {
+) -> LoopRanges {
     let mut ranges: Vec<(u64, u64)> = named.to_vec();
     let mut next = 0;
     let mut decoded = 0usize;
-    while next < ranges.len() && ranges.len() < named.len() + MAX_PARTS {
+    let mut capped = false;
+    while next < ranges.len() {
         let (start, end) = ranges[next];
         next += 1;
         let Some(bytes) = code(start, end) else {
@@ -49,6 +62,7 @@ pub fn loop_ranges(
         };
         decoded += bytes.len();
         if decoded > MAX_DECODED {
+            capped = true;
             break;
         }
         for target in jump_targets(isa, &bytes, start) {
@@ -58,16 +72,22 @@ pub fn loop_ranges(
             {
                 continue;
             }
-            if let Some(part) = landed_inside(functions, target)
-                && ranges.len() < named.len() + MAX_PARTS
-            {
-                ranges.push(part);
+            if let Some(part) = landed_inside(functions, target) {
+                if ranges.len() < named.len() + MAX_PARTS {
+                    ranges.push(part);
+                } else {
+                    capped = true;
+                }
             }
         }
     }
     ranges.sort_unstable();
     ranges.dedup();
-    ranges
+    LoopRanges {
+        ranges,
+        capped,
+        decoded,
+    }
 }
 
 /// The function of `functions` (sorted) that `target` lies inside of,
@@ -195,9 +215,44 @@ mod tests {
             }
             Some(bytes)
         };
+        let found = loop_ranges(Isa::X86_64, &[(0x1000, 0x1100)], &functions, code);
         assert_eq!(
-            loop_ranges(Isa::X86_64, &[(0x1000, 0x1100)], &functions, code),
+            found.ranges,
             [(0x1000, 0x1100), (0x8000, 0x9000), (0xa000, 0xa100)]
         );
+        assert!(!found.capped);
+    }
+
+    #[test]
+    fn a_search_past_its_cap_of_parts_says_so() {
+        // The loop jumps into the middle of MAX_PARTS + 1 functions.
+        let functions: Vec<(u64, u64)> = (0..=MAX_PARTS as u64)
+            .map(|part| (0x10_000 + part * 0x100, 0x10_000 + part * 0x100 + 0x100))
+            .collect();
+        let targets: Vec<u64> = functions.iter().map(|&(start, _)| start + 0x10).collect();
+        let code = |start: u64, _end: u64| -> Option<Vec<u8>> {
+            if start != 0x1000 {
+                return Some(vec![0xc3]);
+            }
+            let mut bytes = Vec::new();
+            for &target in &targets {
+                let from = start + bytes.len() as u64 + 5;
+                bytes.push(0xe9);
+                bytes.extend(((target as i64 - from as i64) as i32).to_le_bytes());
+            }
+            Some(bytes)
+        };
+        let found = loop_ranges(Isa::X86_64, &[(0x1000, 0x1100)], &functions, code);
+        assert_eq!(found.ranges.len(), 1 + MAX_PARTS);
+        assert!(found.capped);
+        // One part fewer: all found, not capped.
+        let found = loop_ranges(
+            Isa::X86_64,
+            &[(0x1000, 0x1100)],
+            &functions[..MAX_PARTS],
+            code,
+        );
+        assert_eq!(found.ranges.len(), 1 + MAX_PARTS);
+        assert!(!found.capped);
     }
 }

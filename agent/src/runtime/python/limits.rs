@@ -49,6 +49,16 @@ pub enum Refusal {
          address space: that frame is left out"
     )]
     Overflow { address: u64, what: &'static str },
+    #[error(
+        "{path}: the search for its evaluation loop's parts stopped at a cap \
+         ({parts} parts, {decoded} bytes decoded): frames in a part not found \
+         are not placed where the loop ran"
+    )]
+    LoopCapped {
+        path: String,
+        parts: usize,
+        decoded: usize,
+    },
 }
 
 /// Values refused since the agent started, by reason.
@@ -60,11 +70,15 @@ pub struct Refusals {
     pub too_long: u64,
     /// Code objects whose pointers plus an offset overflowed.
     pub overflow: u64,
+    /// Interpreter binaries whose loop's parts were searched up to a cap
+    /// (`eval::MAX_PARTS`, or the bytes decoded).
+    pub loop_capped: u64,
 }
 
 static REFUSED_OFFSETS: AtomicU64 = AtomicU64::new(0);
 static REFUSED_TOO_LONG: AtomicU64 = AtomicU64::new(0);
 static REFUSED_OVERFLOW: AtomicU64 = AtomicU64::new(0);
+static REFUSED_LOOP_CAPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Values refused since the agent started.
 pub fn refusals() -> Refusals {
@@ -72,21 +86,26 @@ pub fn refusals() -> Refusals {
         offsets: REFUSED_OFFSETS.load(Ordering::Relaxed),
         too_long: REFUSED_TOO_LONG.load(Ordering::Relaxed),
         overflow: REFUSED_OVERFLOW.load(Ordering::Relaxed),
+        loop_capped: REFUSED_LOOP_CAPPED.load(Ordering::Relaxed),
     }
 }
 
 /// Counts and logs a refusal in process `pid`: a warning for a process
-/// (once: it is not looked at again), a debug line for a code object (the
-/// refusal is cached with the object, so once per object).
+/// (once: it is not looked at again) or an interpreter binary (once: it is
+/// read once), a debug line for a code object (the refusal is cached with
+/// the object, so once per object).
 pub fn refused(pid: u32, refusal: &Refusal) {
     let counter = match refusal {
         Refusal::Offset { .. } => &REFUSED_OFFSETS,
         Refusal::TooLong { .. } => &REFUSED_TOO_LONG,
         Refusal::Overflow { .. } => &REFUSED_OVERFLOW,
+        Refusal::LoopCapped { .. } => &REFUSED_LOOP_CAPPED,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     match refusal {
-        Refusal::Offset { .. } => tracing::warn!("pid {pid}: {refusal}"),
+        Refusal::Offset { .. } | Refusal::LoopCapped { .. } => {
+            tracing::warn!("pid {pid}: {refusal}")
+        }
         _ => tracing::debug!("pid {pid}: {refusal}"),
     }
 }

@@ -368,9 +368,20 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
     if let Some(isa) = isa
         && let Ok(opened) = elf::open(pid, mapping)
     {
-        eval = eval::loop_ranges(isa, &eval, &functions, |start, end| {
+        let found = eval::loop_ranges(isa, &eval, &functions, |start, end| {
             elf::code_at(&file, &opened, start, end)
         });
+        if found.capped {
+            limits::refused(
+                pid,
+                &Refusal::LoopCapped {
+                    path: mapping.path.to_string(),
+                    parts: found.ranges.len(),
+                    decoded: found.decoded,
+                },
+            );
+        }
+        eval = found.ranges;
     }
     let segments = elf::segments(&file);
     let named_minor = mapping
