@@ -103,10 +103,10 @@ pub(in crate::cli) fn unwind_report(
              function kept as native); walks stopped: {}; interpreted frames at their running \
              line {}, at their function's first line: V8 had no source positions for it {}, \
              its position table unreadable {}, a V8 newer than those checked {}; compiled frames at their running line {} (and {} \
-             more in code found from their pc: on-stack replacement, replaced since, or any in V8 13), at \
+             more in code found from their pc: on-stack replacement, replaced since, or any from V8 13 on), at \
              their function's first line: Sparkplug pc unmapped {}, pc in no code found {}, in \
-             inlined code not expanded {}, optimized code without positions (Maglev's, in V8 \
-             13) {}, code or table unreadable {}, V8's code layout unknown {}; frames of scripts \
+             inlined code not expanded {}, optimized code without positions (Maglev's, from V8 \
+             13 on) {}, code or table unreadable {}, V8's code layout unknown {}; frames of scripts \
              without readable lines {}\n",
             javascript_frames,
             event(V8, v8::event::NOT_FUNCTION),

@@ -153,10 +153,10 @@ pub enum LineSource {
     ScriptWithoutLines,
     /// A compiled frame at its running line, in code found from its pc:
     /// not its function's current code (on-stack replacement code, or
-    /// replaced since), or any in V8 13 (whose functions do not point at
-    /// their code).
+    /// replaced since), or any from V8 13 on (whose functions do not point
+    /// at their code).
     CompiledFoundByPc,
-    /// A frame of optimized code V8 kept no source positions for: V8 13's
+    /// A frame of optimized code V8 kept no source positions for: from V8 13 on,
     /// Maglev code has them only while a profiler or debugger runs.
     CompiledNoPositions,
     /// An interpreted frame of a V8 newer than those whose lines were
