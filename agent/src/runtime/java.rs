@@ -94,7 +94,7 @@ impl Runtime for Java {
                 return false;
             }
             Err(err) => {
-                tracing::info!("pid {pid}: its Java frames cannot be walked: {err}");
+                crate::runtime::not_walked(pid, "Java", err);
                 self.processes.set(pid, State::Unsupported);
                 return false;
             }

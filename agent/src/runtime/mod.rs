@@ -216,3 +216,51 @@ pub fn gone<V>(processes: &HashMap<u32, V>, mut alive: impl FnMut(u32) -> bool) 
         .filter(|&pid| !alive(pid))
         .collect()
 }
+
+/// Reasons already said at warning level, which are then said at info
+/// level only: a node running fifty copies of one unsupported runtime
+/// gets one warning, not fifty. Bounded: past that many, all are info.
+static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+const SAID_MAX: usize = 64;
+
+/// Says that `pid`'s frames of `what` (JavaScript, Java, Python) will not
+/// be walked, and why: a warning the first time a reason is seen, so
+/// that `record` (whose default level is warnings) tells its user why a
+/// runtime's frames are missing, and info after, so that an agent does
+/// not repeat it for every process.
+pub fn not_walked(pid: u32, what: &str, reason: impl std::fmt::Display) {
+    let reason = reason.to_string();
+    if first_time(&SAID, format!("{what}: {reason}")) {
+        tracing::warn!("pid {pid}: its {what} frames cannot be walked: {reason}");
+    } else {
+        tracing::info!("pid {pid}: its {what} frames cannot be walked: {reason}");
+    }
+}
+
+/// Whether `key` is new to `said` (which then holds it, up to [`SAID_MAX`]).
+fn first_time(said: &Mutex<Vec<String>>, key: String) -> bool {
+    let mut said = said.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if said.contains(&key) || said.len() >= SAID_MAX {
+        return false;
+    }
+    said.push(key);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_a_warning_once_and_the_list_is_bounded() {
+        let said = Mutex::new(Vec::new());
+        assert!(first_time(&said, "V8: constants missing".into()));
+        assert!(!first_time(&said, "V8: constants missing".into()));
+        assert!(first_time(&said, "Java: no gHotSpotVMStructs".into()));
+        for i in 0..SAID_MAX {
+            first_time(&said, format!("reason {i}"));
+        }
+        assert_eq!(said.lock().unwrap().len(), SAID_MAX);
+        assert!(!first_time(&said, "one more".into()));
+    }
+}

@@ -450,8 +450,10 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
         },
     };
     if major != 3 || minor < 8 {
-        tracing::info!(
-            "pid {pid}: Python {major}.{minor} is not supported (3.8 and later are): its native frames only"
+        crate::runtime::not_walked(
+            pid,
+            "Python",
+            format_args!("Python {major}.{minor} is not supported (3.8 and later are)"),
         );
         return Ok(None);
     }
@@ -466,8 +468,10 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
         Ok(layout) => layout,
         Err(DebugOffsetsError::Refused(refusal)) => return Err(refusal),
         Err(DebugOffsetsError::Unknown) => {
-            tracing::info!(
-                "pid {pid}: Python 3.{minor} has no layout hostprof knows (3.8 to 3.14 are): its native frames only"
+            crate::runtime::not_walked(
+                pid,
+                "Python",
+                format_args!("Python 3.{minor} has no layout hostprof knows (3.8 to 3.14 are)"),
             );
             return Ok(None);
         }
@@ -478,9 +482,13 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
     layout.kernel.runtime = runtime;
     if layout.kernel.thread_native_id == py::ABSENT {
         let Some(offset) = legacy::find_pthread_tid(pid, &layout.kernel) else {
-            tracing::info!(
-                "pid {pid}: Python 3.{minor}: cannot tell its threads apart (no thread id found \
-                 in its C library's thread structures): its native frames only"
+            crate::runtime::not_walked(
+                pid,
+                "Python",
+                format_args!(
+                    "Python 3.{minor}: cannot tell its threads apart (no thread id found in its C \
+                     library's thread structures)"
+                ),
             );
             return Ok(None);
         };

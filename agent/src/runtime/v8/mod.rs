@@ -387,7 +387,7 @@ impl Runtime for V8 {
                 return false;
             }
             Err(err) => {
-                tracing::info!("pid {pid}: its JavaScript frames cannot be walked: {err}");
+                crate::runtime::not_walked(pid, "JavaScript", err);
                 self.processes.set(pid, State::Unsupported);
                 return false;
             }
