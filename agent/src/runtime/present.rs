@@ -18,25 +18,31 @@ struct Present {
     kinds: Kinds,
 }
 
-/// Registered pids' kinds, and the map entries they make.
+/// Registered pids' kinds, grouped by the map entry their slot is in, so
+/// that an entry's value is worked out from its own few pids, not from
+/// every pid registered.
 #[derive(Default)]
-struct Kinds(HashMap<u32, u8>);
+struct Kinds(HashMap<u32, HashMap<u32, u8>>);
 
 impl Kinds {
     /// Adds (`on`) or removes `bit` for `pid`; the entry to write and its
     /// new value when it changed.
     fn set(&mut self, pid: u32, bit: u8, on: bool) -> Option<(u32, u64)> {
-        let before = self.entry(slot(pid).0);
-        let kinds = self.0.entry(pid).or_default();
+        let (entry, _) = slot(pid);
+        let before = self.entry(entry);
+        let pids = self.0.entry(entry).or_default();
+        let kinds = pids.entry(pid).or_default();
         if on {
             *kinds |= bit;
         } else {
             *kinds &= !bit;
         }
         if *kinds == 0 {
-            self.0.remove(&pid);
+            pids.remove(&pid);
         }
-        let (entry, _) = slot(pid);
+        if pids.is_empty() {
+            self.0.remove(&entry);
+        }
         let after = self.entry(entry);
         (after != before).then_some((entry, after))
     }
@@ -44,13 +50,11 @@ impl Kinds {
     /// Entry `entry`'s value: each of its slots' byte, the union of the
     /// kinds of the pids in it.
     fn entry(&self, entry: u32) -> u64 {
-        self.0
-            .iter()
-            .map(|(&pid, &kinds)| (slot(pid), kinds))
-            .filter(|((at, _), _)| *at == entry)
-            .fold(0, |value, ((_, shift), kinds)| {
-                value | (u64::from(kinds) << shift)
+        self.0.get(&entry).map_or(0, |pids| {
+            pids.iter().fold(0, |value, (&pid, &kinds)| {
+                value | (u64::from(kinds) << slot(pid).1)
             })
+        })
     }
 }
 
