@@ -296,11 +296,12 @@ for node in $nodes; do
     # The commonest stacks not in the work, for the log: what the judge's
     # share of hotLoop or coldLoop leaves out.
     # By thread and leaf, then the stacks themselves.
-    grep -v -e 'hotLoop (' -e 'coldLoop (' /tmp/js.folded | awk '{
+    grep -v -e 'hotLoop (' -e 'coldLoop (' /tmp/js.folded >/tmp/js.other
+    awk '{
         n = $NF; stack = $0; sub(/ [0-9]+$/, "", stack)
         k = split(stack, f, ";"); by[f[1] " ... " f[k]] += n
-    } END { for (key in by) print by[key] "\t" key }' | sort -n -r | head -n 12 >/tmp/js.top
-    grep -v -e 'hotLoop (' -e 'coldLoop (' /tmp/js.folded | awk '{ print $NF "\t" $0 }' | sort -n -r | head -n 8 | cut -f 2 >>/tmp/js.top
+    } END { for (key in by) print by[key] "\t" key }' /tmp/js.other | sort -n -r | head -n 12 >/tmp/js.top
+    awk '{ print $NF "\t" $0 }' /tmp/js.other | sort -n -r | head -n 8 | cut -f 2 >>/tmp/js.top
     show js-stacks-$version /tmp/js.top
     # Samples whose walk reached code the kernel's map of node did not
     # hold yet, copied for the host to unwind (judge.rs).
