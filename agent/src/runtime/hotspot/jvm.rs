@@ -167,7 +167,7 @@ const TABLES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-/// libjvm files read, by device and inode, before starting over.
+/// libjvm files read (by content: see [`elf::FileKey`]) before starting over.
 const MAX_LIBJVMS: usize = 16;
 
 /// What a libjvm file tells: its segments and the link-time addresses of
@@ -179,9 +179,9 @@ struct LibjvmFile {
 }
 
 impl LibjvmFile {
-    fn read(pid: u32, libjvm: &Mapping) -> Result<LibjvmFile, HotspotError> {
-        let data = elf::read(pid, libjvm).map_err(|err| HotspotError::Elf(err.to_string()))?;
-        let file = object::File::parse(&*data).map_err(|err| HotspotError::Elf(err.to_string()))?;
+    fn read(data: &crate::files::FileData) -> Result<Arc<LibjvmFile>, HotspotError> {
+        let file =
+            object::File::parse(&**data).map_err(|err| HotspotError::Elf(err.to_string()))?;
         let wanted: HashMap<&str, &'static str> = TABLES
             .iter()
             .flat_map(|(table, members)| std::iter::once(*table).chain(members.iter().copied()))
@@ -196,17 +196,27 @@ impl LibjvmFile {
                 symbols.push((*name, symbol.address()));
             }
         }
-        Ok(LibjvmFile {
+        Ok(Arc::new(LibjvmFile {
             segments: elf::segments(&file),
             symbols,
-        })
+        }))
     }
 }
 
-/// libjvm files already read (their symbols), for [`Jvm::attach_cached`].
-#[derive(Debug, Default)]
+/// libjvm files already read (their symbols), for [`Jvm::attach_cached`],
+/// by what they are ([`elf::FileKey`]): the same libjvm in two containers
+/// is read once, an upgraded one again.
+#[derive(Debug)]
 pub struct LibjvmCache {
-    files: HashMap<(u64, u64), Arc<LibjvmFile>>,
+    files: elf::ByFile<Arc<LibjvmFile>>,
+}
+
+impl Default for LibjvmCache {
+    fn default() -> Self {
+        LibjvmCache {
+            files: elf::ByFile::new(MAX_LIBJVMS),
+        }
+    }
 }
 
 impl Jvm {
@@ -225,19 +235,11 @@ impl Jvm {
         libjvm: &Mapping,
         cache: &mut LibjvmCache,
     ) -> Result<Jvm, HotspotError> {
-        let key = (libjvm.dev, libjvm.inode);
-        let file = match cache.files.get(&key) {
-            Some(file) => file.clone(),
-            None => {
-                // Not cached when it fails: the file may be readable later.
-                let file = Arc::new(LibjvmFile::read(pid, libjvm)?);
-                if cache.files.len() >= MAX_LIBJVMS {
-                    cache.files.clear();
-                }
-                cache.files.insert(key, file.clone());
-                file
-            }
-        };
+        // Not cached when it fails: the file may be readable later.
+        let unreadable = |err: crate::files::FileError| HotspotError::Elf(err.to_string());
+        let file = cache
+            .files
+            .read(pid, libjvm, unreadable, LibjvmFile::read)?;
         let bias = elf::load_bias(&file.segments, libjvm)
             .ok_or_else(|| HotspotError::Elf("no segment holds the mapping".into()))?;
         let symbols: HashMap<&str, u64> = file

@@ -23,7 +23,7 @@ pub mod lines;
 mod threads;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -38,9 +38,13 @@ pub use lines::{Lines, line_at};
 pub use threads::ThreadMap;
 
 use crate::{
+    files::{FileData, FileError},
     model::{CodeRange, Frame, FrameKind, Line, Mapping},
     procs::memory,
-    runtime::{Registry, RuntimeCode, elf},
+    runtime::{
+        Registry, RuntimeCode,
+        elf::{self, ByFile},
+    },
 };
 use cache::CodeCache;
 use hostprof_common::runtime::{Runtime, mark};
@@ -107,8 +111,6 @@ struct PythonElf {
     runtime: u64,
     /// `Py_Version` (3.11+).
     version: Option<u64>,
-    /// The `X` of the file's name (`python3.X`, `libpython3.X.so`).
-    named_minor: Option<u8>,
     code_type: u64,
     /// The evaluation loop's ranges: its symbols' and its parts'.
     eval: Vec<(u64, u64)>,
@@ -119,6 +121,11 @@ struct PythonElf {
 /// How often a process found without Python is looked at again.
 const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Python binaries remembered, by what they are (see [`elf::FileKey`]),
+/// before the cache starts over: a replaced binary is a new entry, so
+/// upgrades must not make the cache grow without end.
+const MAX_FILES: usize = 256;
+
 /// Python processes and their code objects (the pipeline's attribution
 /// thread owns one).
 pub struct Python {
@@ -126,7 +133,8 @@ pub struct Python {
     /// with one are in the kernel's map.
     processes: Registry<Result<Arc<Interpreter>, Instant>, py::Process>,
     threads: threads::Threads,
-    files: HashMap<(u64, u64), Option<Arc<PythonElf>>>,
+    /// Each Python binary read -> its symbols, if it is one.
+    files: ByFile<Option<Arc<PythonElf>>>,
     /// Processes whose `_Py_DebugOffsets` were refused: not looked at again.
     refused: HashSet<u32>,
     codes: CodeCache,
@@ -142,7 +150,7 @@ impl Python {
             processes: Registry::new(map, "its Python interpreter", Result::is_ok)
                 .marks_present(hostprof_common::present::PYTHON),
             threads: threads::Threads::new(threads),
-            files: HashMap::new(),
+            files: ByFile::new(MAX_FILES),
             refused: HashSet::new(),
             codes: CodeCache::default(),
             code,
@@ -217,20 +225,17 @@ impl Python {
             if !(name.starts_with("libpython3") || name.starts_with("python3")) {
                 continue;
             }
-            let key = (mapping.dev, mapping.inode);
-            let elf = match self.files.get(&key) {
-                Some(elf) => elf.clone(),
-                None => {
-                    let elf = read_elf(pid, mapping).map(Arc::new);
-                    self.files.insert(key, elf.clone());
-                    elf
-                }
+            let unreadable = |err: FileError| {
+                tracing::debug!("pid {pid}: cannot read {}: {err}", mapping.path);
             };
-            let Some(elf) = elf else { continue };
+            let elf = self.files.read(pid, mapping, unreadable, |data| {
+                Ok(read_elf(pid, mapping, data).map(Arc::new))
+            });
+            let Ok(Some(elf)) = elf else { continue };
             let Some(bias) = elf::load_bias(&elf.segments, mapping) else {
                 continue;
             };
-            return interpreter_at(pid, &elf, bias);
+            return interpreter_at(pid, &elf, named_minor(mapping), bias);
         }
         Ok(None)
     }
@@ -328,17 +333,11 @@ fn line_of(code: &Code, layout: &CodeLayout, address: u64, instr: u64) -> u32 {
     }
 }
 
-/// Reads a Python binary's symbols; `None` when it has no `_PyRuntime`.
-fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
+/// A Python binary's symbols, from `data`, the file `mapping` of `pid`
+/// maps (code is read from it); `None` when it has no `_PyRuntime`.
+fn read_elf(pid: u32, mapping: &Mapping, data: &FileData) -> Option<PythonElf> {
     use object::{Object, ObjectSymbol};
-    let data = match elf::read(pid, mapping) {
-        Ok(data) => data,
-        Err(err) => {
-            tracing::debug!("pid {pid}: cannot read {}: {err}", mapping.path);
-            return None;
-        }
-    };
-    let file = object::File::parse(&*data).ok()?;
+    let file = object::File::parse(&**data).ok()?;
     let (mut runtime, mut version, mut code_type) = (None, None, None);
     let mut eval = Vec::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
@@ -384,7 +383,20 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
         eval = found.ranges;
     }
     let segments = elf::segments(&file);
-    let named_minor = mapping
+    Some(PythonElf {
+        runtime: runtime?,
+        version,
+        code_type: code_type?,
+        eval,
+        segments,
+    })
+}
+
+/// The `X` of the mapped file's name (`python3.X`, `libpython3.X.so`):
+/// the mapping's, not the file's (whose bytes may be shared by another
+/// name).
+fn named_minor(mapping: &Mapping) -> Option<u8> {
+    mapping
         .file_name()
         .split_once("python3.")
         .and_then(|(_, rest)| {
@@ -392,15 +404,7 @@ fn read_elf(pid: u32, mapping: &Mapping) -> Option<PythonElf> {
                 .find(|c: char| !c.is_ascii_digit())
                 .unwrap_or(rest.len());
             rest[..digits].parse().ok()
-        });
-    Some(PythonElf {
-        runtime: runtime?,
-        version,
-        named_minor,
-        code_type: code_type?,
-        eval,
-        segments,
-    })
+        })
 }
 
 /// Every function's range by the file's `.eh_frame`, sorted.
@@ -433,9 +437,15 @@ fn function_ranges(file: &object::File) -> Vec<(u64, u64)> {
     ranges
 }
 
-/// The interpreter of a process whose Python binary is loaded at `bias`;
+/// The interpreter of a process whose Python binary is loaded at `bias`
+/// (`named_minor`: its name's version, for one without `Py_Version`);
 /// `Err` when its `_Py_DebugOffsets` are out of range.
-fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpreter>, Refusal> {
+fn interpreter_at(
+    pid: u32,
+    elf: &PythonElf,
+    named_minor: Option<u8>,
+    bias: u64,
+) -> Result<Option<Interpreter>, Refusal> {
     let runtime = elf.runtime.wrapping_add(bias);
     let (major, minor) = match elf.version {
         Some(version) => {
@@ -444,7 +454,7 @@ fn interpreter_at(pid: u32, elf: &PythonElf, bias: u64) -> Result<Option<Interpr
             };
             (version >> 24, ((version >> 16) & 0xff) as u8)
         }
-        None => match elf.named_minor {
+        None => match named_minor {
             Some(minor) => (3, minor),
             None => return Ok(None),
         },

@@ -30,7 +30,11 @@ use hostprof_common::{
     v8,
 };
 
-use super::{Registry, Runtime, RuntimeCode, elf, recent::Recent};
+use super::{
+    Registry, Runtime, RuntimeCode,
+    elf::{self, ByFile},
+    recent::Recent,
+};
 use crate::{
     model::{CodeRange, Frame, FrameKind, Line, Mapping},
     procs::memory::{self, Memory},
@@ -56,7 +60,7 @@ const MAX_TABLES: usize = 16384;
 const MAX_TABLE_ENTRIES: usize = 1 << 20;
 /// Scripts whose line ends are kept per process.
 const MAX_SCRIPTS: usize = 1024;
-/// Binaries whose symbols are kept.
+/// Binaries whose symbols are kept (by content: see [`elf::FileKey`]).
 const MAX_BINARIES: usize = 16;
 /// A frame the kernel recorded that could not be named.
 const UNNAMED: &str = "[unknown JavaScript frame]";
@@ -82,13 +86,42 @@ struct Binary {
     bytecode_sizes: Option<(u64, u64)>,
 }
 
+impl Binary {
+    fn read(data: &crate::files::FileData) -> Result<Arc<Binary>, V8Error> {
+        use object::{Object, ObjectSymbol};
+        let file = object::File::parse(&**data).map_err(|err| V8Error::Elf(err.to_string()))?;
+        let mut symbols = Symbols::new();
+        let mut bytecode_sizes = None;
+        for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            if symbol.name() == Ok(BYTECODE_SIZES) && bytecode_sizes.is_none() {
+                bytecode_sizes = Some((symbol.address(), symbol.size()));
+            }
+            if let Ok(name) = symbol.name()
+                && let Some(wanted) = layout::SYMBOLS.iter().find(|wanted| **wanted == name)
+            {
+                symbols.entry(wanted).or_insert(symbol.address());
+            }
+        }
+        if !symbols.contains_key("v8dbg_off_fp_function") {
+            return Err(V8Error::NotV8);
+        }
+        Ok(Arc::new(Binary {
+            symbols,
+            segments: elf::segments(&file),
+            bytecode_sizes,
+        }))
+    }
+}
+
 /// The symbol of the bytecodes' lengths (Sparkplug's pc maps need them).
 const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
 
 /// One V8 process.
 struct Node {
     layout: Layout,
-    /// The binary's device and inode, and the file range of its builtins.
+    /// The binary's device and inode (to tell its mappings in this
+    /// process, not to share what was read of it), and the file range of
+    /// its builtins.
     binary: (u64, u64),
     blob_file: (u64, u64),
     /// Where the builtins are mapped now (the kernel tells the first
@@ -204,7 +237,8 @@ enum State {
 pub struct V8 {
     code: RuntimeCode,
     processes: Registry<State, v8::Process>,
-    binaries: HashMap<(u64, u64), Arc<Binary>>,
+    /// Each node binary read, by what it is (not where it is mapped).
+    binaries: ByFile<Arc<Binary>>,
 }
 
 impl V8 {
@@ -215,43 +249,15 @@ impl V8 {
             code,
             processes: Registry::new(map, "its V8", |state| matches!(state, State::Node(_)))
                 .read_by_the_whole_program(),
-            binaries: HashMap::new(),
+            binaries: ByFile::new(MAX_BINARIES),
         }
     }
 
+    /// The binary `mapping` maps, read once per content (a NotV8 file
+    /// is not remembered: only `node`-named files are tried).
     fn binary(&mut self, pid: u32, mapping: &Mapping) -> Result<Arc<Binary>, V8Error> {
-        let key = (mapping.dev, mapping.inode);
-        if let Some(binary) = self.binaries.get(&key) {
-            return Ok(binary.clone());
-        }
-        use object::{Object, ObjectSymbol};
-        let data = elf::read(pid, mapping).map_err(|err| V8Error::Elf(err.to_string()))?;
-        let file = object::File::parse(&*data).map_err(|err| V8Error::Elf(err.to_string()))?;
-        let mut symbols = Symbols::new();
-        let mut bytecode_sizes = None;
-        for symbol in file.dynamic_symbols().chain(file.symbols()) {
-            if symbol.name() == Ok(BYTECODE_SIZES) && bytecode_sizes.is_none() {
-                bytecode_sizes = Some((symbol.address(), symbol.size()));
-            }
-            if let Ok(name) = symbol.name()
-                && let Some(wanted) = layout::SYMBOLS.iter().find(|wanted| **wanted == name)
-            {
-                symbols.entry(wanted).or_insert(symbol.address());
-            }
-        }
-        if !symbols.contains_key("v8dbg_off_fp_function") {
-            return Err(V8Error::NotV8);
-        }
-        let binary = Arc::new(Binary {
-            symbols,
-            segments: elf::segments(&file),
-            bytecode_sizes,
-        });
-        if self.binaries.len() >= MAX_BINARIES {
-            self.binaries.clear();
-        }
-        self.binaries.insert(key, binary.clone());
-        Ok(binary)
+        let unreadable = |err: crate::files::FileError| V8Error::Elf(err.to_string());
+        self.binaries.read(pid, mapping, unreadable, Binary::read)
     }
 
     fn start(&mut self, pid: u32, mapping: &Mapping) -> Result<Node, V8Error> {
