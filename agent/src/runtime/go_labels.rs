@@ -16,7 +16,6 @@
 //! A release past the table is not registered (logged): a guessed offset
 //! would read some other field as a pointer.
 use std::{
-    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -30,6 +29,7 @@ use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 use super::{
     Registry, Runtime,
+    elf::{ByFile, FileKey},
     thread_ctx::{TlsSymbol, TlsVariant},
 };
 use crate::model::Mapping;
@@ -48,7 +48,8 @@ pub fn unreadable() -> u64 {
     UNREADABLE.load(Ordering::Relaxed)
 }
 
-/// Executables remembered (by device and inode) before the cache starts over.
+/// Executables remembered, by what they are (see [`super::elf::FileKey`]),
+/// before the cache starts over.
 const MAX_FILES: usize = 4096;
 
 /// How often a process whose executable is not among its mappings yet
@@ -225,8 +226,8 @@ pub struct GoLabels {
     /// Looked at: registered (true) or not a Go process we read (false);
     /// `Err`: its executable was not among its mappings then.
     processes: Registry<Result<bool, Instant>, Process>,
-    /// (device, inode) of each executable read -> what to register.
-    files: HashMap<(u64, u64), Option<Process>>,
+    /// Each executable looked at -> what to register.
+    files: ByFile<Option<Process>>,
 }
 
 impl GoLabels {
@@ -236,7 +237,7 @@ impl GoLabels {
             processes: Registry::new(map, "its Go labels", |state| *state == Ok(true))
                 .read_by_the_whole_program()
                 .marks_present(hostprof_common::present::GO),
-            files: HashMap::new(),
+            files: ByFile::new(MAX_FILES),
         }
     }
 
@@ -247,30 +248,34 @@ impl GoLabels {
         let exe = exe.to_string_lossy();
         let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
         let mapping = mappings.iter().find(|mapping| &*mapping.path == exe)?;
-        let key = (mapping.dev, mapping.inode);
+        // Not remembered when it cannot be opened: it may be later.
+        let Ok(file) = super::elf::open(pid, mapping) else {
+            return Some(None);
+        };
+        let key = FileKey::of(&file);
         if let Some(known) = self.files.get(&key) {
-            return Some(*known);
+            return Some(known);
         }
         // Most executables are not Go, as their section names tell: only
-        // a Go binary is read whole (symbols, `.go.buildinfo`).
-        let is_go = super::elf::read_dynamic(pid, mapping).is_ok_and(|data| {
+        // a Go binary is read whole (symbols, `.go.buildinfo`), and what
+        // it holds is remembered by its content, which that read hashes.
+        let is_go = file.read_dynamic().is_ok_and(|data| {
             object::File::parse(&*data)
                 .is_ok_and(|file| file.section_by_name(".go.buildinfo").is_some())
         });
-        let process = match is_go.then(|| super::elf::read(pid, mapping).map(|d| process_of(&d))) {
-            Some(Ok(Ok(process))) => process,
-            Some(Ok(Err(why))) => {
+        if !is_go {
+            self.files.insert(key, None);
+            return Some(None);
+        }
+        let unreadable = |_| ();
+        let read = self.files.read(pid, mapping, unreadable, |data| {
+            Ok(process_of(data).unwrap_or_else(|why| {
                 UNREADABLE.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("pid {pid}: its goroutines' pprof labels are not read: {why}");
                 None
-            }
-            Some(Err(_)) | None => None,
-        };
-        if self.files.len() >= MAX_FILES {
-            self.files.clear();
-        }
-        self.files.insert(key, process);
-        Some(process)
+            }))
+        });
+        Some(read.unwrap_or(None))
     }
 }
 

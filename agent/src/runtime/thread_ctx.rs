@@ -15,7 +15,6 @@
 //! the kernel finds through the thread's DTV. A process without the
 //! variable is looked at again when its mappings change (a `dlopen`).
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -26,6 +25,7 @@ use object::{Object, ObjectSymbol, SymbolKind, read::elf::ElfFile64};
 
 use super::{
     Registry, Runtime,
+    elf::{ByFile, FileKey},
     tls_library::{self, LibraryTls, Location},
 };
 use crate::{
@@ -44,7 +44,8 @@ pub const VARIABLE: &str = "otel_thread_ctx_v1";
 /// again.
 const RECHECK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Executables remembered (by device and inode) before the cache starts over.
+/// Executables (and, apart, libraries) remembered, by what they are (see
+/// [`super::elf::FileKey`]), before the cache starts over.
 const MAX_FILES: usize = 4096;
 
 /// The executable's TLS segment and the variable in it.
@@ -241,11 +242,11 @@ enum Found {
 /// The processes looked at (the attribution thread owns it).
 pub struct ThreadContext {
     processes: Registry<State, trace::Process>,
-    /// (device, inode) of each executable read -> what it tells.
-    files: HashMap<(u64, u64), Executable>,
-    /// (device, inode) of each library looked at -> the variable's
+    /// Each executable read -> what it tells.
+    files: ByFile<Executable>,
+    /// Each library with a TLS segment looked at -> the variable's
     /// library part, if it defines it.
-    libraries: HashMap<(u64, u64), Option<Arc<LibraryTls>>>,
+    libraries: ByFile<Option<Arc<LibraryTls>>>,
 }
 
 impl ThreadContext {
@@ -256,8 +257,8 @@ impl ThreadContext {
                 *state == State::Registered
             })
             .marks_present(hostprof_common::present::TRACE),
-            files: HashMap::new(),
-            libraries: HashMap::new(),
+            files: ByFile::new(MAX_FILES),
+            libraries: ByFile::new(MAX_FILES),
         }
     }
 
@@ -272,19 +273,24 @@ impl ThreadContext {
         let Some(mapping) = mappings.iter().find(|mapping| &*mapping.path == exe) else {
             return Found::NotYet;
         };
-        let key = (mapping.dev, mapping.inode);
-        let executable = match self.files.get(&key) {
-            Some(&known) => known,
-            None => {
-                let executable = super::elf::read_dynamic(pid, mapping)
-                    .map(|data| Executable::read(&data))
-                    .unwrap_or_default();
-                if self.files.len() >= MAX_FILES {
-                    self.files.clear();
+        let executable = match super::elf::open(pid, mapping) {
+            Ok(file) => {
+                let key = FileKey::of(&file);
+                match self.files.get(&key) {
+                    Some(known) => known,
+                    None => {
+                        let executable = file
+                            .read_dynamic()
+                            .map(|data| Executable::read(&data))
+                            .unwrap_or_default();
+                        self.files.insert(key, executable);
+                        executable
+                    }
                 }
-                self.files.insert(key, executable);
-                executable
             }
+            // Not remembered: it may be opened later. Its libraries may
+            // still tell.
+            Err(_) => Executable::default(),
         };
         if let Some(tls_offset) = executable.offset {
             return Found::At(trace::Process {
@@ -293,12 +299,13 @@ impl ThreadContext {
                 dtv: trace::Dtv::default(),
             });
         }
-        self.find_in_libraries(pid, key, executable.musl, mappings)
+        let exe = (mapping.dev, mapping.inode);
+        self.find_in_libraries(pid, exe, executable.musl, mappings)
     }
 
-    /// The variable in one of `pid`'s libraries (not its executable,
-    /// `exe`, which asks for musl's loader if `musl`), from the slots the
-    /// loader filled for it.
+    /// The variable in one of `pid`'s libraries (not its executable, whose
+    /// mappings are `exe`'s device and inode, and which asks for musl's
+    /// loader if `musl`), from the slots the loader filled for it.
     fn find_in_libraries(
         &mut self,
         pid: u32,
@@ -307,21 +314,10 @@ impl ThreadContext {
         mappings: &[Arc<Mapping>],
     ) -> Found {
         for mapping in mappings {
-            let key = (mapping.dev, mapping.inode);
-            if key == exe || mapping.inode == 0 {
+            if (mapping.dev, mapping.inode) == exe || mapping.inode == 0 {
                 continue;
             }
-            let library = match self.libraries.get(&key) {
-                Some(known) => known.clone(),
-                None => {
-                    let library = read_library(pid, mapping);
-                    if self.libraries.len() >= MAX_FILES {
-                        self.libraries.clear();
-                    }
-                    self.libraries.insert(key, library.clone());
-                    library
-                }
-            };
+            let library = self.library(pid, mapping);
             let Some(library) = library else {
                 continue;
             };
@@ -358,16 +354,25 @@ impl ThreadContext {
     }
 }
 
-/// A library's part of the variable, when it defines it; files with no
-/// TLS segment (most) are not read beyond their headers.
-fn read_library(pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
-    let range = crate::files::MappedRange::from(mapping);
-    let file = crate::files::open_mapping(pid, &range, crate::files::Kind::Binary).ok()?;
-    if !tls_library::has_tls_segment(|buf, offset| file.read_at(buf, offset).is_ok()) {
-        return None;
+impl ThreadContext {
+    /// A library's part of the variable, when it defines it. Files with no
+    /// TLS segment (most) are not read beyond their headers, nor
+    /// remembered: telling costs two small reads of the file opened anyway
+    /// for its key. A file that cannot be opened or read is not
+    /// remembered either: it may be later.
+    fn library(&mut self, pid: u32, mapping: &Mapping) -> Option<Arc<LibraryTls>> {
+        let file = super::elf::open(pid, mapping).ok()?;
+        if !tls_library::has_tls_segment(|buf, offset| file.read_at(buf, offset).is_ok()) {
+            return None;
+        }
+        let key = FileKey::of(&file);
+        if let Some(known) = self.libraries.get(&key) {
+            return known;
+        }
+        let library = tls_library::find(&file.read_dynamic().ok()?).map(Arc::new);
+        self.libraries.insert(key, library.clone());
+        library
     }
-    let data = file.read_dynamic().ok()?;
-    tls_library::find(&data).map(Arc::new)
 }
 
 impl Runtime for ThreadContext {
