@@ -312,3 +312,40 @@ pub fn jre_home(dir: &Path, major: u32, arch: Arch) -> PathBuf {
         arch.debian()
     ))
 }
+
+/// musl's C library and its development files for `arch` (Debian's `musl`
+/// and `musl-dev`), for the guest's musl thread-context writer: an
+/// Alpine-style program whose `dlopen`ed module has dynamic TLS in musl's
+/// DTV layout. Extracted under `vmtest_dir/musl-ARCH` (cached); returns
+/// where, with the loader at `lib/ld-musl-*.so.1` and the compiler's
+/// specs at [`musl_specs`].
+pub fn musl(vmtest_dir: &Path, suite: &str, arch: Arch) -> Result<PathBuf> {
+    let dir = vmtest_dir.join(format!("musl-{}", arch.debian()));
+    if musl_specs(&dir, arch).exists() {
+        return Ok(dir);
+    }
+    let apt = Apt::new(vmtest_dir, suite)?;
+    apt.update()?;
+    let partial = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&partial);
+    for package in ["musl", "musl-dev"] {
+        apt.extract(&format!("{package}:{}", arch.debian()), &["./*"], &partial)?;
+    }
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&partial, &dir)?;
+    Ok(dir)
+}
+
+/// `musl-gcc`'s specs in [`musl`]'s directory `dir` (its paths are the
+/// installed package's: `image` rewrites them).
+pub fn musl_specs(dir: &Path, arch: Arch) -> PathBuf {
+    dir.join(format!("usr/lib/{}/musl-gcc.specs", musl_triplet(arch)))
+}
+
+/// Debian's directory name of musl's files for `arch`.
+pub fn musl_triplet(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "x86_64-linux-musl",
+        Arch::Aarch64 => "aarch64-linux-musl",
+    }
+}
