@@ -31,8 +31,6 @@ pub struct Inputs {
     /// Debian's JDK runtimes, extracted (`kernel::jre`), each with its
     /// feature release, for the arm64 image.
     pub jres: Vec<(u32, PathBuf)>,
-    /// musl's C library and development files (`kernel::musl`).
-    pub musl: PathBuf,
 }
 
 /// Builds `dir/root` and packs it into `dir/initramfs.cpio`, returned.
@@ -68,7 +66,6 @@ pub fn build(dir: &Path, arch: Arch, inputs: &Inputs) -> Result<PathBuf> {
         )?;
     }
     install_thread_context(&bin, arch, &programs)?;
-    install_musl_context(&tree, arch, &inputs.musl)?;
     install_go(&bin, arch, dir)?;
     if arch == Arch::host() {
         install_python(&tree, arch)?;
@@ -99,63 +96,6 @@ fn install_thread_context(bin: &Path, arch: Arch, programs: &Path) -> Result<()>
         fs::copy(programs.join(script), bin.join(script))?;
     }
     Ok(())
-}
-
-/// The writer of tests/thread_context.rs's musl case, built here against
-/// Debian's musl for the guest's arch: `/bin/otel_ctx_musl`, which
-/// `dlopen`s one of its two libraries, `/lib/libotel_ctx_musl_gd.so`
-/// (general dynamic: `__tls_get_addr`) or `/lib/libotel_ctx_musl_desc.so`
-/// (TLS descriptors), and musl's loader. musl gives a `dlopen`ed module
-/// dynamic TLS, in its own DTV layout (aarch64's below the thread
-/// pointer), which the host's tests check on x86_64 only.
-fn install_musl_context(tree: &Path, arch: Arch, musl: &Path) -> Result<()> {
-    use super::kernel::{musl_specs, musl_triplet};
-    // musl-gcc's specs, with the package's paths moved to where it was
-    // extracted; its shared C library (under /lib) searched first, or
-    // the linker takes the static one beside crt1.o.
-    let triplet = musl_triplet(arch);
-    let specs = fs::read_to_string(musl_specs(musl, arch))?;
-    let usr = format!("{}/usr/", musl.display());
-    let specs = specs.replace("/usr/", &usr).replace(
-        &format!("-L{usr}lib/{triplet}"),
-        &format!("-L{}/lib/{triplet} -L{usr}lib/{triplet}", musl.display()),
-    );
-    let specs_file = musl.join("hostprof.specs");
-    fs::write(&specs_file, specs)?;
-    let cc = || {
-        let mut cc = Command::new(arch.cc());
-        cc.arg("-specs")
-            .arg(&specs_file)
-            .args(["-O1", "-Wall", "-pthread"]);
-        cc
-    };
-    let source = |name: &str| root().join("tests/programs").join(name);
-    let (general, descriptors) = match arch {
-        Arch::X86_64 => ("gnu", "gnu2"),
-        Arch::Aarch64 => ("trad", "desc"),
-    };
-    let lib = tree.join("lib");
-    fs::create_dir_all(&lib)?;
-    for (name, dialect) in [("gd", general), ("desc", descriptors)] {
-        run_cmd(
-            cc().args(["-fPIC", "-shared", "-DOTEL_WRITER_LIBRARY"])
-                .arg(format!("-mtls-dialect={dialect}"))
-                .arg("-o")
-                .arg(lib.join(format!("libotel_ctx_musl_{name}.so")))
-                .arg(source("otel_thread_ctx.c")),
-        )?;
-    }
-    run_cmd(
-        cc().arg("-o")
-            .arg(tree.join("bin/otel_ctx_musl"))
-            .arg(source("otel_thread_ctx_main.c")),
-    )?;
-    // The loader is musl's libc.so itself.
-    let loader = format!("ld-musl-{}.so.1", arch.name());
-    install(
-        &musl.join("lib").join(triplet).join("libc.so"),
-        &lib.join(loader),
-    )
 }
 
 /// The Go program of tests/go_labels.rs for the guest's arch, built by

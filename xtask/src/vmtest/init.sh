@@ -391,40 +391,28 @@ for prog in go_labels go_labels_cgo; do
 done
 
 # 8. The OpenTelemetry thread context (OTEP 4947): the writer of
-# tests/thread_context.rs, 3 threads switching spans every few
-# milliseconds for 4 s, recorded from its start (record runs it); it logs
-# each switch at exit. Each sample's thread and link come out of the
-# OTLP/JSON profile (otlp_samples.awk), judged against that log
-# (thread_links.awk). Three writers: the variable in a static-PIE's static
-# TLS, and in a library built against musl that the program `dlopen`s at
-# once (`/` exists), in musl's dynamic TLS, through `__tls_get_addr` (gd)
-# and TLS descriptors (desc).
-# thread_context VERSION COMMAND...: one check line, for VERSION.
-thread_context() {
-    version=$1
-    shift
-    rm -f /tmp/ctx.log /tmp/ctx.samples
-    timeout 120 hostprof record -F 199 -o /tmp/ctx.otlp.json -- "$@" /tmp/ctx.log /tmp/ctx.stop 4 3 2>/tmp/ctx.err
-    rc=$?
-    show thread-context-$version /tmp/ctx.err
-    grep -oE '"([^"\\]|\\.)*"|[][{}]|-?[0-9]+' /tmp/ctx.otlp.json 2>/dev/null | awk -f /bin/otlp_samples.awk >/tmp/ctx.samples
-    if [ -s /tmp/ctx.log ]; then
-        links=$(awk -f /bin/thread_links.awk /tmp/ctx.log /tmp/ctx.samples)
-    else
-        links="no_log=1"
-    fi
-    # Reads of the context that failed, those of threads past exit_mm (the
-    # kernel tells them apart), and unwinds of user stacks that hit a read
-    # fault (judge.rs).
-    failed_reads=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .* \([0-9]*\) reads failed.*/\1/p')
-    stack_faults=$(plain /tmp/ctx.err | sed -n 's/.*user stacks: .* read fault \([0-9]*\),.*/\1/p')
-    exited=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .*, \([0-9]*\) unread in exiting threads.*/\1/p')
-    say check=thread-context version=$version exit=$rc $links failed_reads=${failed_reads:-0} exited=${exited:-0} stack_faults=${stack_faults:-0} detail="$(detail /tmp/ctx.err 'trace context')"
-}
-thread_context static /bin/otel_thread_ctx
-for dialect in gd desc; do
-    thread_context musl-$dialect /bin/otel_ctx_musl --dlopen /lib/libotel_ctx_musl_$dialect.so /
-done
+# tests/thread_context.rs (static-PIE, its variable in static TLS), 3
+# threads switching spans every few milliseconds for 4 s, recorded from
+# its start (record runs it); it logs each switch at exit. Each sample's
+# thread and link come out of the OTLP/JSON profile (otlp_samples.awk),
+# judged against that log (thread_links.awk).
+rm -f /tmp/ctx.log
+timeout 120 hostprof record -F 199 -o /tmp/ctx.otlp.json -- /bin/otel_thread_ctx /tmp/ctx.log /tmp/ctx.stop 4 3 2>/tmp/ctx.err
+rc=$?
+show thread-context /tmp/ctx.err
+grep -oE '"([^"\\]|\\.)*"|[][{}]|-?[0-9]+' /tmp/ctx.otlp.json 2>/dev/null | awk -f /bin/otlp_samples.awk >/tmp/ctx.samples
+if [ -s /tmp/ctx.log ]; then
+    links=$(awk -f /bin/thread_links.awk /tmp/ctx.log /tmp/ctx.samples)
+else
+    links="no_log=1"
+fi
+# Reads of the context that failed, those of threads past exit_mm (the
+# kernel tells them apart), and unwinds of user stacks that hit a read
+# fault (judge.rs).
+failed_reads=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .* \([0-9]*\) reads failed.*/\1/p')
+stack_faults=$(plain /tmp/ctx.err | sed -n 's/.*user stacks: .* read fault \([0-9]*\),.*/\1/p')
+exited=$(plain /tmp/ctx.err | sed -n 's/.*trace context: .*, \([0-9]*\) unread in exiting threads.*/\1/p')
+say check=thread-context exit=$rc $links failed_reads=${failed_reads:-0} exited=${exited:-0} stack_faults=${stack_faults:-0} detail="$(detail /tmp/ctx.err 'trace context')"
 
 # 9. Memory of a host-wide record on this guest (idle now).
 memory_check

@@ -140,11 +140,6 @@ const JAVA_DESIGNED_SHARE: f64 = 5.0 / 6.0;
 /// 6th part.
 const MIN_JAVA_JNI_SHARE: f64 = 0.05;
 
-/// The thread-context writers init.sh runs: the variable in a static-PIE's
-/// static TLS, and in a musl library `dlopen`ed (dynamic TLS) reached
-/// through `__tls_get_addr` and through TLS descriptors.
-const THREAD_CONTEXT_WRITERS: [&str; 3] = ["static", "musl-gd", "musl-desc"];
-
 /// The thread-context writer's threads, each of which must be sampled.
 const WRITER_THREADS: u64 = 3;
 
@@ -293,11 +288,8 @@ pub fn judge(boot: &Boot) -> Vec<Verdict> {
 
 /// The versions of a runtime whose lines the guest of `arch` must print:
 /// those its image carries (x86_64's single Node.js line is judged as
-/// one check, versioned or not); the thread-context writers, on both.
+/// one check, versioned or not).
 fn expected_versions(name: &str, arch: &str) -> Vec<String> {
-    if name == "thread-context" {
-        return THREAD_CONTEXT_WRITERS.map(str::to_owned).to_vec();
-    }
     if arch != "aarch64" {
         return Vec::new();
     }

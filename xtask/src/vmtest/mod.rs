@@ -244,7 +244,6 @@ fn build_image(dir: &Path, suite: &str, arch: Arch, keep: bool) -> Result<PathBu
         hostprof,
         otlp_sink,
         jres,
-        musl: kernel::musl(dir, suite, arch)?,
     };
     let arch_dir = dir.join(arch.name());
     fs::create_dir_all(&arch_dir)?;

@@ -25,12 +25,8 @@ const PASSING: &[&str] = &[
      truth_worker=400 truth_hot=330 detail=x",
     "check=go_labels exit=0 labeled=250 unlabeled=60 failed=1 samples=311 detail=x",
     "check=go_labels_cgo exit=0 labeled=240 unlabeled=70 failed=0 samples=310 detail=x",
-    "check=thread-context version=static exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-     foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
-    "check=thread-context version=musl-gd exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-     foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
-    "check=thread-context version=musl-desc exit=0 samples=1040 in_threads=1000 linked=402 good=402 \
-     foreign=0 unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
+    "check=thread-context exit=0 samples=1040 in_threads=1000 linked=402 good=402 foreign=0 \
+     unknown=0 outside=0 threads=3 failed_reads=1 exited=12 stack_faults=13 detail=x",
     "check=memory exit=0 cpus=2 rss_kib=25907 bpf_kib=43622 detail=x",
 ];
 
@@ -45,8 +41,7 @@ fn failed(verdicts: &[Verdict]) -> Vec<&str> {
 #[test]
 fn a_complete_good_suite_passes() {
     let verdicts = judge(&boot(PASSING));
-    // The thread context's three writers, a line each.
-    assert_eq!(verdicts.len(), CHECKS.len() + 2);
+    assert_eq!(verdicts.len(), CHECKS.len());
     assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
     assert_eq!(verdicts[0].short, "record main 0.997 of 878");
 }
@@ -258,29 +253,12 @@ fn each_bad_figure_fails_its_check() {
             "check=thread-context exit=0 no_log=1 failed_reads=0 stack_faults=0 detail=x",
         ),
         (
-            13,
-            "check=thread-context version=musl-desc exit=0 samples=1040 in_threads=1000 \
-             linked=0 good=0 foreign=0 unknown=0 outside=0 threads=3 failed_reads=0 \
-             stack_faults=0 detail=x",
-        ),
-        (
-            14,
+            12,
             "check=memory exit=0 cpus=2 rss_kib=0 bpf_kib=0 detail=no line",
         ),
     ] {
-        // The thread context's lines name their writer (the first's, unless
-        // the line says).
-        let bad = if bad.starts_with("check=thread-context ") && !bad.contains("version=") {
-            bad.replacen(
-                "check=thread-context ",
-                "check=thread-context version=static ",
-                1,
-            )
-        } else {
-            bad.to_owned()
-        };
         let mut lines = PASSING.to_vec();
-        lines[index] = &bad;
+        lines[index] = bad;
         let verdicts = judge(&boot(&lines));
         assert_eq!(failed(&verdicts).len(), 1, "{bad}");
         assert!(!verdicts[index - 1].passed, "{bad}");
@@ -452,7 +430,7 @@ fn arm64_judges_each_runtime_version_on_its_own_line() {
     let verdicts = judged(&arm64_lines(&runtimes));
     assert!(failed(&verdicts).is_empty(), "{:?}", failed(&verdicts));
     // One line each past the one a check has anyway.
-    assert_eq!(verdicts.len(), CHECKS.len() + runtimes.len() - 2 + 2);
+    assert_eq!(verdicts.len(), CHECKS.len() + runtimes.len() - 2);
     let shown: Vec<&str> = verdicts
         .iter()
         .filter(|verdict| verdict.show)
@@ -460,17 +438,12 @@ fn arm64_judges_each_runtime_version_on_its_own_line() {
         .collect();
     assert_eq!(
         shown.len(),
-        1 + runtimes.len() + 3,
-        "error line, nodes, JVMs, thread-context writers: {shown:?}"
+        1 + runtimes.len(),
+        "error line, nodes, JVMs: {shown:?}"
     );
     assert!(shown[1].starts_with("node 18.20.4: exit 0"), "{}", shown[1]);
-    let java = shown[runtimes.len()];
-    assert!(java.starts_with("java 21: exit 0"), "{java}");
     let last = shown.last().unwrap();
-    assert!(
-        last.starts_with("thread context musl-desc: exit 0"),
-        "{last}"
-    );
+    assert!(last.starts_with("java 21: exit 0"), "{last}");
 
     let mut bad = runtimes.clone();
     bad[1] = node_line("20.18.0", 300);
